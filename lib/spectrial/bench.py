@@ -1,0 +1,128 @@
+"""Benchmark client: OpenAI-compatible streaming completions of fixed length, timed per request.
+
+Each request becomes a record (failures are data, not exceptions) with raw monotonic timestamps;
+metrics are derived afterwards:
+    ttft_ms        = first content chunk - request start
+    itl_ms_median  = median gap between content chunks (speculative servers send several tokens at once)
+    client_tok_s   = (tokens - 1) / (last chunk - first chunk)      decode rate seen by the client
+    server_*       = the engine's own per-request stats (llama.cpp `timings`), when it reports them
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm.auto import tqdm
+
+from spectrial.errors import ConfigError
+
+
+def load_prompts(source: str = "bundled") -> list[dict[str, str]]:
+    """Prompts as [{'id', 'prompt'}]: spectrial's own set, or a user JSONL file of {"prompt": ...} lines."""
+    if source == "bundled":
+        text = resources.files("spectrial").joinpath("data/prompts.jsonl").read_text()
+        where = "bundled prompts"
+    else:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"prompts: file {source!r} not found; give a JSONL file or 'bundled'")
+        text, where = path.read_text(), str(path)
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"prompts: {where} line {i} is not JSON: {exc}") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
+            raise ConfigError(f"prompts: {where} line {i} needs a string field 'prompt'")
+        out.append({"id": str(rec.get("id", f"line{i}")), "prompt": rec["prompt"]})
+    if not out:
+        raise ConfigError(f"prompts: {where} holds no prompts")
+    return out
+
+
+def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
+                      stats_fn: Callable[[dict[str, Any]], dict[str, Any]], timeout_s: float) -> dict[str, Any]:
+    """One streaming request; returns a record with timings, token count and server stats, or an error."""
+    rec: dict[str, Any] = {"t_start": time.monotonic(), "error": None}
+    chunks: list[float] = []
+    final: dict[str, Any] = {}
+    usage: dict[str, Any] = {}
+    n_text = 0
+    try:
+        with client.stream("POST", f"{base_url}/v1/completions", json=body, timeout=timeout_s) as r:
+            if r.status_code != 200:
+                rec["error"] = f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:300]}"
+                return rec
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    obj = json.loads(data)
+                except json.JSONDecodeError:
+                    continue
+                now = time.monotonic()
+                text = "".join(c.get("text") or "" for c in obj.get("choices") or [])
+                if text:
+                    chunks.append(now)
+                    n_text += 1
+                if obj.get("usage"):
+                    usage = obj["usage"]
+                if obj.get("timings") or obj.get("meta_info"):
+                    final = obj
+    except httpx.HTTPError as exc:
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+    rec["t_end"] = time.monotonic()
+    rec.update(stats_fn(final) if final else {})
+    tokens = usage.get("completion_tokens") or rec.get("server_predicted_n") or n_text
+    rec["tokens"] = tokens
+    rec["chunks"] = len(chunks)
+    if chunks:
+        rec["ttft_ms"] = (chunks[0] - rec["t_start"]) * 1000
+        gaps = [b - a for a, b in zip(chunks, chunks[1:], strict=False)]
+        rec["itl_ms_median"] = statistics.median(gaps) * 1000 if gaps else None
+        span = chunks[-1] - chunks[0]
+        rec["client_tok_s"] = (tokens - 1) / span if span > 0 and tokens > 1 else None
+    if rec["error"] is None and tokens < body.get("max_tokens", 0):
+        rec["error"] = f"short output: {tokens} of {body.get('max_tokens')} tokens"
+    return rec
+
+
+def run_requests(base_url: str, prompts: list[dict[str, str]], *, n: int, max_tokens: int,
+                 payload: Callable[[str, int], dict[str, Any]], stats_fn: Callable[[dict[str, Any]], dict[str, Any]],
+                 concurrency: int = 1, timeout_s: float = 300, seed: int = 0, phase: str = "measure",
+                 label: str = "", progress: bool = True) -> list[dict[str, Any]]:
+    """Send `n` requests (prompts drawn in a seeded order), `concurrency` at a time; one record each."""
+    rng = random.Random(seed)
+    order = [prompts[rng.randrange(len(prompts))] for _ in range(n)]
+    bar = tqdm(total=n, desc=f"{label} {phase}".strip(), unit="req", disable=not progress, leave=False)
+
+    def one(i: int) -> dict[str, Any]:
+        p = order[i]
+        rec = stream_completion(client, base_url, payload(p["prompt"], max_tokens), stats_fn, timeout_s)
+        rec.update({"index": i, "phase": phase, "prompt_id": p["id"]})
+        bar.update(1)
+        return rec
+
+    with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10)) as client:
+        if concurrency == 1:
+            out = [one(i) for i in range(n)]
+        else:
+            with ThreadPoolExecutor(concurrency) as pool:
+                out = list(pool.map(one, range(n)))
+    bar.close()
+    return out

@@ -1,0 +1,117 @@
+"""`spectrial` command line: the same library calls the notebooks make, without Jupyter."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from spectrial.errors import SpectrialError
+from spectrial.params import load_params, parse_overrides
+
+app = typer.Typer(help="Controlled, reproducible trials of speculative decoding.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+models_app = typer.Typer(help="Write model files (no download).", no_args_is_help=True)
+provision_app = typer.Typer(help="Build or locate engine binaries.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(provision_app, name="provision")
+
+ParamOpt = Annotated[list[str] | None, typer.Option("-p", "--param", help="Override NAME=VALUE (dotted names).")]
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. params/local.yaml")],
+          param: ParamOpt = None,
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="Print commands per arm; touch nothing.")] = False,
+          as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: JSON list of arms.")] = False,
+          run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
+          quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False) -> None:
+    """Run the controlled trial (baseline and speculative arms) and write its run record."""
+    from spectrial.trial import TrialFailed, run_trial
+
+    try:
+        params = load_params(params_file, parse_overrides(param))
+        if dry_run:
+            from spectrial.plan import dry_run as plan
+
+            arms = plan(params)
+            if as_json:
+                typer.echo(json.dumps(arms, indent=2))
+            else:
+                for a in arms:
+                    typer.echo(a["display"])
+            return
+        result = run_trial(params, run_id=run_id, progress=not quiet)
+    except TrialFailed as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(1) from None
+    except SpectrialError as exc:
+        _fail(exc)
+        return
+    typer.echo(result.table().to_string(index=False))
+    typer.echo(f"run record: {result.run_dir / 'manifest.json'}")
+
+
+@app.command()
+def notebook(name: Annotated[str, typer.Argument(help="Notebook path or number prefix, e.g. 02")],
+             param: ParamOpt = None,
+             output_dir: Annotated[str, typer.Option(help="Folder of run records.")] = "outputs") -> None:
+    """Execute a notebook with papermill into its run record folder (outputs/<run-id>/)."""
+    from spectrial.notebooks import run_notebook
+
+    try:
+        values: dict[str, Any] = parse_overrides(param)
+        out = run_notebook(name, values, output_dir=output_dir)
+    except SpectrialError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"executed notebook: {out['notebook']}")
+    if out.get("run_dir"):
+        typer.echo(f"run record: {Path(out['run_dir']) / 'manifest.json'}")
+
+
+@models_app.command("tiny")
+def models_tiny(outdir: Annotated[Path, typer.Argument(help="Folder to write the models into.")],
+                seed: int = 0) -> None:
+    """Write the tiny target + draft-simple + EAGLE-3 set (shared vocabulary) into OUTDIR."""
+    from spectrial.models import write_tiny_pair
+
+    mset = write_tiny_pair(outdir, seed=seed)
+    typer.echo(json.dumps({k: str(v) for k, v in mset.paths().items()}, indent=2))
+
+
+@provision_app.command("llama-server")
+def provision_llama_server(cuda: bool = False, cuda_arch: str = "90") -> None:
+    """Build (or find in the cache) llama-server; prints its path."""
+    from spectrial.provision import ensure_llama_server
+
+    typer.echo(str(ensure_llama_server(cuda=cuda, cuda_arch=cuda_arch)))
+
+
+def _mount_optional() -> None:
+    """Mount sub-apps whose modules exist (logs, ...)."""
+    try:
+        from spectrial.logs.cli import app as logs_app
+
+        app.add_typer(logs_app, name="logs")
+    except ImportError:  # pragma: no cover - during development only
+        pass
+
+
+_mount_optional()
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

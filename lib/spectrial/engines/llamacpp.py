@@ -1,0 +1,281 @@
+"""llama.cpp `llama-server`: the engine that runs on these machines (CPU here, CUDA on a GPU host).
+
+Arms map to flags as follows (llama.cpp commit 0c1e570):
+    none   -> no speculative flags
+    draft  -> --spec-type draft-simple -md DRAFT --spec-draft-n-max STEPS
+    eagle3 -> --spec-type draft-eagle3 -md DRAFT --spec-draft-n-max STEPS
+    ngram  -> --spec-type ngram-simple --spec-draft-n-max STEPS
+    synthetic_accept a -> --spec-synth-rates a,a^2,...,a^STEPS (benchmark-only; labelled in the record)
+Readiness: every path answers 503 while loading; `/health` 200 when ready.
+Stats: `/metrics` counters (`llamacpp:spec_decode_num_drafts_total` = verify steps, ...) before/after the
+benchmark window; per request `timings`; drafting time from the `statistics` log lines (`-lv 4`).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Literal
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, ConfigDict, Field
+
+from spectrial.engines.base import ArmStats, Engine, register
+from spectrial.errors import ConfigError
+from spectrial.params import Arm
+from spectrial.server import LaunchSpec, Probe
+
+SPEC_TYPES = {"draft": "draft-simple", "eagle3": "draft-eagle3", "ngram": "ngram-simple"}
+METRIC_PREFIX = "llamacpp:"
+
+
+class LlamaCppConfig(BaseModel):
+    """llama.cpp-specific settings (`engine_config:` in params)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threads: int | None = Field(None, ge=1, description="-t: CPU threads for generation.")
+    threads_draft: int | None = Field(None, ge=1, description="-td: CPU threads of the draft model.")
+    ctx_size: int = Field(2048, ge=64, description="-c: context size.")
+    parallel: int = Field(1, ge=1, description="-np: server slots.")
+    gpu_layers: int | Literal["auto", "all"] | None = Field(None, description="-ngl: layers on the GPU.")
+    draft_gpu_layers: int | Literal["auto", "all"] | None = Field(None, description="-ngld: draft layers on GPU.")
+    flash_attn: Literal["on", "off", "auto"] | None = Field(None, description="-fa.")
+    log_verbosity: int = Field(4, ge=0, le=5, description="-lv: 4 prints the speculative statistics lines.")
+    draft_n_min: int | None = Field(None, ge=0, description="--spec-draft-n-min.")
+    draft_p_min: float | None = Field(None, ge=0, le=1, description="--spec-draft-p-min (greedy threshold).")
+    cuda: bool = Field(False, description="With engine_bin 'auto': build llama-server with CUDA.")
+    cuda_arch: str = Field("90", description="CUDA architecture for the auto build.")
+    rpc: list[str] = Field(default_factory=list, description="--rpc: rpc-server endpoints host:port.")
+    extra_args: list[str] = Field(default_factory=list, description="Arguments appended to every arm.")
+    tiny: dict[str, Any] = Field(default_factory=dict, description="Knobs of spectrial's tiny models.")
+
+
+def synth_rates(value: float | list[float] | None, steps: int) -> list[float] | None:
+    """Per-position unconditional acceptance: a -> [a, a^2, ..., a^steps]; a list must have `steps` items."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        if len(value) != steps:
+            raise ConfigError(f"synthetic_accept: {len(value)} per-position rates given for steps={steps}; "
+                              "give exactly one rate per drafted position, or one per-token rate a")
+        return [float(x) for x in value]
+    return [round(float(value) ** (i + 1), 6) for i in range(steps)]
+
+
+@register("llamacpp")
+class LlamaCpp(Engine):
+    """llama.cpp's llama-server."""
+
+    config_model = LlamaCppConfig
+
+    def __init__(self, params, host) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(params, host)
+        self.binary: str | None = None
+        self.models: dict[str, str] = {}
+
+    # --- preparation ---------------------------------------------------------------------------------
+    def _resolve_model(self, ref: str, what: str) -> str:
+        if ref.startswith("tiny:"):
+            if not self.host.is_local:
+                raise ConfigError(f"{what}: 'tiny:' models are written locally; on {self.host.name} give a path "
+                                  "(write them there with `spectrial models tiny DIR`)")
+            from spectrial.models import ensure_tiny_models
+
+            mset = ensure_tiny_models(**self.config.tiny)
+            path = mset.dir / f"{ref[5:]}.gguf"
+            if not path.is_file():
+                known = sorted(p.stem for p in mset.dir.glob("*.gguf"))
+                raise ConfigError(f"{what}: {ref!r} is not one of spectrial's tiny models {known}")
+            return str(path)
+        path = self.host.expand(ref)
+        if not self.host.exists(path):
+            raise ConfigError(f"{what}: model file {path!r} not found on host {self.host.name}; "
+                              "fix the path in the params file or with -p")
+        return path
+
+    def prepare(self) -> dict[str, Any]:
+        """Find or build llama-server, resolve target and draft paths (fails before any launch)."""
+        p = self.params
+        if p.engine_bin == "auto":
+            if not self.host.is_local:
+                raise ConfigError(f"engine_bin: 'auto' builds llama-server locally; on {self.host.name} give the "
+                                  "path of llama-server there")
+            from spectrial.provision import ensure_llama_server
+
+            self.binary = str(ensure_llama_server(cuda=self.config.cuda, cuda_arch=self.config.cuda_arch))
+        else:
+            self.binary = self.host.expand(p.engine_bin)
+            if not self.host.run(["test", "-x", self.binary], check=False).ok:
+                raise ConfigError(f"engine_bin: {self.binary!r} is not an executable on host {self.host.name}; "
+                                  "give the path of llama-server, or 'auto' to build it locally")
+        self.models["model"] = self._resolve_model(p.model, "model")
+        for arm in p.arms:
+            self._check_arm(arm)
+            draft = p.arm_draft(arm)
+            if arm.method in ("draft", "eagle3"):
+                if not draft:
+                    raise ConfigError(f"arms[{arm.name}].draft: method {arm.method!r} needs a draft model; set "
+                                      "`draft` at the top level or on the arm")
+                self.models.setdefault(draft, self._resolve_model(draft, f"arms[{arm.name}].draft"))
+        return {"binary": self.binary, "models": dict(self.models)}
+
+    def resolve_dry(self) -> None:
+        """Paths as they would be used, without building or checking anything."""
+        from spectrial.provision import binary_path
+
+        p = self.params
+        self.binary = str(binary_path("llama-server", self.config.cuda, self.config.cuda_arch)) \
+            if p.engine_bin == "auto" else p.engine_bin
+        self.models["model"] = p.model
+        for arm in p.arms:
+            self._check_arm(arm)
+            draft = p.arm_draft(arm)
+            if draft:
+                self.models.setdefault(draft, draft)
+
+    def _check_arm(self, arm: Arm) -> None:
+        p = self.params
+        if arm.method not in ("none", *SPEC_TYPES):
+            raise ConfigError(f"arms[{arm.name}].method: llama.cpp supports none, {', '.join(SPEC_TYPES)}; "
+                              f"got {arm.method!r}")
+        if arm.speculative:
+            if p.arm_topk(arm) != 1:
+                raise ConfigError(f"arms[{arm.name}].topk: llama.cpp drafts a chain; use topk 1")
+            dt = p.arm_draft_tokens(arm)
+            if dt is not None and dt != p.arm_steps(arm) + 1:
+                raise ConfigError(f"arms[{arm.name}].draft_tokens: llama.cpp verifies steps + 1 = "
+                                  f"{p.arm_steps(arm) + 1} tokens per cycle; leave draft_tokens unset")
+            synth_rates(arm.synthetic_accept, p.arm_steps(arm))
+        elif arm.synthetic_accept is not None:
+            raise ConfigError(f"arms[{arm.name}].synthetic_accept: only speculative arms take synthetic acceptance")
+
+    def launch_spec(self, arm: Arm) -> LaunchSpec:
+        """argv for one arm; `prepare()` must have run."""
+        if self.binary is None:
+            self.prepare()
+        p, c = self.params, self.config
+        self._check_arm(arm)
+        argv = [str(self.binary), "-m", self.models["model"], "--host", p.bind, "--port", str(p.port),
+                "-c", str(c.ctx_size), "-np", str(c.parallel), "--metrics", "--no-webui",
+                "-lv", str(c.log_verbosity)]
+        if c.threads:
+            argv += ["-t", str(c.threads)]
+        if c.gpu_layers is not None:
+            argv += ["-ngl", str(c.gpu_layers)]
+        if c.flash_attn:
+            argv += ["-fa", c.flash_attn]
+        if c.rpc:
+            argv += ["--rpc", ",".join(c.rpc)]
+        if arm.speculative:
+            steps = p.arm_steps(arm)
+            argv += ["--spec-type", SPEC_TYPES[arm.method], "--spec-draft-n-max", str(steps)]
+            if arm.method in ("draft", "eagle3"):
+                argv += ["-md", self.models[p.arm_draft(arm) or ""]]
+                if c.threads_draft:
+                    argv += ["-td", str(c.threads_draft)]
+                if c.draft_gpu_layers is not None:
+                    argv += ["-ngld", str(c.draft_gpu_layers)]
+            if c.draft_n_min is not None:
+                argv += ["--spec-draft-n-min", str(c.draft_n_min)]
+            if c.draft_p_min is not None:
+                argv += ["--spec-draft-p-min", str(c.draft_p_min)]
+            rates = synth_rates(arm.synthetic_accept, steps)
+            if rates:
+                argv += ["--spec-synth-rates", ",".join(f"{r:g}" for r in rates)]
+        argv += [*c.extra_args, *arm.extra_args]
+        return LaunchSpec(argv=argv, env={**p.env, **arm.env}, port=p.port, probe=probe, name=f"llama-server-{arm.name}",
+                          bind=p.bind)
+
+    def version(self) -> dict[str, Any]:
+        if self.binary is None:
+            return {}
+        res = self.host.run(f"{shlex.quote(self.binary)} --version 2>&1", check=False, timeout=60)
+        lines = [ln.strip() for ln in res.stdout.splitlines() if ln.startswith(("version", "built with"))]
+        return {"engine": "llamacpp", "binary": self.binary, "version": " | ".join(lines) or res.stdout[-200:]}
+
+    # --- benchmark hooks -----------------------------------------------------------------------------
+    def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        body = super().completion_payload(prompt, max_tokens)
+        body.update({"cache_prompt": False, "stream_options": {"include_usage": True}})
+        return body
+
+    def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
+        t = final.get("timings") or {}
+        keys = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second", "draft_n",
+                "draft_n_accepted")
+        return {f"server_{k}": t.get(k) for k in keys if k in t}
+
+    def snapshot(self, client: httpx.Client, base_url: str) -> dict[str, float]:
+        return metrics_snapshot(client, base_url)
+
+    def window_stats(self, before: dict[str, float], after: dict[str, float],
+                     requests: list[dict[str, Any]], log_text: str) -> ArmStats:
+        return llamacpp_window_stats(before, after, log_text)
+
+
+def probe(client: httpx.Client, base_url: str) -> Probe:
+    """llama-server is ready when `/health` answers 200 (503 'Loading model' before)."""
+    r = client.get(f"{base_url}/health")
+    if r.status_code == 200:
+        return Probe(True, "200 ok")
+    return Probe(False, f"{r.status_code} {r.text[:80]}")
+
+
+def metrics_snapshot(client: httpx.Client, base_url: str) -> dict[str, float]:
+    """Prometheus samples of `/metrics` as {name{labels}: value} (prometheus_client's parser)."""
+    r = client.get(f"{base_url}/metrics")
+    if r.status_code != 200:
+        return {}
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(r.text):
+        for s in fam.samples:
+            label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{label}}}" if label else s.name] = float(s.value)
+    return out
+
+
+def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
+    key = METRIC_PREFIX + name
+    if key not in after:
+        return None
+    return after[key] - before.get(key, 0.0)
+
+
+def llamacpp_window_stats(before: dict[str, float], after: dict[str, float], log_text: str) -> ArmStats:
+    """Counters of the benchmark window (after - before) plus drafting time from the log's statistics."""
+    st = ArmStats(source="metrics")
+    st.verify_steps = _delta(before, after, "spec_decode_num_drafts_total")
+    st.drafted = _delta(before, after, "spec_decode_num_draft_tokens_total")
+    st.accepted = _delta(before, after, "spec_decode_num_accepted_tokens_total")
+    st.tokens = _delta(before, after, "tokens_predicted_total")
+    secs = _delta(before, after, "tokens_predicted_seconds_total")
+    st.decode_ms = secs * 1000 if secs is not None else None
+    pos_key = METRIC_PREFIX + "spec_decode_num_accepted_tokens_per_pos_total{position="
+    per_pos = sorted((int(k[len(pos_key):-1]), v - before.get(k, 0.0)) for k, v in after.items()
+                     if k.startswith(pos_key))
+    if per_pos and st.verify_steps:
+        st.per_position = [v / st.verify_steps for _, v in per_pos]
+    if not after:
+        st.scoped, st.source = False, "none (no /metrics)"
+    st.draft_ms = draft_ms_from_log(log_text, before.get("_log_lines", 0.0))
+    return st
+
+
+def draft_ms_from_log(log_text: str, start_line: float) -> float | None:
+    """Drafting time inside the window: last cumulative `statistics` g-duration minus the one before it."""
+    if not log_text:
+        return None
+    from spectrial.logs import parse
+
+    df = parse(log_text)
+    if df.empty or "kind" not in df or not (df["kind"] == "spec_statistics").any():
+        return None
+    stats = df[df["kind"] == "spec_statistics"]
+    inside = stats[stats["line"] > start_line]
+    if inside.empty:
+        return None
+    end = float(inside["draft_ms_total"].iloc[-1])
+    prior = stats[stats["line"] <= start_line]
+    begin = float(prior["draft_ms_total"].iloc[-1]) if not prior.empty else 0.0
+    return end - begin

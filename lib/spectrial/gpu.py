@@ -1,0 +1,110 @@
+"""GPU checks through `nvidia-smi` on the host: what is there, who uses it, and waiting until free."""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from dataclasses import dataclass, field
+
+from spectrial.errors import ConfigError, ResourceBusyError
+from spectrial.host import Host
+
+GPU_FIELDS = ("index", "name", "uuid", "memory.used", "memory.total", "utilization.gpu")
+APP_FIELDS = ("pid", "used_memory", "gpu_uuid")
+
+
+@dataclass
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    memory_used_mib: float
+    memory_total_mib: float
+    util_pct: float | None
+
+
+@dataclass
+class GpuApp:
+    pid: int
+    used_mib: float
+    gpu_uuid: str
+    command: str = ""
+
+
+@dataclass
+class GpuStatus:
+    """The host's GPUs right now; `available` is False where there is no working nvidia-smi."""
+
+    available: bool
+    gpus: list[Gpu] = field(default_factory=list)
+    apps: list[GpuApp] = field(default_factory=list)
+    reason: str = ""
+
+    def busy(self, max_used_mib: float) -> list[str]:
+        """Why the GPUs are not free (empty list: free)."""
+        why = [f"GPU {g.index} ({g.name}) has {g.memory_used_mib:.0f} MiB in use"
+               for g in self.gpus if g.memory_used_mib >= max_used_mib]
+        why += [f"pid {a.pid} uses {a.used_mib:.0f} MiB on {a.gpu_uuid}: {a.command or '?'}" for a in self.apps]
+        return why
+
+    def as_dict(self) -> dict:
+        return {"available": self.available, "reason": self.reason,
+                "gpus": [vars(g) for g in self.gpus], "apps": [vars(a) for a in self.apps]}
+
+
+def _num(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def _rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in row] for row in csv.reader(io.StringIO(text)) if row and any(c.strip() for c in row)]
+
+
+def query(host: Host) -> GpuStatus:
+    """Query GPUs and compute processes; a host without nvidia-smi gives `available=False`."""
+    if not host.which("nvidia-smi"):
+        return GpuStatus(False, reason="nvidia-smi not found on the host")
+    res = host.run(["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
+                   check=False, timeout=60)
+    if not res.ok:
+        return GpuStatus(False, reason=f"nvidia-smi failed: {(res.stderr or res.stdout).strip()[:300]}")
+    gpus = [Gpu(int(r[0]), r[1], r[2], _num(r[3]) or 0.0, _num(r[4]) or 0.0, _num(r[5]))
+            for r in _rows(res.stdout) if len(r) >= 6 and r[0].isdigit()]
+    apps_res = host.run(["nvidia-smi", f"--query-compute-apps={','.join(APP_FIELDS)}",
+                         "--format=csv,noheader,nounits"], check=False, timeout=60)
+    apps = [GpuApp(int(r[0]), _num(r[1]) or 0.0, r[2]) for r in _rows(apps_res.stdout)
+            if apps_res.ok and len(r) >= 3 and r[0].isdigit()]
+    if apps:
+        procs = {p.pid: p for p in host.processes()}
+        for a in apps:
+            a.command = procs[a.pid].command if a.pid in procs else "(not visible from this host user/namespace)"
+    return GpuStatus(True, gpus, apps)
+
+
+def wait_gpus_free(host: Host, *, max_used_mib: float = 1024, timeout_s: float = 60, require_gpu: bool = False,
+                   poll_s: float = 0.5) -> GpuStatus:
+    """Wait until every GPU is below `max_used_mib` and no compute process runs.
+
+    No GPU: returns the status when `require_gpu` is False, else raises ConfigError.
+    Timeout: raises ResourceBusyError naming each busy GPU and process (pid and command line).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = query(host)
+        if not st.available:
+            if require_gpu:
+                raise ConfigError(f"require_gpu: host {host.name} has no usable GPU ({st.reason}); "
+                                  "set require_gpu: false to run on CPU")
+            return st
+        why = st.busy(max_used_mib)
+        if not why:
+            return st
+        if time.monotonic() >= deadline:
+            raise ResourceBusyError(f"GPUs on {host.name} are not free after {timeout_s:.0f} s:\n  - "
+                                    + "\n  - ".join(why)
+                                    + "\nspectrial stops only servers it started; stop these yourself.")
+        time.sleep(poll_s)

@@ -1,0 +1,361 @@
+"""Hosts: one verb set over two transports (local through invoke, SSH through fabric).
+
+Everything spectrial does on a machine goes through a `Host`: run a command (argv list or a shell string
+built with `shlex`), start a detached process group, signal it, list the processes of a group with their
+`/proc/<pid>/environ`, find who holds a port, and move files. Code written against `Host` runs the same on
+the laptop and on a GPU box.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shlex
+import shutil
+import signal
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from invoke import Context
+from invoke.exceptions import CommandTimedOut
+
+from spectrial.errors import ConfigError, HostCommandError
+
+_PID_RE = re.compile(r"pid=(\d+)")
+ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+@dataclass
+class CommandResult:
+    """What a finished command left: the command line, exit code, output and wall time."""
+
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass
+class ProcInfo:
+    """One process as seen on its host: ids, command line and exec-time environment (None: unreadable)."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    cmdline: list[str] = field(default_factory=list)
+    environ: dict[str, str] | None = None
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.cmdline) if self.cmdline else f"[pid {self.pid}]"
+
+
+def check_env_names(env: Mapping[str, str]) -> None:
+    """Reject environment variable names that a shell could misread (names the variable)."""
+    for name in env:
+        if not name or name[0].isdigit() or not set(name) <= ENV_NAME_OK:
+            raise ConfigError(f"env: {name!r} is not a valid environment variable name "
+                              "(use letters, digits and '_', not starting with a digit)")
+
+
+def env_prefix(env: Mapping[str, str] | None) -> list[str]:
+    """argv prefix `env K=V ...` putting variables on the command itself (empty when no variables)."""
+    if not env:
+        return []
+    check_env_names(env)
+    return ["env", *(f"{k}={v}" for k, v in env.items())]
+
+
+def to_shell(cmd: Sequence[str] | str, env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
+    """One quoted shell command line: an argv list is `shlex.join`ed; a string is taken as shell code."""
+    line = cmd if isinstance(cmd, str) else shlex.join([str(c) for c in cmd])
+    if env:
+        line = shlex.join(env_prefix(env)) + " " + (line if not isinstance(cmd, str) else f"sh -c {shlex.quote(cmd)}")
+    if cwd:
+        line = f"cd {shlex.quote(str(cwd))} && {line}"
+    return line
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """Split a `/proc/<pid>/environ` blob (NUL separated `K=V`) into a dict."""
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            k, _, v = item.partition(b"=")
+            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return out
+
+
+class Host(ABC):
+    """A machine spectrial drives. Subclasses provide `_exec` and file transfer; the rest is shared."""
+
+    name: str = "host"
+
+    # --- transport -----------------------------------------------------------------------------------
+    @abstractmethod
+    def _exec(self, line: str, timeout: float | None) -> CommandResult:
+        """Run one shell command line; never raises on a non-zero exit."""
+
+    @abstractmethod
+    def put(self, local: str | Path, remote: str, mode: int = 0o600) -> None:
+        """Copy a local file to the host."""
+
+    @abstractmethod
+    def get(self, remote: str, local: str | Path) -> None:
+        """Copy a file from the host to a local path."""
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        """Release the transport (no-op locally)."""
+        return None
+
+    def client_url(self, port: int, bind: str = "127.0.0.1") -> str:
+        """Base URL at which this machine reaches a server listening on the host's `port`.
+
+        Local hosts answer directly; remote hosts forward a local port through their transport.
+        """
+        return f"http://127.0.0.1:{int(port)}"
+
+    # --- commands ------------------------------------------------------------------------------------
+    def run(self, cmd: Sequence[str] | str, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+            timeout: float | None = None, check: bool = True, hint: str = "") -> CommandResult:
+        """Run `cmd` (argv list, quoted for you; or shell code you quoted) with `env` on the command line."""
+        line = to_shell(cmd, env, cwd)
+        res = self._exec(line, timeout)
+        if check and res.exit_code != 0:
+            raise HostCommandError(self.name, line, res.exit_code, res.stdout, res.stderr, hint)
+        return res
+
+    def which(self, program: str) -> str | None:
+        """Absolute path of `program` on the host's PATH, or None."""
+        res = self.run(f"command -v {shlex.quote(program)}", check=False)
+        return res.stdout.strip() or None if res.ok else None
+
+    # --- files ---------------------------------------------------------------------------------------
+    def home(self) -> str:
+        """The host user's home directory."""
+        return self.run("printf %s \"$HOME\"").stdout
+
+    def expand(self, path: str) -> str:
+        """Expand a leading `~` against the host's home."""
+        return self.home() + path[1:] if path.startswith("~") else path
+
+    def exists(self, path: str) -> bool:
+        return self.run(["test", "-e", path], check=False).ok
+
+    def mkdir(self, path: str) -> None:
+        """Create a directory (and parents) readable by the user only."""
+        self.run(["mkdir", "-p", "-m", "700", path])
+
+    def read_text(self, path: str, *, max_bytes: int | None = None) -> str:
+        res = self.run(["tail", "-c", str(max_bytes), path] if max_bytes else ["cat", path])
+        return res.stdout
+
+    def write_text(self, path: str, text: str, mode: int = 0o600) -> None:
+        """Write a file atomically (temp file then rename) with user-only permissions by default."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        b64 = base64.b64encode(text.encode()).decode()
+        self.run(f"umask 077 && printf %s {shlex.quote(b64)} | base64 -d > {shlex.quote(tmp)} && "
+                 f"chmod {mode:o} {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}")
+
+    def remove(self, path: str) -> None:
+        self.run(["rm", "-f", path], check=False)
+
+    # --- processes -----------------------------------------------------------------------------------
+    def start_detached(self, argv: Sequence[str], *, env: Mapping[str, str] | None, log_path: str,
+                       cwd: str | None = None) -> int:
+        """Start argv in a new session (`setsid`, its own process group) with stdout+stderr to `log_path`.
+
+        Returns the pid, which is also the process group id: stop it with `signal_group`.
+        """
+        inner = shlex.join(["nohup", "setsid", *env_prefix(env), *[str(a) for a in argv]])
+        line = f"umask 077; {inner} > {shlex.quote(log_path)} 2>&1 < /dev/null & echo $!"
+        if cwd:
+            line = f"cd {shlex.quote(cwd)} && {line}"
+        res = self.run(line)
+        try:
+            pid = int(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError) as exc:
+            raise HostCommandError(self.name, line, res.exit_code, res.stdout, res.stderr,
+                                   "could not read the started pid") from exc
+        return pid
+
+    def signal_group(self, pgid: int, sig: int = signal.SIGTERM) -> bool:
+        """Send `sig` to every process of group `pgid`; False when the group no longer exists."""
+        return self.run(["kill", f"-{int(sig)}", "--", f"-{int(pgid)}"], check=False).ok
+
+    def alive(self, pid: int) -> bool:
+        """True while `pid` exists and is not a zombie."""
+        res = self.run(["ps", "-o", "stat=", "-p", str(int(pid))], check=False)
+        return res.ok and bool(res.stdout.strip()) and not res.stdout.strip().startswith("Z")
+
+    @abstractmethod
+    def processes(self, pgid: int | None = None) -> list[ProcInfo]:
+        """Processes (of group `pgid`, or all) with their command line and exec-time environment."""
+
+    @abstractmethod
+    def port_holders(self, port: int) -> list[ProcInfo]:
+        """Processes listening on TCP `port` (empty when the port is free)."""
+
+    def process_tree(self, pid: int) -> list[ProcInfo]:
+        """`pid` and its descendants, plus everything in its process group."""
+        procs = self.processes()
+        by_parent: dict[int, list[ProcInfo]] = {}
+        for p in procs:
+            by_parent.setdefault(p.ppid, []).append(p)
+        seen: dict[int, ProcInfo] = {p.pid: p for p in procs if p.pgid == pid or p.pid == pid}
+        stack = list(seen)
+        while stack:
+            for child in by_parent.get(stack.pop(), []):
+                if child.pid not in seen:
+                    seen[child.pid] = child
+                    stack.append(child.pid)
+        return sorted(seen.values(), key=lambda p: p.pid)
+
+
+class LocalHost(Host):
+    """This machine, through invoke (commands) and psutil (processes)."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._ctx = Context()
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    def _exec(self, line: str, timeout: float | None) -> CommandResult:
+        t0 = time.monotonic()
+        try:
+            r = self._ctx.run(line, hide=True, warn=True, timeout=timeout, in_stream=False)
+        except CommandTimedOut as exc:
+            r = exc.result
+            raise HostCommandError(self.name, line, None, r.stdout, r.stderr,
+                                   f"timed out after {timeout} s") from exc
+        return CommandResult(line, r.exited, r.stdout, r.stderr, time.monotonic() - t0)
+
+    def home(self) -> str:
+        return str(Path.home())
+
+    def put(self, local: str | Path, remote: str, mode: int = 0o600) -> None:
+        shutil.copyfile(local, remote)
+        os.chmod(remote, mode)
+
+    def get(self, remote: str, local: str | Path) -> None:
+        shutil.copyfile(remote, local)
+
+    def read_text(self, path: str, *, max_bytes: int | None = None) -> str:
+        p = Path(path)
+        with p.open("rb") as fh:
+            if max_bytes:
+                fh.seek(max(0, p.stat().st_size - max_bytes))
+            return fh.read().decode("utf-8", "replace")
+
+    def alive(self, pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def processes(self, pgid: int | None = None) -> list[ProcInfo]:
+        out = []
+        for p in psutil.process_iter(["pid", "ppid", "status"]):
+            try:
+                if p.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                g = os.getpgid(p.pid)
+                if pgid is not None and g != pgid:
+                    continue
+                try:
+                    env = p.environ()
+                except psutil.AccessDenied:
+                    env = None
+                out.append(ProcInfo(p.pid, p.info["ppid"] or 0, g, p.cmdline(), env))
+            except (psutil.Error, ProcessLookupError, OSError):
+                continue
+        return out
+
+    def port_holders(self, port: int) -> list[ProcInfo]:
+        pids = {c.pid for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+        out = []
+        for pid in sorted(pids):
+            try:
+                p = psutil.Process(pid)
+                out.append(ProcInfo(pid, p.ppid(), os.getpgid(pid), p.cmdline(), None))
+            except (psutil.Error, OSError):
+                continue
+        if not out and any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                           for c in psutil.net_connections(kind="tcp")):
+            out.append(ProcInfo(0, 0, 0, ["<a process spectrial may not inspect>"]))
+        return out
+
+
+_PROC_LIST = (
+    "ps -eo pid=,ppid=,pgid=,stat= | while read -r pid ppid pgid stat; do "
+    "case \"$stat\" in Z*) continue;; esac; {filt}"
+    "printf '%s %s %s %s %s\\n' \"$pid\" \"$ppid\" \"$pgid\" "
+    "\"$(base64 -w0 /proc/$pid/cmdline 2>/dev/null)\" \"$(base64 -w0 /proc/$pid/environ 2>/dev/null)\"; done"
+)
+
+
+def parse_proc_list(text: str) -> list[ProcInfo]:
+    """Parse the output of the portable `/proc` listing used on remote hosts."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(" ")
+        if len(parts) < 3 or not all(x.isdigit() for x in parts[:3]):
+            continue
+        cmd = base64.b64decode(parts[3]) if len(parts) > 3 and parts[3] else b""
+        env_b = base64.b64decode(parts[4]) if len(parts) > 4 and parts[4] else None
+        argv = [a.decode("utf-8", "replace") for a in cmd.split(b"\0") if a]
+        out.append(ProcInfo(int(parts[0]), int(parts[1]), int(parts[2]), argv,
+                            parse_environ(env_b) if env_b is not None else None))
+    return out
+
+
+class RemoteShellHost(Host):
+    """Shared process/port inspection for hosts reached through a shell (SSH)."""
+
+    def processes(self, pgid: int | None = None) -> list[ProcInfo]:
+        filt = f'[ "$pgid" = "{int(pgid)}" ] || continue; ' if pgid is not None else ""
+        return parse_proc_list(self.run(_PROC_LIST.format(filt=filt)).stdout)
+
+    def port_holders(self, port: int) -> list[ProcInfo]:
+        res = self.run(f"ss -Htlnp 'sport = :{int(port)}'", check=False)
+        if not res.ok:
+            raise HostCommandError(self.name, res.command, res.exit_code, res.stdout, res.stderr,
+                                   "spectrial needs `ss` (iproute2) on the host to check ports")
+        if not res.stdout.strip():
+            return []
+        pids = sorted({int(m) for m in _PID_RE.findall(res.stdout)})
+        if not pids:
+            return [ProcInfo(0, 0, 0, [f"<not visible to this user: {res.stdout.strip()[:200]}>"])]
+        procs = {p.pid: p for p in self.processes()}
+        return [procs.get(pid, ProcInfo(pid, 0, 0, [])) for pid in pids]
+
+
+
+def get_host(spec: str, **ssh_options: object) -> Host:
+    """A Host from a spec: `local`, `ssh://[user@]host[:port]` or `ssh:ALIAS` (from ~/.ssh/config)."""
+    if spec in ("local", "localhost-local", ""):
+        return LocalHost()
+    if spec.startswith("ssh:"):
+        from spectrial.ssh import SSHHost
+
+        return SSHHost.from_spec(spec, **ssh_options)
+    raise ConfigError(f"host: {spec!r} is not a host spec; use 'local', 'ssh://user@host:port' or 'ssh:ALIAS'")

@@ -1,0 +1,125 @@
+"""Notebook plumbing: run a notebook into its run record, and the small helpers notebooks call.
+
+`run_notebook("02", {"steps": 2})` executes `notebooks/02_*.ipynb` with papermill, writing the executed
+copy into `outputs/<run-id>/` next to the trial's manifest. When a user runs papermill directly
+(`papermill notebooks/02_eagle3.ipynb out.ipynb -p steps 2`), the notebook's last cell copies the
+output notebook (as papermill has saved it so far) into the run record and notes its path.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from spectrial.errors import ConfigError
+from spectrial.params import repo_root
+from spectrial.records import load_manifest, new_run_id
+
+
+def find_notebook(name: str) -> Path:
+    """A notebook by path or by number prefix ('02' -> notebooks/02_eagle3.ipynb)."""
+    p = Path(name)
+    if p.suffix == ".ipynb" and p.is_file():
+        return p
+    folder = repo_root() / "notebooks"
+    hits = sorted(folder.glob(f"{name}*.ipynb"))
+    if len(hits) != 1:
+        known = ", ".join(x.name for x in sorted(folder.glob("*.ipynb")))
+        raise ConfigError(f"notebook {name!r}: {'no' if not hits else 'several'} matches; known: {known}")
+    return hits[0]
+
+
+def run_notebook(name: str, parameters: dict[str, Any] | None = None, *, output_dir: str = "outputs",
+                 run_id: str | None = None, kernel_name: str | None = None) -> dict[str, Any]:
+    """Execute a notebook with papermill into `output_dir/<run-id>/`; returns paths."""
+    import papermill as pm
+
+    nb = find_notebook(name)
+    run_id = run_id or new_run_id(nb.stem)
+    out_dir = Path(output_dir).expanduser().resolve() / run_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_nb = out_dir / nb.name
+    params = {**(parameters or {}), "run_id": run_id, "output_dir": str(Path(output_dir).expanduser().resolve())}
+    error: Exception | None = None
+    try:
+        pm.execute_notebook(str(nb), str(out_nb), parameters=params, cwd=str(repo_root()),
+                            kernel_name=kernel_name, progress_bar=False)
+    except Exception as exc:  # papermill keeps the partially executed notebook; the record says why
+        error = exc
+    manifest = out_dir / "manifest.json"
+    if manifest.is_file():
+        from spectrial.records import dump_json
+
+        data = load_manifest(out_dir)
+        data["notebook"] = out_nb.name
+        if out_nb.name not in data.get("files", []):
+            data.setdefault("files", []).append(out_nb.name)
+        dump_json(manifest, data)
+    if error is not None:
+        raise ConfigError(f"notebook {nb.name} failed; executed copy with the error: {out_nb}\n{error}") \
+            if not manifest.is_file() else _NotebookFailed(str(error), out_nb)
+    return {"notebook": str(out_nb), "run_dir": str(out_dir) if manifest.is_file() else None}
+
+
+class _NotebookFailed(ConfigError):
+    def __init__(self, message: str, path: Path) -> None:
+        super().__init__(f"notebook failed; executed copy and run record in {path.parent}\n{message}")
+
+
+def papermill_output_path() -> Path | None:
+    """The output notebook of the papermill process running this kernel, if there is one."""
+    try:
+        proc = psutil.Process().parent()
+        for _ in range(3):
+            if proc is None:
+                return None
+            argv = proc.cmdline()
+            if any("papermill" in a for a in argv[:3]):
+                args = [a for a in argv[1:] if not a.startswith("-") and a.endswith(".ipynb")]
+                if len(args) >= 2:
+                    return (Path(proc.cwd()) / args[1]).resolve()
+                return None
+            proc = proc.parent()
+    except psutil.Error:
+        return None
+    return None
+
+
+def attach_notebook(run_dir: str | Path) -> str | None:
+    """Copy the papermill output notebook (as saved so far) into the run record; returns the file name."""
+    out = papermill_output_path()
+    run_dir = Path(run_dir)
+    if out is None or not out.is_file() or out.parent.resolve() == run_dir.resolve():
+        return out.name if out is not None and out.parent.resolve() == run_dir.resolve() else None
+    dest = run_dir / out.name
+    shutil.copyfile(out, dest)
+    from spectrial.records import dump_json
+
+    data = load_manifest(run_dir)
+    data["notebook"] = out.name
+    data["notebook_source"] = str(out)
+    if out.name not in data.get("files", []):
+        data.setdefault("files", []).append(out.name)
+    dump_json(run_dir / "manifest.json", data)
+    return out.name
+
+
+def params_from_notebook(params_file: str, overrides: dict[str, Any] | None = None, **values: Any):  # noqa: ANN201
+    """TrialParams from a notebook's parameters cell: non-None values and `overrides` override the file."""
+    from spectrial.params import load_params
+
+    merged = {k: v for k, v in values.items() if v is not None}
+    merged.update(overrides or {})
+    return load_params(params_file, merged)
+
+
+def steps_table(manifest: dict[str, Any]):  # noqa: ANN201
+    """The protocol steps of a run as a table (name, ok, seconds, error)."""
+    import pandas as pd
+
+    rows = [{"step": s["name"], "ok": s.get("ok"), "seconds": s.get("elapsed_s"), "error": s.get("error")}
+            for s in manifest.get("steps", [])]
+    return pd.DataFrame(rows)

@@ -1,0 +1,234 @@
+"""Trial parameters: one pydantic schema, loaded from YAML, overridable with `-p NAME=VALUE`.
+
+A params file names the host, the engine, the model and the arms to compare. Top-level `steps`,
+`topk`, `draft_tokens` and `draft` apply to every speculative arm unless the arm sets its own.
+Engine-specific settings live under `engine_config` and are validated by the engine adapter.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from spectrial.errors import ConfigError
+
+Method = Literal["none", "draft", "eagle3", "eagle", "nextn", "ngram"]
+METHODS: tuple[str, ...] = ("none", "draft", "eagle3", "eagle", "nextn", "ngram")
+
+
+class Arm(BaseModel):
+    """One arm of a trial: a server configuration to launch and benchmark."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Label of the arm, unique within the trial (e.g. 'baseline', 'eagle3').")
+    method: Method = Field("none", description="Speculative method; 'none' is the baseline.")
+    draft: str | None = Field(None, description="Draft model path (or 'tiny:<name>'); default: the trial's `draft`.")
+    steps: int | None = Field(None, ge=1, description="Draft steps / depth (llama.cpp n_max); default: trial's.")
+    topk: int | None = Field(None, ge=1, description="Draft tree top-k (SGLang); default: trial's.")
+    draft_tokens: int | None = Field(None, ge=1, description="Draft tokens verified per cycle (SGLang).")
+    synthetic_accept: float | list[float] | None = Field(
+        None, description="Benchmark-only synthetic acceptance (llama.cpp): per-token rate a (positions get "
+                          "a, a^2, ...) or explicit per-position rates. The record labels the arm synthetic.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for this arm's launch.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra engine arguments, passed as given.")
+
+    @field_validator("synthetic_accept")
+    @classmethod
+    def _rates_ok(cls, v: float | list[float] | None) -> float | list[float] | None:
+        vals = [v] if isinstance(v, float | int) else (v or [])
+        for x in vals:
+            if not 0.0 <= float(x) <= 1.0:
+                raise ValueError(f"synthetic acceptance {x} is outside [0, 1]")
+        if isinstance(v, list) and any(b > a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError("per-position synthetic rates must be non-increasing")
+        return v
+
+    @property
+    def speculative(self) -> bool:
+        return self.method != "none"
+
+
+def default_arms() -> list[Arm]:
+    """Baseline and one EAGLE-3 arm."""
+    return [Arm(name="baseline"), Arm(name="eagle3", method="eagle3")]
+
+
+class TrialParams(BaseModel):
+    """Everything a trial needs; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("trial", description="Name of the trial, used in the run id.")
+    host: str = Field("local", description="'local', 'ssh://user@host:port' or 'ssh:ALIAS'.")
+    engine: Literal["llamacpp", "sglang", "vllm"] = Field("llamacpp", description="Inference engine.")
+    model: str = Field(description="Target model path on the host (or 'tiny:target' for spectrial's tiny model).")
+    draft: str | None = Field(None, description="Default draft model for speculative arms.")
+    steps: int = Field(2, ge=1, description="Draft steps / depth for speculative arms (llama.cpp n_max).")
+    topk: int = Field(1, ge=1, description="Draft top-k (SGLang EAGLE trees).")
+    draft_tokens: int | None = Field(None, ge=1, description="Draft tokens per verify (SGLang); default steps+1.")
+    arms: list[Arm] = Field(default_factory=default_arms, description="Arms in launch order.")
+    repeats: int = Field(3, ge=1, description="Measured requests per arm (after warm-up).")
+    warmup: int = Field(1, ge=0, description="Warm-up requests per arm, not measured.")
+    max_tokens: int = Field(64, ge=2, description="Generated tokens per request (fixed length, ignore_eos).")
+    prompts: str = Field("bundled", description="'bundled' or a JSONL file of {\"prompt\": ...} lines.")
+    concurrency: int = Field(1, ge=1, description="Concurrent streams during the benchmark.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment put on every launch command.")
+    env_check: Literal["fail", "warn"] = Field("fail", description="What a missing requested variable does.")
+    port: int = Field(8089, ge=1, le=65535, description="Server port on the host.")
+    bind: str = Field("127.0.0.1", description="Address the server listens on (host side).")
+    require_gpu: bool = Field(False, description="Fail when the host has no NVIDIA GPU.")
+    gpu_free_mib: int = Field(1024, ge=0, description="A GPU counts as free below this many MiB used.")
+    gpu_wait_s: float = Field(60, ge=0, description="How long to wait for GPUs to become free.")
+    ready_timeout_s: float = Field(600, gt=0, description="How long a server may take to become ready.")
+    stop_grace_s: float = Field(15, ge=0, description="SIGTERM grace before SIGKILL.")
+    request_timeout_s: float = Field(300, gt=0, description="Timeout of one benchmark request.")
+    engine_bin: str = Field("auto", description="Engine executable on the host; 'auto' = spectrial's build.")
+    engine_config: dict[str, Any] = Field(default_factory=dict, description="Engine-specific settings.")
+    output_dir: str = Field("outputs", description="Local folder of run records.")
+    state_dir: str = Field("~/.cache/spectrial/state", description="Host folder of server state files.")
+    work_dir: str = Field("~/.cache/spectrial/runs", description="Host folder of server logs per run.")
+    seed: int = Field(0, description="Seed for prompt order and bootstrap.")
+
+    @model_validator(mode="after")
+    def _arms_ok(self) -> TrialParams:
+        names = [a.name for a in self.arms]
+        if not self.arms:
+            raise ValueError("arms: at least one arm is needed (e.g. a baseline)")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"arms: names must be unique, repeated: {dup}")
+        return self
+
+    def arm_steps(self, arm: Arm) -> int:
+        return arm.steps or self.steps
+
+    def arm_topk(self, arm: Arm) -> int:
+        return arm.topk or self.topk
+
+    def arm_draft_tokens(self, arm: Arm) -> int | None:
+        return arm.draft_tokens or self.draft_tokens
+
+    def arm_draft(self, arm: Arm) -> str | None:
+        return arm.draft or self.draft
+
+
+def _parse_value(text: str) -> Any:
+    """A `-p` value as YAML would read it ('2' -> 2, 'null' -> None, '[1, 2]' -> list)."""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.0.c = value` inside nested dicts/lists, creating dicts on the way."""
+    keys = dotted.split(".")
+    cur: Any = data
+    for i, key in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(cur, list):
+            if not key.isdigit() or int(key) >= len(cur):
+                raise ConfigError(f"-p {dotted}: {key!r} is not an index of a list of {len(cur)} items")
+            if last:
+                cur[int(key)] = value
+            else:
+                cur = cur[int(key)]
+            continue
+        if not isinstance(cur, dict):
+            raise ConfigError(f"-p {dotted}: {'.'.join(keys[:i])} is not a mapping")
+        if last:
+            cur[key] = value
+        else:
+            cur = cur.setdefault(key, {})
+
+
+def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
+    """['steps=2', 'env.NCCL_PROTO=LL'] -> {'steps': 2, 'env.NCCL_PROTO': 'LL'}."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"-p {pair!r}: write overrides as NAME=VALUE (e.g. -p steps=2)")
+        out[name.strip()] = value if name.strip().startswith("env.") else _parse_value(value)
+    return out
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """Human message: each bad field, what was given, what is allowed."""
+    lines = [f"invalid parameters in {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_fields(e["loc"])
+            msg = f"unknown parameter; allowed here: {', '.join(allowed)}" if allowed else "unknown parameter"
+        elif e["type"] == "literal_error" and e.get("ctx"):
+            msg = f"{msg} (got {e.get('input')!r})"
+        elif "input" in e and not isinstance(e["input"], dict | list):
+            msg = f"{msg} (got {e['input']!r})"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
+    model: type[BaseModel] = TrialParams
+    if len(loc) >= 3 and loc[0] == "arms":
+        model = Arm
+    return sorted(model.model_fields)
+
+
+def validate(data: dict[str, Any], source: str = "params") -> TrialParams:
+    """Validate a params mapping, raising ConfigError with a readable message."""
+    try:
+        return TrialParams.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def find_params_file(path: str | os.PathLike[str]) -> Path:
+    """Resolve a params file relative to the cwd, then to the repository root."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    alt = repo_root() / p
+    if not p.is_absolute() and alt.is_file():
+        return alt
+    raise ConfigError(f"params file {str(path)!r} not found (looked in {Path.cwd()} and {repo_root()}); "
+                      "pass the path of a YAML file such as params/local.yaml")
+
+
+def repo_root() -> Path:
+    """The spectrial checkout this package runs from (editable install), else the cwd."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "pyproject.toml").is_file() else Path.cwd()
+
+
+def load_params(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None,
+                data: dict[str, Any] | None = None) -> TrialParams:
+    """Load YAML (or a given mapping), apply dotted overrides, validate."""
+    source = "params"
+    raw: dict[str, Any] = dict(data or {})
+    if path is not None:
+        f = find_params_file(path)
+        source = str(f)
+        try:
+            loaded = yaml.safe_load(f.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{f}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{f}: the top level must be a mapping of parameter names")
+        raw = {**loaded, **raw}
+    for name, value in (overrides or {}).items():
+        top = name.split(".")[0]
+        field = TrialParams.model_fields.get(top)
+        if "." in name and top not in raw and field is not None and not field.is_required():
+            default = field.get_default(call_default_factory=True)
+            raw[top] = [a.model_dump() if hasattr(a, "model_dump") else a for a in default] \
+                if isinstance(default, list) else default
+        apply_override(raw, name, value)
+    return validate(raw, source)

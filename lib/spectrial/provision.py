@@ -1,0 +1,159 @@
+"""Provision `llama-server` (and `rpc-server`): build from the pinned llama-cpp-python sdist, cache it.
+
+The sdist is downloaded from the package index (`pip download`), only `vendor/llama.cpp` is unpacked,
+and only the two server targets are built. Builds are cached under `<cache>/llama.cpp/bin/<key>/`,
+keyed by the sdist version and the build flags, so each machine builds once per configuration.
+`<cache>` is `$SPECTRIAL_CACHE` or `~/.cache/spectrial`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from spectrial.errors import HostCommandError
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+TARGETS = ("llama-server", "ggml-rpc-server")  # the RPC worker binary is installed as `rpc-server`
+INSTALLED = {"llama-server": "llama-server", "ggml-rpc-server": "rpc-server"}
+BASE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_RPC=ON",
+)
+
+
+def cache_root() -> Path:
+    """spectrial's cache folder (`$SPECTRIAL_CACHE` or `~/.cache/spectrial`)."""
+    return Path(os.environ.get("SPECTRIAL_CACHE") or Path.home() / ".cache" / "spectrial").expanduser()
+
+
+def build_flags(cuda: bool = False, cuda_arch: str = "90") -> list[str]:
+    """CMake flags for a CPU build, or a CUDA build for `cuda_arch`."""
+    flags = list(BASE_FLAGS)
+    if cuda:
+        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
+    return flags
+
+
+def build_key(cuda: bool = False, cuda_arch: str = "90") -> str:
+    """Cache key: sdist version + flavour + hash of the flags."""
+    flags = build_flags(cuda, cuda_arch)
+    digest = hashlib.sha256(" ".join(flags).encode()).hexdigest()[:10]
+    return f"{LLAMA_CPP_PYTHON_VERSION}-{'cuda' + cuda_arch if cuda else 'cpu'}-{digest}"
+
+
+def binary_path(name: str = "llama-server", cuda: bool = False, cuda_arch: str = "90") -> Path:
+    return cache_root() / "llama.cpp" / "bin" / build_key(cuda, cuda_arch) / name
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _say(msg: str) -> None:
+    print(f"[spectrial provision] {msg}", file=sys.stderr, flush=True)
+
+
+def sdist(dest: Path | None = None) -> Path:
+    """The pinned llama-cpp-python sdist, downloaded once into the cache."""
+    dest = dest or cache_root() / "llama.cpp" / "sdist"
+    path = dest / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    if path.is_file():
+        return path
+    dest.mkdir(parents=True, exist_ok=True)
+    _say(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist (~76 MB) ...")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
+           f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(dest)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0 or not path.is_file():
+        raise HostCommandError("local", " ".join(cmd), res.returncode, res.stdout, res.stderr,
+                               "the package index must be reachable; or set engine_bin to your own llama-server")
+    return path
+
+
+def source_dir() -> Path:
+    """`vendor/llama.cpp` of the sdist, unpacked once into the cache."""
+    out = cache_root() / "llama.cpp" / "src" / LLAMA_CPP_PYTHON_VERSION
+    marker = out / ".complete"
+    if marker.is_file():
+        return out / "llama.cpp"
+    with _locked(out.with_suffix(".lock")):
+        if marker.is_file():
+            return out / "llama.cpp"
+        tar_path = sdist()
+        prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with tarfile.open(tar_path) as tar:
+            members = []
+            for m in tar.getmembers():
+                if m.name.startswith(prefix):
+                    m.name = "llama.cpp/" + m.name[len(prefix):]
+                    members.append(m)
+            tar.extractall(tmp, members=members, filter="data")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        marker.touch()
+    return out / "llama.cpp"
+
+
+def ensure_llama_server(cuda: bool = False, cuda_arch: str = "90", jobs: int | None = None,
+                        src: Path | None = None) -> Path:
+    """Path of a cached `llama-server` built for this configuration; builds it the first time."""
+    binary = binary_path("llama-server", cuda, cuda_arch)
+    if binary.is_file() and os.access(binary, os.X_OK):
+        return binary
+    key = build_key(cuda, cuda_arch)
+    with _locked(binary.parent.with_suffix(".lock")):
+        if binary.is_file():
+            return binary
+        src = src or source_dir()
+        build = cache_root() / "llama.cpp" / "build" / key
+        jobs = jobs or os.cpu_count() or 2
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        _say(f"building {', '.join(TARGETS)} ({key}) with {jobs} jobs; first time only "
+             f"(about 5-6 min on 2 cores) ...")
+        t0 = time.monotonic()
+        log = build.parent / f"{key}.log"
+        build.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as fh:
+            for cmd in (["cmake", "-S", str(src), "-B", str(build), *generator, *build_flags(cuda, cuda_arch)],
+                        ["cmake", "--build", str(build), "--target", *TARGETS, f"-j{jobs}"]):
+                fh.write(f"$ {' '.join(cmd)}\n")
+                fh.flush()
+                res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
+                if res.returncode != 0:
+                    tail = "\n".join(log.read_text().splitlines()[-30:])
+                    raise HostCommandError("local", " ".join(cmd), res.returncode, tail, "",
+                                           f"full build log: {log}")
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        for target, name in INSTALLED.items():
+            shutil.copy2(build / "bin" / target, binary.parent / f".{name}.tmp")
+            os.replace(binary.parent / f".{name}.tmp", binary.parent / name)
+        _say(f"built in {time.monotonic() - t0:.0f} s -> {binary}")
+    return binary
+
+
+def server_version(binary: str | Path) -> str:
+    """What `llama-server --version` prints (e.g. 'version: 1 (0c1e570)')."""
+    res = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("version")]
+    return lines[0].strip() if lines else (res.stdout + res.stderr).strip()[:200]

@@ -1,0 +1,145 @@
+"""Run records: one folder per run under `outputs/<run-id>/` with `manifest.json` and the artifacts.
+
+manifest.json schema (keys always present):
+    run_id, status ("running" | "ok" | "failed"), reason (None or why it failed), name, kind ("trial"...),
+    started_at, finished_at (ISO 8601, UTC), params (secrets masked), host (name + fingerprint basics),
+    engine (name, version), steps (list of {name, started_at, elapsed_s, ok, error}), arms (list of dicts),
+    files (relative paths of artifacts), notebook (relative path or None), spectrial_version.
+The manifest is rewritten atomically after every step, so an interrupted run still leaves a readable record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import secrets as _rnd
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from spectrial import __version__
+from spectrial.secrets import mask_mapping, redact
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_run_id(name: str) -> str:
+    """`YYYYmmdd-HHMMSS-<name>-<4 hex>`: sortable, readable, unique."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{_SAFE.sub('-', name).strip('-')[:40] or 'run'}-{_rnd.token_hex(2)}"
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float) and obj != obj:  # NaN -> null
+        return None
+    if isinstance(obj, set | frozenset):
+        return sorted(obj)
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    return str(obj)
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return None if obj != obj or obj in (float("inf"), float("-inf")) else obj
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def dump_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file + rename), NaN/inf as null."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_clean(json.loads(json.dumps(data, default=_jsonable))), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class RunRecord:
+    """A run folder and its manifest; every change is written through immediately."""
+
+    def __init__(self, output_dir: str | Path, name: str, kind: str = "trial", run_id: str | None = None,
+                 params: Any = None) -> None:
+        self.run_id = run_id or new_run_id(name)
+        self.dir = Path(output_dir).expanduser().resolve() / self.run_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.secrets: list[str] = []
+        self.manifest: dict[str, Any] = {
+            "run_id": self.run_id, "status": "running", "reason": None, "name": name, "kind": kind,
+            "started_at": utc_now(), "finished_at": None, "spectrial_version": __version__,
+            "params": mask_mapping(params.model_dump(mode="json") if hasattr(params, "model_dump") else params),
+            "host": {}, "engine": {}, "steps": [], "arms": [], "files": [], "notebook": None,
+        }
+        self.save()
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.dir / "manifest.json"
+
+    def save(self) -> None:
+        dump_json(self.manifest_path, mask_mapping(self.manifest))
+
+    def set(self, **fields: Any) -> None:
+        self.manifest.update(fields)
+        self.save()
+
+    @contextlib.contextmanager
+    def step(self, name: str, **info: Any) -> Iterator[dict[str, Any]]:
+        """Time a protocol step; the step is recorded (ok or with its error) even when it raises."""
+        entry: dict[str, Any] = {"name": name, "started_at": utc_now(), "elapsed_s": None, "ok": None, **info}
+        self.manifest["steps"].append(entry)
+        t0 = time.monotonic()
+        try:
+            yield entry
+            entry["ok"] = True
+        except BaseException as exc:
+            entry["ok"] = False
+            entry["error"] = f"{type(exc).__name__}: {redact(str(exc), self.secrets)}"[:4000]
+            raise
+        finally:
+            entry["elapsed_s"] = round(time.monotonic() - t0, 4)
+            self.save()
+
+    def add_file(self, rel: str | Path) -> Path:
+        rel = str(rel)
+        if rel not in self.manifest["files"]:
+            self.manifest["files"].append(rel)
+        return self.dir / rel
+
+    def write_text(self, rel: str, text: str) -> Path:
+        """Write an artifact with secrets redacted; returns its path."""
+        path = self.add_file(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(redact(text, self.secrets))
+        self.save()
+        return path
+
+    def finish(self, status: str, reason: str | None = None) -> None:
+        self.manifest["status"] = status
+        self.manifest["reason"] = redact(reason, self.secrets) if reason else None
+        self.manifest["finished_at"] = utc_now()
+        self.save()
+
+
+def load_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """Read a run folder's manifest.json."""
+    return json.loads((Path(run_dir) / "manifest.json").read_text())
+
+
+def list_runs(output_dir: str | Path) -> list[Path]:
+    """Run folders (those with a manifest) under `output_dir`, recursively, oldest first."""
+    root = Path(output_dir)
+    return sorted((p.parent for p in root.rglob("manifest.json")), key=lambda p: p.name)

@@ -1,0 +1,84 @@
+"""Shared fixtures: the real llama-server binary, spectrial's tiny models, free ports, tiny params."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytest_plugins = ["sshd_plugin"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Path:
+    """spectrial's cached llama-server (built once per machine by `make llama-server`)."""
+    from spectrial.provision import ensure_llama_server
+
+    return ensure_llama_server()
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> Any:
+    """spectrial's tiny target + drafts (written once into the cache)."""
+    from spectrial.models import ensure_tiny_models
+
+    return ensure_tiny_models()
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def tiny_params(tmp_path: Path, port: int, llama_server: Path, tiny_models: Any) -> dict[str, Any]:
+    """A small, fast local llama.cpp trial: baseline + draft-simple + synthetic EAGLE-3, 2 requests each."""
+    return {
+        "name": "test-tiny", "host": "local", "engine": "llamacpp", "engine_bin": str(llama_server),
+        "model": "tiny:target", "draft": "tiny:draft-simple", "steps": 2, "repeats": 2, "warmup": 1,
+        "max_tokens": 24, "port": port, "output_dir": str(tmp_path / "outputs"),
+        "state_dir": str(tmp_path / "state"), "work_dir": str(tmp_path / "work"), "ready_timeout_s": 120,
+        "engine_config": {"threads": 1, "ctx_size": 512},
+        "arms": [{"name": "baseline"}, {"name": "draft", "method": "draft"},
+                 {"name": "eagle3", "method": "eagle3", "draft": "tiny:eagle3", "synthetic_accept": 0.8}],
+    }
+
+
+@pytest.fixture
+def write_params(tmp_path: Path):
+    """Write a params mapping as YAML and return its path."""
+
+    def _write(data: dict[str, Any], name: str = "params.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return _write
+
+
+def has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None and os.environ.get("SPECTRIAL_NO_GPU") != "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests are skipped where there is no NVIDIA GPU."""
+    if has_gpu():
+        return
+    skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine (nvidia-smi not found)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

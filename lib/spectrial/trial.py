@@ -106,7 +106,8 @@ def arm_figures(requests: list[dict[str, Any]], stats: Any, speculative: bool) -
     if speculative:
         steps = stats.verify_steps
         out["accept_rate"] = accepted / drafted if drafted else None
-        out["accept_len"] = analysis.accept_len_from_counts(accepted, steps) if steps else None
+        out["accept_len"] = analysis.accept_len_from_counts(accepted, steps) if steps and accepted is not None \
+            else stats.accept_len
         out["cycle_ms"] = analysis.cycle_ms_from(decode_ms, steps) if steps and decode_ms else None
         out["draft_ms_per_cycle"] = stats.draft_ms / steps if stats.draft_ms is not None and steps else None
     else:

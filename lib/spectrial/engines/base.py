@@ -53,6 +53,7 @@ class ArmStats:
     decode_ms: float | None = None
     draft_ms: float | None = None
     per_position: list[float] | None = None
+    accept_len: float | None = None  # when the engine reports only a mean (e.g. SGLang's avg_spec_accept_length)
     scoped: bool = True
     source: str = ""
     notes: list[str] = field(default_factory=list)

@@ -78,6 +78,18 @@ def notebook(name: Annotated[str, typer.Argument(help="Notebook path or number p
         typer.echo(f"run record: {Path(out['run_dir']) / 'manifest.json'}")
 
 
+@app.command()
+def diff(run_a: Annotated[Path, typer.Argument(help="First run folder")],
+         run_b: Annotated[Path, typer.Argument(help="Second run folder")]) -> None:
+    """What differs between two runs (environment, engine, machine, launch, params, results)."""
+    from spectrial.diff import diff_runs, format_findings
+
+    for p in (run_a, run_b):
+        if not (p / "manifest.json").is_file():
+            _fail(FileNotFoundError(f"{p} holds no manifest.json (give a run folder under outputs/)"))
+    typer.echo(format_findings(diff_runs(run_a, run_b)))
+
+
 @models_app.command("tiny")
 def models_tiny(outdir: Annotated[Path, typer.Argument(help="Folder to write the models into.")],
                 seed: int = 0) -> None:

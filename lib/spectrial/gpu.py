@@ -108,3 +108,50 @@ def wait_gpus_free(host: Host, *, max_used_mib: float = 1024, timeout_s: float =
                                     + "\n  - ".join(why)
                                     + "\nspectrial stops only servers it started; stop these yourself.")
         time.sleep(poll_s)
+
+
+class GpuSampler:
+    """`nvidia-smi --query-gpu ... -lms N` running detached on the host while an arm is benchmarked.
+
+    Samples clocks, temperature, power, utilisation and throttle reasons at >= 1 Hz; stopped by process
+    group with the arm. On a host without nvidia-smi it records nothing and says so.
+    """
+
+    def __init__(self, host: Host, log_path: str, interval_ms: int = 500) -> None:
+        self.host, self.log_path, self.interval_ms = host, log_path, interval_ms
+        self.pgid: int | None = None
+        self.reason = ""
+
+    def start(self) -> GpuSampler:
+        from spectrial.fingerprint import SAMPLE_QUERY
+
+        if not self.host.which("nvidia-smi"):
+            self.reason = "no nvidia-smi on the host: no GPU samples"
+            return self
+        self.pgid = self.host.start_detached(
+            ["nvidia-smi", f"--query-gpu={','.join(SAMPLE_QUERY)}", "--format=csv,noheader,nounits",
+             f"-lms={self.interval_ms}"], env=None, log_path=self.log_path)
+        return self
+
+    def stop(self) -> list[dict[str, object]]:
+        """Stop sampling; returns the samples (with decoded throttle reasons)."""
+        from spectrial.fingerprint import SAMPLE_QUERY, gpu_rows, throttle_reasons
+
+        if self.pgid is None:
+            return []
+        from spectrial.server import stop_group
+
+        stop_group(self.host, self.pgid, 2)
+        self.pgid = None
+        text = self.host.read_text(self.log_path) if self.host.exists(self.log_path) else ""
+        rows = gpu_rows(text.splitlines(), SAMPLE_QUERY)
+        for r in rows:
+            r["throttle"] = throttle_reasons(r.get("clocks_event_reasons.active"))  # type: ignore[assignment]
+        return rows
+
+    def __enter__(self) -> GpuSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pgid is not None:
+            self.stop()

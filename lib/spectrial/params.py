@@ -72,7 +72,15 @@ class TrialParams(BaseModel):
     topk: int = Field(1, ge=1, description="Draft top-k (SGLang EAGLE trees).")
     draft_tokens: int | None = Field(None, ge=1, description="Draft tokens per verify (SGLang); default steps+1.")
     arms: list[Arm] = Field(default_factory=default_arms, description="Arms in launch order.")
-    repeats: int = Field(3, ge=1, description="Measured requests per arm (after warm-up).")
+    repeats: int = Field(3, ge=1, description="Measured requests per server start of an arm (after warm-up).")
+    restarts: int = Field(1, ge=1, description="Server starts per arm; spread between starts is reported apart.")
+    order: Literal["interleaved", "blocked", "random"] = Field(
+        "interleaved", description="Order of server starts: A B A B (interleaved), A A B B (blocked), or "
+                                   "shuffled with `seed` (random).")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence level of intervals and verdicts.")
+    sample_gpu_ms: int = Field(500, ge=100, le=1000, description="GPU sampling interval during benchmarks (ms).")
+    drift_dir: str | None = Field(None, description="Folder of earlier run records to check baseline drift "
+                                                    "against (default: output_dir).")
     warmup: int = Field(1, ge=0, description="Warm-up requests per arm, not measured.")
     max_tokens: int = Field(64, ge=2, description="Generated tokens per request (fixed length, ignore_eos).")
     prompts: str = Field("bundled", description="'bundled' or a JSONL file of {\"prompt\": ...} lines.")

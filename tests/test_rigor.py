@@ -1,0 +1,84 @@
+"""Rigor (issue 6): restarts in interleaved order, two-level spread, CIs, drift, fingerprints, diff."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from spectrial.diff import diff_runs, format_findings
+from spectrial.params import Arm, load_params
+from spectrial.records import load_manifest
+from spectrial.trial import run_trial, schedule
+
+
+def names(plan):
+    return [f"{a.name}{r}" for a, r in plan]
+
+
+def test_schedule_orders():
+    arms = [Arm(name="A"), Arm(name="B")]
+    assert names(schedule(arms, 3, "interleaved")) == ["A0", "B0", "A1", "B1", "A2", "B2"]
+    assert names(schedule(arms, 2, "blocked")) == ["A0", "A1", "B0", "B1"]
+    rnd = names(schedule(arms, 3, "random", seed=7))
+    assert sorted(rnd) == sorted(names(schedule(arms, 3, "interleaved")))
+    assert rnd == names(schedule(arms, 3, "random", seed=7)), "random order is reproducible from the seed"
+
+
+@pytest.mark.slow
+def test_interleaved_restarts_followed_and_spread_reported(tiny_params):
+    p = {**tiny_params, "restarts": 2, "repeats": 3, "max_tokens": 16,
+         "arms": [{"name": "baseline"}, {"name": "draft", "method": "draft"}]}
+    res = run_trial(load_params(data=p), progress=False)
+    m = res.manifest
+    launches = [(s["arm"], s["restart"]) for s in sorted(m["steps"], key=lambda s: s["started_at"])
+                if s["name"].startswith("launch:")]
+    assert launches == [("baseline", 0), ("draft", 0), ("baseline", 1), ("draft", 1)]
+    assert [s["arm"] for s in m["starts"]] == ["baseline", "draft", "baseline", "draft"]
+    base, draft = m["arms"]
+    for a in (base, draft):
+        assert len(a["starts"]) == 2 and a["cv_within_start"] is not None and a["cv_between_starts"] is not None
+        assert a["tok_s_ci_low"] <= a["tok_s"] <= a["tok_s_ci_high"]
+    assert draft["verdict"] in ("faster", "slower", "not distinguishable at this noise")
+    assert draft["speedup_ci_low"] <= draft["speedup"] * 1.0001 and draft["speedup_ci_high"] >= draft["speedup"] * 0.9999
+    assert draft["ci_basis"] == "restarts then requests"
+    assert m["fingerprint_key"] and m["host"]["fingerprint"]["kernel"]
+    assert (res.run_dir / "logs" / "llama-server-baseline-2.log").is_file()
+
+
+def _baseline_only(tiny_params, **over):
+    return load_params(data={**tiny_params, "arms": [{"name": "baseline"}], "repeats": 4, "max_tokens": 24,
+                             **over})
+
+
+@pytest.mark.slow
+def test_drift_flagged_for_planted_slowdown(tiny_params):
+    fast = {"threads": 2, "ctx_size": 512}
+    for _ in range(2):
+        r = run_trial(_baseline_only(tiny_params, engine_config=fast), progress=False)
+        assert not r.manifest["drift"]["flagged"], r.manifest["drift"]
+    slow = {"threads": 1, "ctx_size": 512, "extra_args": ["--threads-batch", "1", "--poll", "0"]}
+    r = run_trial(_baseline_only(tiny_params, engine_config=slow, repeats=4), progress=False)
+    d = r.manifest["drift"]
+    assert d["n_earlier"] == 2
+    assert d["flagged"], d
+    assert "-t" in d["message"] and "'2' -> '1'" in d["message"]
+
+
+@pytest.mark.slow
+def test_diff_names_changed_env_and_binary(tiny_params, llama_server, tmp_path):
+    r1 = run_trial(_baseline_only(tiny_params, repeats=2, env={"NCCL_PROTO": "LL"}), progress=False)
+    other_bin = tmp_path / "bin" / "llama-server"
+    other_bin.parent.mkdir()
+    shutil.copy2(llama_server, other_bin)
+    with other_bin.open("ab") as fh:  # a rebuilt binary: same program, different bytes
+        fh.write(b"\0rebuilt")
+    r2 = run_trial(_baseline_only(tiny_params, repeats=2, env={"NCCL_PROTO": "Simple"},
+                                  engine_bin=str(other_bin)), progress=False)
+    findings = diff_runs(r1.run_dir, r2.run_dir)
+    text = format_findings(findings)
+    assert "[environment] arm baseline env.NCCL_PROTO: 'LL' -> 'Simple'" in text
+    assert "engine binary changed" in text
+    assert findings[0].severity == 0, "environment differences come first"
+    assert text.index("[environment]") < text.index("[engine/model]") < text.index("[results]")
+    assert load_manifest(r2.run_dir)["engine"]["binary"] == str(other_bin)

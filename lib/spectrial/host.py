@@ -9,16 +9,19 @@ the laptop and on a GPU box.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import shlex
 import shutil
 import signal
+import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 from invoke import Context
@@ -27,6 +30,7 @@ from invoke.exceptions import CommandTimedOut
 from spectrial.errors import ConfigError, HostCommandError
 
 _PID_RE = re.compile(r"pid=(\d+)")
+MAX_INLINE_COMMAND_BYTES = 100_000  # Linux caps one argv string (bash -c LINE) at 128 kB
 ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -239,9 +243,21 @@ class LocalHost(Host):
         return True
 
     def _exec(self, line: str, timeout: float | None) -> CommandResult:
+        if len(line.encode()) > MAX_INLINE_COMMAND_BYTES:  # too long for `bash -c LINE`: run it from a file
+            fd, script = tempfile.mkstemp(prefix="spectrial-cmd-", suffix=".sh")  # mode 0600
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(line)
+                res = self._exec(f"sh {shlex.quote(script)} < /dev/null", timeout)
+            finally:
+                os.unlink(script)
+            return CommandResult(line, res.exit_code, res.stdout, res.stderr, res.elapsed_s)
         t0 = time.monotonic()
         try:
             r = self._ctx.run(line, hide=True, warn=True, timeout=timeout, in_stream=False)
+        except OSError as exc:
+            raise HostCommandError(self.name, line[:2000], None, stderr=str(exc),
+                                   hint="the shell could not be started") from exc
         except CommandTimedOut as exc:
             r = exc.result
             raise HostCommandError(self.name, line, None, r.stdout, r.stderr,
@@ -251,12 +267,31 @@ class LocalHost(Host):
     def home(self) -> str:
         return str(Path.home())
 
+    @staticmethod
+    def _write_private(path: str | Path, write: Callable[[BinaryIO], object], mode: int) -> None:
+        """Write through `write` into a 0600 temp file beside `path`, chmod `mode`, rename into place."""
+        p = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".spectrial-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+            os.chmod(tmp, mode)
+            os.replace(tmp, p)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
     def put(self, local: str | Path, remote: str, mode: int = 0o600) -> None:
-        shutil.copyfile(local, remote)
-        os.chmod(remote, mode)
+        with open(local, "rb") as src:
+            self._write_private(remote, lambda dst: shutil.copyfileobj(src, dst), mode)
 
     def get(self, remote: str, local: str | Path) -> None:
-        shutil.copyfile(remote, local)
+        with open(remote, "rb") as src:
+            self._write_private(local, lambda dst: shutil.copyfileobj(src, dst), 0o600)
+
+    def write_text(self, path: str, text: str, mode: int = 0o600) -> None:
+        self._write_private(path, lambda dst: dst.write(text.encode()), mode)
 
     def read_text(self, path: str, *, max_bytes: int | None = None) -> str:
         p = Path(path)
@@ -306,7 +341,7 @@ class LocalHost(Host):
 
 
 _PROC_LIST = (
-    "ps -eo pid=,ppid=,pgid=,stat= | while read -r pid ppid pgid stat; do "
+    "ps {select} -o pid=,ppid=,pgid=,stat= | while read -r pid ppid pgid stat; do "
     "case \"$stat\" in Z*) continue;; esac; {filt}"
     "printf '%s %s %s %s %s\\n' \"$pid\" \"$ppid\" \"$pgid\" "
     "\"$(base64 -w0 /proc/$pid/cmdline 2>/dev/null)\" \"$(base64 -w0 /proc/$pid/environ 2>/dev/null)\"; done"
@@ -333,7 +368,7 @@ class RemoteShellHost(Host):
 
     def processes(self, pgid: int | None = None) -> list[ProcInfo]:
         filt = f'[ "$pgid" = "{int(pgid)}" ] || continue; ' if pgid is not None else ""
-        return parse_proc_list(self.run(_PROC_LIST.format(filt=filt)).stdout)
+        return parse_proc_list(self.run(_PROC_LIST.format(select="-e", filt=filt)).stdout)
 
     def port_holders(self, port: int) -> list[ProcInfo]:
         res = self.run(f"ss -Htlnp 'sport = :{int(port)}'", check=False)
@@ -345,7 +380,8 @@ class RemoteShellHost(Host):
         pids = sorted({int(m) for m in _PID_RE.findall(res.stdout)})
         if not pids:
             return [ProcInfo(0, 0, 0, [f"<not visible to this user: {res.stdout.strip()[:200]}>"])]
-        procs = {p.pid: p for p in self.processes()}
+        listing = self.run(_PROC_LIST.format(select="-p " + ",".join(map(str, pids)), filt=""), check=False)
+        procs = {p.pid: p for p in parse_proc_list(listing.stdout)}  # only the holders, not every process
         return [procs.get(pid, ProcInfo(pid, 0, 0, [])) for pid in pids]
 
 

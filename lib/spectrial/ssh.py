@@ -1,0 +1,417 @@
+"""SSH hosts: the `Host` verbs over one fabric `Connection`, with host keys checked against known_hosts.
+
+`SSHHost.from_spec("ssh://user@host:port")` or `SSHHost.from_spec("ssh:ALIAS")` (an alias of the ssh config,
+`~/.ssh/config` unless the `ssh_config` option names another file). What it adds to fabric:
+
+- host keys are enforced: fabric's `AutoAddPolicy` is replaced by a policy that refuses unknown keys (or,
+  with `strict_host_keys=False`, accepts them with a warning); a refused or changed key raises
+  `HostKeyError` (a `ConfigError`) naming the host, key type, SHA256 fingerprint and how to accept it;
+- transient connection failures are retried with exponential backoff (tenacity), and a connection that
+  dropped between two commands is replaced by a new `Connection` before the next command;
+- keepalive on the transport, a connect timeout that also bounds the banner and authentication phases;
+- file transfer over SFTP that never leaves the data readable by others (private temp dir, chmod, rename);
+- `sudo=True` runs every command through `sudo -n sh -c ...` (never prompts); files still move over SFTP
+  as the login user;
+- command lines longer than 100 kB (Linux caps one argument at 128 kB, and sshd passes the whole line as one)
+  are shipped as a private script file and run with `sh`.
+
+Known hosts, as OpenSSH reads them: /etc/ssh/ssh_known_hosts plus either the `known_hosts` option, or the ssh
+config's UserKnownHostsFile, or ~/.ssh/known_hosts. Nothing is ever written to a known_hosts file.
+
+Commands are POSIX shell lines built by `Host` (env goes on the command line as quoted `env K=V`; fabric's
+own inline env is never used since it is not quoted). The login shell of the remote user must be POSIX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import os
+import re
+import shlex
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fabric import Config, Connection
+from invoke.exceptions import CommandTimedOut
+from paramiko import SFTPClient
+from paramiko.client import MissingHostKeyPolicy, SSHClient
+from paramiko.pkey import PKey
+from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, SSHException
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from spectrial.errors import ConfigError, HostCommandError
+from spectrial.host import CommandResult, RemoteShellHost
+
+log = logging.getLogger(__name__)
+
+_URL_SPEC_RE = re.compile(
+    r"^ssh://(?:(?P<user>[^@/:\s\[\]]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^@/:\s\[\]]+)(?::(?P<port>\d{1,5}))?/?$"
+)
+_ALIAS_SPEC_RE = re.compile(r"^ssh:(?!//)(?:(?P<user>[^@/:\s]+)@)?(?P<host>[A-Za-z0-9._-]+)$")
+_KNOWN_HOSTS_NAME_RE = re.compile(r"^\[(.+)\]:(\d+)$")
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+MAX_INLINE_COMMAND_BYTES = 100_000  # longer lines go through a script file (Linux MAX_ARG_STRLEN is 128 kB)
+
+
+class HostKeyError(ConfigError):
+    """The server's host key is unknown or changed: names host, key type, SHA256 fingerprint and the fix."""
+
+    def __init__(self, message: str, *, host: str, port: int, key_type: str, fingerprint: str) -> None:
+        self.host, self.port, self.key_type, self.fingerprint = host, port, key_type, fingerprint
+        super().__init__(message)
+
+
+class _UnknownHostKey(SSHException):
+    """Raised inside paramiko's handshake by `_RejectUnknown`; turned into `HostKeyError` by `SSHHost`."""
+
+    def __init__(self, hostname: str, key: PKey) -> None:
+        self.hostname, self.key = hostname, key
+        super().__init__(f"{key.get_name()} host key of {hostname} is not in known_hosts")
+
+
+class _RejectUnknown(MissingHostKeyPolicy):
+    """Refuse a host whose key no known_hosts file lists (OpenSSH `StrictHostKeyChecking yes`)."""
+
+    def missing_host_key(self, client: SSHClient, hostname: str, key: PKey) -> None:
+        raise _UnknownHostKey(hostname, key)
+
+
+class _AcceptWithWarning(MissingHostKeyPolicy):
+    """Accept an unknown host key for this connection only, logging its fingerprint (`strict_host_keys=False`)."""
+
+    def missing_host_key(self, client: SSHClient, hostname: str, key: PKey) -> None:
+        log.warning("accepting unknown %s host key of %s (%s) without checking it",
+                    key.get_name(), hostname, key.fingerprint)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class _SessionNotOpened(SSHException):
+    """No channel could be opened: the command was never sent, so running it again is safe."""
+
+
+class _Connection(Connection):
+    """A fabric Connection whose session-open failures are marked as 'command not sent'."""
+
+    def create_session(self) -> Any:
+        if not self.is_connected:
+            raise _SessionNotOpened("the SSH connection is closed")
+        try:
+            return super().create_session()
+        except (SSHException, EOFError, OSError) as exc:
+            raise _SessionNotOpened(f"could not open an SSH channel: {exc}") from exc
+
+
+def _transient(exc: BaseException) -> bool:
+    """True for connection failures worth retrying (refused, reset, timeout, banner); False for auth/keys/DNS."""
+    if isinstance(exc, (_UnknownHostKey, BadHostKeyException, AuthenticationException, socket.gaierror)):
+        return False
+    return isinstance(exc, (OSError, EOFError, SSHException))
+
+
+def _split_known_hosts_name(name: str) -> tuple[str, int]:
+    """(host, port) of a known_hosts name: `host` (port 22) or `[host]:port`."""
+    m = _KNOWN_HOSTS_NAME_RE.match(name)
+    return (m[1], int(m[2])) if m else (name, 22)
+
+
+def parse_spec(spec: str) -> tuple[str | None, str, int | None]:
+    """(user, host or alias, port) of `ssh://[user@]host[:port]` or `ssh:[user@]ALIAS`."""
+    m = _URL_SPEC_RE.match(spec) or _ALIAS_SPEC_RE.match(spec)
+    if not m:
+        raise ConfigError(f"host: {spec!r} is not an SSH host spec; use 'ssh://user@host:port' "
+                          "or 'ssh:ALIAS' (an alias from ~/.ssh/config)")
+    host = m["host"].strip("[]")
+    port = int(m["port"]) if m.groupdict().get("port") else None
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(f"host: port {port} in {spec!r} is out of range (1-65535)")
+    return m["user"], host, port
+
+
+class SSHHost(RemoteShellHost):
+    """A machine reached over SSH (fabric/paramiko), known_hosts enforced, reconnecting between commands."""
+
+    def __init__(self, host: str, *, user: str | None = None, port: int | None = None, name: str | None = None,
+                 key_filename: str | Sequence[str] | None = None, known_hosts: str | Sequence[str] | None = None,
+                 ssh_config: str | None = None, connect_timeout: float = 10, keepalive_s: int = 15,
+                 retries: int = 3, backoff_s: float = 0.5, sudo: bool = False,
+                 strict_host_keys: bool = True) -> None:
+        """Describe the host; nothing connects before `connect()` or the first command."""
+        if retries < 0:
+            raise ConfigError(f"retries: {retries} must be >= 0 (extra connection attempts)")
+        if connect_timeout <= 0:
+            raise ConfigError(f"connect_timeout: {connect_timeout} must be > 0 seconds")
+        self.name = name or f"ssh://{user + '@' if user else ''}{host}{f':{port}' if port else ''}"
+        self._target, self._user, self._port = host, user, port
+        self.key_filename = [key_filename] if isinstance(key_filename, str) else list(key_filename or [])
+        self.known_hosts = [known_hosts] if isinstance(known_hosts, str) else (
+            list(known_hosts) if known_hosts is not None else None)
+        self.connect_timeout, self.keepalive_s = connect_timeout, keepalive_s
+        self.retries, self.backoff_s = retries, backoff_s
+        self.sudo, self.strict_host_keys = sudo, strict_host_keys
+        self._config = self._load_config(ssh_config)
+        self._conn: _Connection | None = None
+        self._home: str | None = None
+        self._known_hosts_loaded: list[str] = []
+        self.connects = 0  # how many connections this host opened (reconnects included)
+
+    @classmethod
+    def from_spec(cls, spec: str, *, key_filename: str | Sequence[str] | None = None,
+                  known_hosts: str | Sequence[str] | None = None, connect_timeout: float = 10,
+                  keepalive_s: int = 15, retries: int = 3, sudo: bool = False, strict_host_keys: bool = True,
+                  ssh_config: str | None = None, backoff_s: float = 0.5) -> SSHHost:
+        """Host from `ssh://[user@]host[:port]` or `ssh:[user@]ALIAS`; `name` is the spec itself."""
+        user, host, port = parse_spec(spec)
+        return cls(host, user=user, port=port, name=spec, key_filename=key_filename, known_hosts=known_hosts,
+                   ssh_config=ssh_config, connect_timeout=connect_timeout, keepalive_s=keepalive_s,
+                   retries=retries, backoff_s=backoff_s, sudo=sudo, strict_host_keys=strict_host_keys)
+
+    # --- connection ----------------------------------------------------------------------------------
+    @staticmethod
+    def _load_config(ssh_config: str | None) -> Config:
+        if ssh_config is None:
+            return Config(overrides={"run": {"encoding": "utf-8"}})
+        path = os.path.expanduser(ssh_config)
+        if not os.path.isfile(path):
+            raise ConfigError(f"ssh_config: {ssh_config!r} is not a file; give the path of an ssh config "
+                              "file or leave it unset to read ~/.ssh/config")
+        return Config(runtime_ssh_path=path, overrides={"run": {"encoding": "utf-8"}})
+
+    def _known_hosts_files(self, conn: Connection) -> list[str]:
+        """The global file, plus `known_hosts` if given, else the ssh config's UserKnownHostsFile or ~/.ssh/."""
+        if self.known_hosts is not None:
+            user_files = self.known_hosts
+            for path in user_files:
+                if not os.path.isfile(os.path.expanduser(path)):
+                    raise ConfigError(f"known_hosts: {path!r} is not a file; create it with "
+                                      f"`ssh-keyscan -p {conn.port} {conn.host} > {path}` after checking "
+                                      "the fingerprint, or leave known_hosts unset to use ~/.ssh/known_hosts")
+        else:
+            configured = conn.ssh_config.get("userknownhostsfile")
+            user_files = shlex.split(configured) if configured else [USER_KNOWN_HOSTS]
+        files = [os.path.expanduser(p) for p in [GLOBAL_KNOWN_HOSTS, *user_files]]
+        return [p for p in files if os.path.isfile(p)]
+
+    def _harden(self, conn: Connection) -> None:
+        """Swap fabric's AutoAddPolicy for ours and load known_hosts, on `conn` and any gateway."""
+        conn.client.set_missing_host_key_policy(_RejectUnknown() if self.strict_host_keys
+                                                else _AcceptWithWarning())
+        self._known_hosts_loaded = self._known_hosts_files(conn)
+        for path in self._known_hosts_loaded:
+            conn.client.load_system_host_keys(path)
+        if isinstance(conn.gateway, Connection):
+            self._harden(conn.gateway)
+
+    def _new_connection(self) -> _Connection:
+        kwargs: dict[str, Any] = {"banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout,
+                                  "channel_timeout": self.connect_timeout}
+        if self.key_filename:
+            kwargs["key_filename"] = [os.path.expanduser(k) for k in self.key_filename]
+        # fabric keeps whole seconds for the TCP connect; banner and auth above take the exact value
+        conn = _Connection(self._target, user=self._user, port=self._port, config=self._config,
+                           connect_timeout=max(1, math.ceil(self.connect_timeout)), connect_kwargs=kwargs)
+        self._harden(conn)
+        return conn
+
+    def _open_once(self) -> _Connection:
+        conn = self._new_connection()
+        try:
+            conn.open()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.close()
+            conn.client.close()
+            raise
+        conn.transport.set_keepalive(int(self.keepalive_s))
+        return conn
+
+    def connect(self) -> SSHHost:
+        """Open the connection now (retrying transient failures); returns self. Commands call it as needed."""
+        if self._conn is not None and self._conn.is_connected:
+            return self
+        self._drop()
+        target = f"{self._user + '@' if self._user else ''}{self._target}:{self._port or 'default port'}"
+        t0 = time.monotonic()
+        retrying = Retrying(stop=stop_after_attempt(self.retries + 1), retry=retry_if_exception(_transient),
+                            wait=wait_exponential(multiplier=self.backoff_s, max=30), reraise=True)
+        try:
+            self._conn = retrying(self._open_once)
+        except _UnknownHostKey as exc:
+            raise self._unknown_key_error(exc) from None
+        except BadHostKeyException as exc:
+            raise self._changed_key_error(exc) from None
+        except AuthenticationException as exc:
+            raise ConfigError(f"key_filename: authentication as {self._user or 'the default user'} on "
+                              f"{self.name} failed ({exc}); give key_filename=PATH of a key listed in the "
+                              "server's authorized_keys, or load it into ssh-agent") from exc
+        except (OSError, EOFError, SSHException) as exc:
+            attempts = retrying.statistics.get("attempt_number", 1)
+            hint = "cannot resolve the host name" if isinstance(exc, socket.gaierror) else (
+                f"gave up after {attempts} attempt(s) over {time.monotonic() - t0:.1f} s; is sshd running "
+                "there and the port reachable (firewall, VPN)? raise retries/connect_timeout for slow links")
+            raise HostCommandError(self.name, f"ssh connect {target}", None, stderr=f"{type(exc).__name__}: "
+                                   f"{exc}", hint=hint) from exc
+        self.connects += 1
+        return self
+
+    def _unknown_key_error(self, exc: _UnknownHostKey) -> HostKeyError:
+        host, port = _split_known_hosts_name(exc.hostname)  # the target, or a gateway on the way
+        key_type, fp = exc.key.get_name(), exc.key.fingerprint
+        files = ", ".join(self._known_hosts_loaded) or "no known_hosts file found"
+        return HostKeyError(
+            f"{self.name}: the {key_type} host key of {exc.hostname} is not in known_hosts ({files}); "
+            f"its fingerprint is {fp}.\nIf that is the key the server really has (ask its admin, or run "
+            "`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on it), accept it with\n"
+            f"    ssh-keyscan -p {port} {host} >> ~/.ssh/known_hosts\n"
+            "or pass known_hosts=PATH naming a file that lists it (strict_host_keys=False skips the check).",
+            host=host, port=port, key_type=key_type, fingerprint=fp)
+
+    def _changed_key_error(self, exc: BadHostKeyException) -> HostKeyError:
+        name, key = exc.hostname, exc.key
+        host, port = _split_known_hosts_name(name)
+        return HostKeyError(
+            f"{self.name}: the host key of {name} CHANGED: the server offers {key.get_name()} {key.fingerprint}"
+            f" but known_hosts has {exc.expected_key.get_name()} {exc.expected_key.fingerprint}. Someone may be "
+            "intercepting the connection, or the server was reinstalled. Once you have checked the new "
+            f"fingerprint with its admin: ssh-keygen -R '{name}' && ssh-keyscan -p {port} {host} >> "
+            "~/.ssh/known_hosts", host=host, port=port, key_type=key.get_name(), fingerprint=key.fingerprint)
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn.client.close()
+            self._conn = None
+
+    def _connection(self) -> _Connection:
+        """The open connection, replaced by a new one when the previous one dropped."""
+        if self._conn is None or not self._conn.is_connected:
+            self.connect()
+        assert self._conn is not None
+        return self._conn
+
+    @property
+    def connected(self) -> bool:
+        """Whether the transport is open now (no round trip)."""
+        return self._conn is not None and self._conn.is_connected
+
+    def close(self) -> None:
+        """Close the connection (and its SFTP session); the next command opens a new one."""
+        self._drop()
+
+    def __enter__(self) -> SSHHost:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- commands ------------------------------------------------------------------------------------
+    def _exec(self, line: str, timeout: float | None) -> CommandResult:
+        if len(line.encode()) <= MAX_INLINE_COMMAND_BYTES:
+            return self._exec_inline(line, timeout)
+        # sshd hands the line to the login shell as one argument, which Linux caps at 128 kB (E2BIG):
+        # ship a long line as a private script file instead and run that
+        script = f".spectrial-cmd-{uuid.uuid4().hex[:12]}.sh"  # relative: the user's home, like commands
+        self._upload(io.BytesIO(line.encode()), script, 0o600)
+        q = shlex.quote(script)
+        res = self._exec_inline(f"sh {q} < /dev/null; rc=$?; rm -f {q}; exit $rc", timeout)
+        return CommandResult(line, res.exit_code, res.stdout, res.stderr, res.elapsed_s)
+
+    def _exec_inline(self, line: str, timeout: float | None) -> CommandResult:
+        full = f"sudo -n sh -c {shlex.quote(line)}" if self.sudo else line
+        t0 = time.monotonic()
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                r = conn.run(full, hide=True, warn=True, timeout=timeout, in_stream=False)
+                break
+            except _SessionNotOpened as exc:
+                # the command was never sent: reconnect once and send it
+                self._drop()
+                if attempt == 2:
+                    raise HostCommandError(self.name, full, None, stderr=str(exc),
+                                           hint="could not open an SSH channel on a fresh connection "
+                                                "(server MaxSessions reached or shutting down?)") from exc
+            except (SSHException, EOFError, OSError) as exc:
+                self._drop()
+                raise HostCommandError(self.name, full, None, stderr=f"{type(exc).__name__}: {exc}",
+                                       hint="the SSH connection failed while sending the command; it may or "
+                                            "may not have run (the next command reconnects)") from exc
+            except CommandTimedOut as exc:
+                self._drop()  # the channel was closed under a running command; start clean
+                res = exc.result
+                raise HostCommandError(self.name, full, None, res.stdout, res.stderr,
+                                       f"timed out after {timeout} s; the remote command may still be "
+                                       "running (start long jobs with start_detached)") from exc
+        if r.exited == -1 and not conn.is_connected:
+            self._drop()
+            raise HostCommandError(self.name, full, None, r.stdout, r.stderr,
+                                   "the SSH connection dropped while the command ran; it may or may not "
+                                   "have completed (the next command reconnects)")
+        return CommandResult(full, r.exited, r.stdout, r.stderr, time.monotonic() - t0)
+
+    # --- files ---------------------------------------------------------------------------------------
+    def home(self) -> str:
+        if self._home is None:
+            self._home = super().home()
+        return self._home
+
+    def _sftp(self) -> SFTPClient:
+        return self._connection().sftp()
+
+    def _upload(self, src: io.BufferedIOBase | io.BytesIO, remote: str, mode: int) -> None:
+        """Write `src` to `remote` so that no one else can read it at any point, then rename into place."""
+        path = self.expand(remote)
+        parent = os.path.dirname(path) or "."
+        tmpdir = f"{parent}/.spectrial-put-{uuid.uuid4().hex[:12]}"
+        sftp = self._sftp()
+        try:
+            sftp.mkdir(tmpdir, mode=0o700)
+        except OSError as exc:
+            raise HostCommandError(self.name, f"sftp mkdir {tmpdir}", None, stderr=str(exc),
+                                   hint=f"cannot write into {parent!r} (missing or not writable)") from exc
+        tmp = f"{tmpdir}/data"
+        try:
+            sftp.putfo(src, tmp, confirm=True)
+            sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, path)
+        except OSError as exc:
+            raise HostCommandError(self.name, f"sftp put {path}", None, stderr=str(exc),
+                                   hint="check the path and free space on the host") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                sftp.remove(tmp)
+            with contextlib.suppress(OSError):
+                sftp.rmdir(tmpdir)
+
+    def put(self, local: str | Path, remote: str, mode: int = 0o600) -> None:
+        """Copy a local file to the host over SFTP, with `mode` (user-only by default), atomically."""
+        with open(local, "rb") as fh:
+            self._upload(fh, remote, mode)
+
+    def write_text(self, path: str, text: str, mode: int = 0o600) -> None:
+        """Write a file atomically over SFTP (no command line, so no size limit), `mode` user-only by default."""
+        self._upload(io.BytesIO(text.encode()), path, mode)
+
+    def get(self, remote: str, local: str | Path) -> None:
+        """Copy a file from the host over SFTP into `local`, created readable by the user only."""
+        path = self.expand(remote)
+        local = Path(local)
+        fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                self._sftp().getfo(path, fh)
+            os.replace(tmp, local)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise HostCommandError(self.name, f"sftp get {path}", None, stderr=str(exc),
+                                   hint="check that the remote file exists and is readable") from exc

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Make sure an OpenSSH server binary (/usr/sbin/sshd) exists, for the `ssh` tests (tests/sshd_plugin.py).
+#
+# Idempotent: does nothing when sshd is already there. Otherwise, as root on Debian/Ubuntu, installs
+# `openssh-server` without recommends. The package's postinst would start the system service: a
+# policy-rc.d that exits 101 forbids that during the install (an existing policy-rc.d is left alone).
+# The system sshd configuration is never touched and no service is started; the tests run their own
+# sshd on loopback with their own config.
+#
+# Exit status: 0 when sshd is available at the end, 1 when it is not (with a message saying why).
+set -euo pipefail
+
+SSHD=${SSHD:-/usr/sbin/sshd}
+POLICY=/usr/sbin/policy-rc.d
+
+say() { printf 'ensure-sshd: %s\n' "$*"; }
+
+if [ -x "$SSHD" ]; then
+    say "found $SSHD ($("$SSHD" -V 2>&1 | head -n1 || true)); nothing to do"
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    say "$SSHD is missing and this is not root: install it yourself (Debian/Ubuntu:"
+    say "  sudo apt-get install -y --no-install-recommends openssh-server) or the ssh tests are skipped"
+    exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    say "$SSHD is missing and apt-get is not available: install an OpenSSH server by hand"
+    exit 1
+fi
+
+created_policy=0
+cleanup() {
+    if [ "$created_policy" -eq 1 ]; then
+        rm -f "$POLICY"
+        say "removed the temporary $POLICY"
+    fi
+}
+trap cleanup EXIT
+
+if [ -e "$POLICY" ]; then
+    say "keeping the existing $POLICY (service starts during install are governed by it)"
+else
+    printf '#!/bin/sh\n# written by spectrial scripts/ensure-sshd.sh for the duration of an install\nexit 101\n' > "$POLICY"
+    chmod 755 "$POLICY"
+    created_policy=1
+    say "wrote a temporary $POLICY (exit 101) so the install starts no service"
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+say "installing openssh-server (apt-get install -y --no-install-recommends openssh-server)"
+if ! apt-get install -y --no-install-recommends openssh-server; then
+    say "install failed; refreshing the package lists (apt-get update) and trying once more"
+    apt-get update
+    apt-get install -y --no-install-recommends openssh-server
+fi
+
+if [ -x "$SSHD" ]; then
+    say "installed $SSHD ($("$SSHD" -V 2>&1 | head -n1 || true))"
+    exit 0
+fi
+say "openssh-server is installed but $SSHD is still missing"
+exit 1

@@ -6,13 +6,28 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 MASK = "***"
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|key|secret|password|passwd|credential)[\w-]*$", re.IGNORECASE)
+_SECRET_PARTS = frozenset({"TOKEN", "KEY", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
+                           "CREDENTIALS", "APIKEY"})
+_SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY")
+_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])")
+_SECRET_FLAG_SHAPE = re.compile(r"^--?[A-Za-z][\w-]*$")
 
 
 def is_secret_name(name: str) -> bool:
-    """True for variable or flag names such as HF_TOKEN, OPENAI_API_KEY, --api-key, DB_PASSWORD."""
-    return bool(_SECRET_NAME.search(name))
+    """True for names such as HF_TOKEN, OPENAI_API_KEY, --api-key, DB_PASSWORD, ghToken.
+
+    A name is secret when one of its words (split at non-alphanumerics and camelCase) is TOKEN, KEY,
+    SECRET, PASSWORD, ... or ends in TOKEN/SECRET/PASSWORD (GHTOKEN). Counters like `max_tokens`,
+    `num_token` or `draft_tokens` are not secrets.
+    """
+    parts = [p.upper() for p in _SPLIT.split(name) if p]
+    if any(p in _SECRET_PARTS for p in parts) or any(p.endswith(_SECRET_SUFFIXES) for p in parts):
+        return not (len(parts) >= 2 and parts[0] in ("NUM", "MAX", "N") and parts[-1] == "TOKEN")
+    return False
+
+
+def _secret_flag(flag: str) -> bool:
+    return bool(_SECRET_FLAG_SHAPE.match(flag)) and is_secret_name(flag)
 
 
 def mask_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -31,7 +46,7 @@ def mask_argv(argv: Sequence[str]) -> list[str]:
             hide_next = False
             continue
         flag, eq, _ = item.partition("=")
-        if _SECRET_FLAG.match(flag):
+        if _secret_flag(flag):
             if eq:
                 out.append(f"{flag}={MASK}")
             else:
@@ -49,7 +64,7 @@ def secret_values(env: Mapping[str, str] | None = None, argv: Sequence[str] | No
     argv = [str(a) for a in (argv or [])]
     for i, item in enumerate(argv):
         flag, eq, val = item.partition("=")
-        if _SECRET_FLAG.match(flag):
+        if _secret_flag(flag):
             if eq:
                 vals.append(val)
             elif i + 1 < len(argv):

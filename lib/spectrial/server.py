@@ -301,6 +301,8 @@ class Server:
                 "started_at": self.started_at, "ready_s": self.ready_s, "stop": self.stop_report}
 
     def __enter__(self) -> Server:
+        if self.pid is not None:  # already started (e.g. inside a timed step): just guard the stop
+            return self
         try:
             return self.start()
         except BaseException:

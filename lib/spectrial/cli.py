@@ -108,6 +108,11 @@ def provision_llama_server(cuda: bool = False, cuda_arch: str = "90") -> None:
     typer.echo(str(ensure_llama_server(cuda=cuda, cuda_arch=cuda_arch)))
 
 
+from spectrial.nccl_cli import nccl_check_command  # noqa: E402
+
+app.command("nccl-check")(nccl_check_command)
+
+
 def _mount_optional() -> None:
     """Mount sub-apps whose modules exist (logs, ...)."""
     try:

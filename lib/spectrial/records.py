@@ -61,10 +61,13 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def dump_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename), NaN/inf as null."""
+def dump_json(path: Path, data: Any, redact_values: list[str] | None = None) -> None:
+    """Write JSON atomically (temp file + rename), NaN/inf as null, secret values redacted."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_clean(json.loads(json.dumps(data, default=_jsonable))), indent=2) + "\n")
+    text = json.dumps(_clean(json.loads(json.dumps(data, default=_jsonable))), indent=2) + "\n"
+    if redact_values:
+        text = redact(text, [json.dumps(v)[1:-1] for v in redact_values] + list(redact_values))
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -90,7 +93,9 @@ class RunRecord:
         return self.dir / "manifest.json"
 
     def save(self) -> None:
-        dump_json(self.manifest_path, mask_mapping(self.manifest))
+        """Write the manifest; user-supplied parts were masked by name on entry, and every known secret
+        value is redacted from the whole text here (so a secret can leak through no field)."""
+        dump_json(self.manifest_path, self.manifest, redact_values=self.secrets)
 
     def set(self, **fields: Any) -> None:
         self.manifest.update(fields)

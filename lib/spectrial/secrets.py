@@ -22,7 +22,8 @@ def is_secret_name(name: str) -> bool:
     """
     parts = [p.upper() for p in _SPLIT.split(name) if p]
     if any(p in _SECRET_PARTS for p in parts) or any(p.endswith(_SECRET_SUFFIXES) for p in parts):
-        return not (len(parts) >= 2 and parts[0] in ("NUM", "MAX", "N") and parts[-1] == "TOKEN")
+        counting = {"NUM", "MAX", "MIN", "N", "PER", "MS", "COUNT", "TOTAL"}
+        return not (len(parts) >= 2 and parts[-1] == "TOKEN" and (parts[-2] in counting or parts[0] in counting))
     return False
 
 

@@ -32,7 +32,8 @@ from spectrial.engines import ArmStats, Engine, get_engine
 from spectrial.errors import ConfigError, SpectrialError
 from spectrial.fingerprint import compare as fp_compare
 from spectrial.fingerprint import engine_identity, fingerprint_key, host_fingerprint
-from spectrial.gpu import GpuSampler, wait_gpus_free
+from spectrial.gpu import GpuSampler
+from spectrial.group import HostGroup
 from spectrial.host import Host, get_host
 from spectrial.params import Arm, TrialParams, load_params
 from spectrial.records import RunRecord
@@ -238,8 +239,8 @@ def _benchmark(engine: Engine, server: Server, params: TrialParams, arm: Arm, re
 
 
 def run_start(engine: Engine, host: Host, params: TrialParams, arm: Arm, restart: int, record: RunRecord,
-              prompts: list[dict[str, str]], progress: bool = True) -> tuple[dict[str, Any], list[dict[str, Any]],
-                                                                            ArmStats | None]:
+              prompts: list[dict[str, str]], progress: bool = True, group: HostGroup | None = None
+              ) -> tuple[dict[str, Any], list[dict[str, Any]], ArmStats | None]:
     """Launch, verify, benchmark and stop one server start of `arm`; its entry records what happened."""
     spec = engine.launch_spec(arm)
     record.secrets = sorted(set(record.secrets) | set(secret_values(spec.env, spec.argv)))
@@ -254,6 +255,8 @@ def run_start(engine: Engine, host: Host, params: TrialParams, arm: Arm, restart
     server.spec.name = f"{spec.name}{suffix.replace('#', '-')}"
     server.log_path = f"{work}/{server.spec.name}.log"
     server.exit_path = f"{work}/{server.spec.name}.exit"
+    if group is not None:  # [issue 7] rpc-server workers / SGLang ranks on the other nodes of `hosts:`
+        group.attach(server, engine, arm, params)
     reqs: list[dict[str, Any]] = []
     stats: ArmStats | None = None
     fp_before = host_fingerprint(host)
@@ -274,7 +277,10 @@ def run_start(engine: Engine, host: Host, params: TrialParams, arm: Arm, restart
                                       f"{arm.name}: {check.summary()} (set env_check: warn to continue)")
             sampler = GpuSampler(host, f"{work}/{server.spec.name}.gpu.csv", params.sample_gpu_ms)
             with record.step(f"benchmark:{arm.name}{suffix}", **tags), sampler:
-                reqs, stats = _benchmark(engine, server, params, arm, restart, prompts, progress)
+                try:
+                    reqs, stats = _benchmark(engine, server, params, arm, restart, prompts, progress)
+                except httpx.HTTPError as exc:  # [issue 7] the server died or became unreachable mid-run
+                    raise server.lost(exc) from exc
                 samples = sampler.stop()
             entry["gpu_sampling"] = sampler.reason or f"{len(samples)} samples"
             with record.step(f"stop:{arm.name}{suffix}", **tags) as st:
@@ -301,12 +307,18 @@ def run_start(engine: Engine, host: Host, params: TrialParams, arm: Arm, restart
             record.write_text(f"logs/{server.spec.name}.log", host.read_text(server.log_path))
         except Exception as exc:  # a log that never got written is itself a finding
             entry.setdefault("notes", []).append(f"server log not fetched: {exc}")
+        for name, text in server.extra_logs().items():  # [issue 7] logs of the companions on other nodes
+            record.write_text(f"logs/{name}", text)
+        events = host.take_events() + (group.take_events() if group else [])  # [issue 7] drops, reconnects
+        if events:
+            entry["connection_events"] = events
         record.save()
     for r in reqs:
         r.update(arm=arm.name, restart=restart)
     if stats is not None:
         entry["counters"] = {k: getattr(stats, k) for k in ("verify_steps", "drafted", "accepted", "tokens",
                                                             "decode_ms", "draft_ms")}
+        entry["nccl_evidence"] = stats.nccl_evidence
         rates = [r.get("server_predicted_per_second") or r.get("client_tok_s") for r in reqs if not r.get("error")]
         entry["tok_s"] = _median(rates)
     return entry, reqs, stats
@@ -338,23 +350,32 @@ def run_trial(params: TrialParams | str | Path, overrides: dict[str, Any] | None
     all_reqs: list[dict[str, Any]] = []
     failures: list[str] = []
     host: Host | None = None
+    group: HostGroup | None = None
     try:
-        host = get_host(params.host)
+        host = get_host(params.host, **params.ssh.connect_options())  # [issue 7] ssh: options
+        group = HostGroup.from_params(params, host)  # [issue 7] the nodes of `hosts:` (just `host` without it)
         record.set(host={"name": host.name})
         engine = get_engine(params.engine, params, host)
         with record.step("prepare"):
             record.manifest["engine"] = {"name": params.engine, **engine.prepare()}
+            if group.workers:  # [issue 7] provision the other nodes (rpc-server), --rpc on the head
+                record.manifest["nodes"] = group.prepare(engine)
             record.manifest["engine"].update(engine.version())
             record.manifest["arms"] = [arm_entry(params, engine, a) for a in params.arms]
         prompts = load_prompts(params.prompts)
         with record.step("kill_old_server") as st:
             st["report"] = stop_previous(host, params.port, host.expand(params.state_dir), params.stop_grace_s)
+            if group.workers:  # [issue 7] and what spectrial left on the other nodes
+                st["nodes"] = group.stop_previous(engine, params)
         with record.step("verify_gpus_free") as st:
-            gs = wait_gpus_free(host, max_used_mib=params.gpu_free_mib, timeout_s=params.gpu_wait_s,
-                                require_gpu=params.require_gpu)
+            gs, node_gpus = group.wait_gpus_free(params)  # [issue 7] every node at once
+            if node_gpus:
+                st["nodes"] = node_gpus
             st["gpus"] = gs.as_dict()
         with record.step("fingerprint"):
-            fp = host_fingerprint(host)
+            fp, node_fps = group.fingerprints()  # [issue 7] every node at once
+            if node_fps:
+                record.manifest["node_fingerprints"] = node_fps
             eng = record.manifest["engine"]
             eng.update(engine_identity(host, eng.get("binary"), {}))
             models = (eng.get("models") or {}).values()
@@ -368,7 +389,8 @@ def run_trial(params: TrialParams | str | Path, overrides: dict[str, Any] | None
         for arm, restart in schedule(params.arms, params.restarts, params.order, params.seed):
             arms_by_name[arm.name]["status"] = "running"
             try:
-                entry, reqs, stats = run_start(engine, host, params, arm, restart, record, prompts, progress)
+                entry, reqs, stats = run_start(engine, host, params, arm, restart, record, prompts, progress,
+                                               group=group)
                 all_reqs += reqs
                 if stats is not None:
                     stats_by_arm[arm.name].append(stats)
@@ -392,6 +414,8 @@ def run_trial(params: TrialParams | str | Path, overrides: dict[str, Any] | None
         _write_requests(record, all_reqs)
         raise
     finally:
+        if group is not None:  # [issue 7]
+            group.close()
         if host is not None:
             host.close()
     _write_requests(record, all_reqs)

@@ -57,6 +57,7 @@ class ArmStats:
     scoped: bool = True
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    nccl_evidence: dict[str, Any] | None = None  # per rank what NCCL reported it used (NCCL_DEBUG=INFO runs)
 
 
 class Engine(ABC):

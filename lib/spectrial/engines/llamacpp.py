@@ -9,24 +9,33 @@ Arms map to flags as follows (llama.cpp commit 0c1e570):
 Readiness: every path answers 503 while loading; `/health` 200 when ready.
 Stats: `/metrics` counters (`llamacpp:spec_decode_num_drafts_total` = verify steps, ...) before/after the
 benchmark window; per request `timings`; drafting time from the `statistics` log lines (`-lv 4`).
+Remote hosts: `engine_bin: auto` and `tiny:` models are built/written here and uploaded into the host's cache
+(`spectrial.remote`). Multi-host: `rpc-server -H ADDR -p PORT` on the other nodes (`spectrial.group`), and
+`--rpc ADDR:PORT,...` on the head.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spectrial.engines.base import ArmStats, Engine, register
 from spectrial.errors import ConfigError
+from spectrial.host import Host
 from spectrial.params import Arm
 from spectrial.server import LaunchSpec, Probe
 
 SPEC_TYPES = {"draft": "draft-simple", "eagle3": "draft-eagle3", "ngram": "ngram-simple"}
 METRIC_PREFIX = "llamacpp:"
+_ENDPOINT_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?:\d{1,5}$")
+_LOG_TS_RE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(\d+)\.(\d{2})\.(\d{3})\.(\d{3})\b")
+READY_LINE = "model loaded"  # printed right after the server flips /health to 200
 
 
 class LlamaCppConfig(BaseModel):
@@ -46,9 +55,20 @@ class LlamaCppConfig(BaseModel):
     draft_p_min: float | None = Field(None, ge=0, le=1, description="--spec-draft-p-min (greedy threshold).")
     cuda: bool = Field(False, description="With engine_bin 'auto': build llama-server with CUDA.")
     cuda_arch: str = Field("90", description="CUDA architecture for the auto build.")
-    rpc: list[str] = Field(default_factory=list, description="--rpc: rpc-server endpoints host:port.")
+    rpc: list[str] = Field(default_factory=list, description="--rpc: rpc-server endpoints host:port (started by "
+                                                             "you; with `hosts:` spectrial starts its own).")
+    rpc_port: int = Field(50052, ge=1, le=65535, description="Port of the rpc-server spectrial starts on each "
+                                                             "other node of `hosts:`.")
     extra_args: list[str] = Field(default_factory=list, description="Arguments appended to every arm.")
     tiny: dict[str, Any] = Field(default_factory=dict, description="Knobs of spectrial's tiny models.")
+
+    @field_validator("rpc")
+    @classmethod
+    def _endpoints_ok(cls, v: list[str]) -> list[str]:
+        for ep in v:
+            if not _ENDPOINT_RE.match(ep):
+                raise ValueError(f"{ep!r} is not HOST:PORT (host name or IPv4 address, then the port)")
+        return v
 
 
 def synth_rates(value: float | list[float] | None, steps: int) -> list[float] | None:
@@ -73,13 +93,38 @@ class LlamaCpp(Engine):
         super().__init__(params, host)
         self.binary: str | None = None
         self.models: dict[str, str] = {}
+        self.uploads: list[dict[str, Any]] = []  # files sent to SSH hosts by prepare (and the group)
+        self.rpc_workers: list[str] = []  # endpoints of the rpc-servers spectrial starts (`hosts:`)
 
     # --- preparation ---------------------------------------------------------------------------------
+    def _upload(self, host: Host, local: Path, mode: int, what: str) -> str:
+        """`local` mirrored into `host`'s cache (uploaded unless identical there); returns the path there."""
+        from spectrial.remote import host_cache_root, mirror_path, sync_file
+
+        remote = mirror_path(local, host_cache_root(host, self.params.ssh.cache_dir))
+        info = sync_file(host, local, remote, mode, what=f"ssh.cache_dir (needed for {what})")
+        self.uploads.append({"host": host.name, **info})
+        return remote
+
+    def engine_binary(self, host: Host, name: str = "llama-server") -> str:
+        """Path of spectrial's build of `name` (llama-server or rpc-server) on `host`, built/uploaded as needed."""
+        from spectrial.provision import ensure_llama_server
+
+        local = ensure_llama_server(cuda=self.config.cuda, cuda_arch=self.config.cuda_arch).parent / name
+        if not local.is_file():
+            raise ConfigError(f"engine_bin: {local} is missing from spectrial's build; rebuild it "
+                              f"(remove {local.parent} and run `spectrial provision llama-server`)")
+        if host.is_local:
+            return str(local)
+        from spectrial.remote import check_runs, check_same_arch
+
+        check_same_arch(host)
+        remote = self._upload(host, local, 0o700, name)
+        check_runs(host, remote, "--version" if name == "llama-server" else "--help")
+        return remote
+
     def _resolve_model(self, ref: str, what: str) -> str:
         if ref.startswith("tiny:"):
-            if not self.host.is_local:
-                raise ConfigError(f"{what}: 'tiny:' models are written locally; on {self.host.name} give a path "
-                                  "(write them there with `spectrial models tiny DIR`)")
             from spectrial.models import ensure_tiny_models
 
             mset = ensure_tiny_models(**self.config.tiny)
@@ -87,7 +132,7 @@ class LlamaCpp(Engine):
             if not path.is_file():
                 known = sorted(p.stem for p in mset.dir.glob("*.gguf"))
                 raise ConfigError(f"{what}: {ref!r} is not one of spectrial's tiny models {known}")
-            return str(path)
+            return str(path) if self.host.is_local else self._upload(self.host, path, 0o600, what)
         path = self.host.expand(ref)
         if not self.host.exists(path):
             raise ConfigError(f"{what}: model file {path!r} not found on host {self.host.name}; "
@@ -98,12 +143,7 @@ class LlamaCpp(Engine):
         """Find or build llama-server, resolve target and draft paths (fails before any launch)."""
         p = self.params
         if p.engine_bin == "auto":
-            if not self.host.is_local:
-                raise ConfigError(f"engine_bin: 'auto' builds llama-server locally; on {self.host.name} give the "
-                                  "path of llama-server there")
-            from spectrial.provision import ensure_llama_server
-
-            self.binary = str(ensure_llama_server(cuda=self.config.cuda, cuda_arch=self.config.cuda_arch))
+            self.binary = self.engine_binary(self.host)
         else:
             self.binary = self.host.expand(p.engine_bin)
             if not self.host.run(["test", "-x", self.binary], check=False).ok:
@@ -118,7 +158,29 @@ class LlamaCpp(Engine):
                     raise ConfigError(f"arms[{arm.name}].draft: method {arm.method!r} needs a draft model; set "
                                       "`draft` at the top level or on the arm")
                 self.models.setdefault(draft, self._resolve_model(draft, f"arms[{arm.name}].draft"))
-        return {"binary": self.binary, "models": dict(self.models)}
+        out: dict[str, Any] = {"binary": self.binary, "models": dict(self.models)}
+        if self.uploads:
+            out["uploads"] = list(self.uploads)
+        return out
+
+    def rpc_worker_spec(self, arm: Arm, host: Host, addr: str, binary: str, line_buffered: bool = True
+                        ) -> LaunchSpec:
+        """`rpc-server -H ADDR -p PORT` for one other node of `hosts:`; ready once it listens on its port.
+
+        rpc-server reports connections with printf, block-buffered into a log file and lost when it is
+        stopped: `line_buffered` runs it under `stdbuf -oL` (coreutils) so the log shows them as they happen.
+        """
+        port = self.config.rpc_port
+        argv = [*(["stdbuf", "-oL"] if line_buffered else []), binary, "-H", addr, "-p", str(port)]
+        if self.config.threads:
+            argv += ["-t", str(self.config.threads)]
+
+        def listening(client: httpx.Client, base_url: str) -> Probe:
+            holders = host.port_holders(port)
+            return Probe(bool(holders), f"listening on {addr}:{port}" if holders else f"{addr}:{port} not open")
+
+        return LaunchSpec(argv=argv, env={**self.params.env, **arm.env}, port=port, probe=listening,
+                          name=f"rpc-server-{arm.name}", bind=addr, http=False)
 
     def resolve_dry(self) -> None:
         """Paths as they would be used, without building or checking anything."""
@@ -165,8 +227,8 @@ class LlamaCpp(Engine):
             argv += ["-ngl", str(c.gpu_layers)]
         if c.flash_attn:
             argv += ["-fa", c.flash_attn]
-        if c.rpc:
-            argv += ["--rpc", ",".join(c.rpc)]
+        if c.rpc or self.rpc_workers:
+            argv += ["--rpc", ",".join([*c.rpc, *self.rpc_workers])]
         if arm.speculative:
             steps = p.arm_steps(arm)
             argv += ["--spec-type", SPEC_TYPES[arm.method], "--spec-draft-n-max", str(steps)]
@@ -279,3 +341,17 @@ def draft_ms_from_log(log_text: str, start_line: float) -> float | None:
     prior = stats[stats["line"] <= start_line]
     begin = float(prior["draft_ms_total"].iloc[-1]) if not prior.empty else 0.0
     return end - begin
+
+
+def ready_offset_s(log_text: str) -> float | None:
+    """Seconds from llama-server's start to its own "model loaded" line, from the line's relative timestamp.
+
+    llama.cpp prefixes log lines with the time since the process started, `M.SS.mmm.uuu` (minutes, seconds,
+    milliseconds, microseconds), e.g. `0.05.756.667 I srv  main: model loaded` is 5.756667 s.
+    """
+    for line in log_text.splitlines():
+        if READY_LINE in line:
+            m = _LOG_TS_RE.match(line)
+            if m:
+                return int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
+    return None

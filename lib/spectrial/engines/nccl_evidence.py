@@ -1,0 +1,162 @@
+"""What NCCL itself says it used, per rank: the decisive evidence for NCCL environment variables.
+
+`/proc/<pid>/environ` shows a process's environment as it was exec'd; a variable assigned inside a running
+worker is invisible there yet still reaches NCCL, which reads its variables when a communicator is created
+(measured on 2 H200s, ENGINES.md). With `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV` NCCL prints, per rank,
+
+    host:pid:tid [dev] NCCL INFO NCCL_PROTO set by environment to LL
+    host:pid:tid [dev] NCCL INFO comm 0x55d0 rank 0 nRanks 8 nNodes 1 localRanks 8 localRank 0 MNNVL 0
+    host:pid:tid [dev] NCCL INFO 16 coll channels, 0 collnet channels, 0 nvls channels, 16 p2p channels, ...
+
+`nccl_evidence(log_text, requested)` turns those lines into one record per process (pid, device, ranks,
+variables as NCCL reported them, channel counts) and checks each requested `NCCL_*` variable on every rank.
+Rows come from `spectrial.logs.parse` (engine "nccl": kinds env/init/channels) when that package is
+importable, else from this module's own line parser with the same column names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+NCCL_ENV_PREFIX = "NCCL_"
+# Variables that steer NCCL's logging itself: NCCL does not report them as "set by environment".
+DEBUG_VARS = frozenset({"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"})
+DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
+
+_PREFIX_RE = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*)$")
+_ENV_RE = re.compile(r"^(?P<variable>NCCL_\w+) set by environment to (?P<value>.*?)\s*$")
+_COMM_RE = re.compile(r"^comm 0x[0-9a-fA-F]+ rank (?P<rank>\d+) n[Rr]anks (?P<nranks>\d+)"
+                      r"(?: nNodes (?P<nnodes>\d+))?")
+_CHANNELS_RE = re.compile(r"^(?P<coll>\d+) coll channels,(?: (?P<collnet>\d+) collnet channels,)?"
+                          r"(?: (?P<nvls>\d+) nvls channels,)? (?P<p2p>\d+) p2p channels")
+_VERSION_RE = re.compile(r"^NCCL version (?P<version>\S+)")
+
+
+def parse_nccl_lines(text: str) -> list[dict[str, Any]]:
+    """NCCL INFO lines as rows: kind env (variable, value), init (rank, nranks), channels, version."""
+    rows: list[dict[str, Any]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _PREFIX_RE.search(line)
+        if not m:
+            continue
+        base = {"line": n, "host": m["host"], "pid": int(m["pid"]), "device": int(m["dev"])}
+        msg = m["msg"]
+        if e := _ENV_RE.match(msg):
+            rows.append({**base, "kind": "env", "variable": e["variable"], "value": e["value"]})
+        elif c := _COMM_RE.match(msg):
+            rows.append({**base, "kind": "init", "rank": int(c["rank"]), "nranks": int(c["nranks"]),
+                         "nnodes": int(c["nnodes"]) if c["nnodes"] else None})
+        elif ch := _CHANNELS_RE.match(msg):
+            rows.append({**base, "kind": "channels", "coll_channels": int(ch["coll"]),
+                         "p2p_channels": int(ch["p2p"]),
+                         "nvls_channels": int(ch["nvls"]) if ch["nvls"] else None})
+        elif v := _VERSION_RE.match(msg):
+            rows.append({**base, "kind": "version", "version": v["version"]})
+    return rows
+
+
+def _rows_from_logs_package(text: str) -> list[dict[str, Any]] | None:
+    """Rows from `spectrial.logs.parse` when it exists and carries the NCCL columns this module needs."""
+    try:
+        from spectrial.logs import parse  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        df = parse(text)
+    except Exception:  # a parser problem must not hide the evidence: fall back to our own lines
+        return None
+    if df is None or getattr(df, "empty", True) or "kind" not in df:
+        return None
+    if "engine" in df:
+        df = df[df["engine"] == "nccl"]
+    need = {"variable", "value", "pid"}
+    if df.empty or not need <= set(df.columns):
+        return None
+    out = []
+    for rec in df.to_dict("records"):
+        rec = {k: v for k, v in rec.items() if v is not None and v == v}  # drop None/NaN
+        if "pid" not in rec:
+            continue
+        if "device" not in rec and rec.get("kind") == "env" and "rank" in rec:
+            rec["device"] = rec["rank"]  # env lines carry only the [device] bracket
+        elif "device" not in rec and "cuda_dev" in rec:
+            rec["device"] = rec["cuda_dev"]
+        out.append(rec)
+    return out
+
+
+def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One record per NCCL process: pid, device, ranks, env as NCCL reported it, channel counts."""
+    procs: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        key = (str(r.get("host", "")), int(r.get("pid", 0)))
+        p = procs.setdefault(key, {"host": key[0], "pid": key[1], "device": None, "ranks": [], "nranks": [],
+                                   "env": {}, "coll_channels": [], "p2p_channels": [], "nccl_version": None})
+        if p["device"] is None and r.get("device") is not None:
+            p["device"] = int(r["device"])
+        kind = r.get("kind")
+        if kind == "env":
+            p["env"][str(r["variable"])] = str(r["value"])
+        elif kind == "init":
+            if r.get("rank") is not None and int(r["rank"]) not in p["ranks"]:
+                p["ranks"].append(int(r["rank"]))
+            if r.get("nranks") is not None and int(r["nranks"]) not in p["nranks"]:
+                p["nranks"].append(int(r["nranks"]))
+        elif kind == "channels":
+            p["coll_channels"].append(int(r["coll_channels"]))
+            p["p2p_channels"].append(int(r["p2p_channels"]))
+        elif kind == "version":
+            p["nccl_version"] = r.get("version")
+    return sorted(procs.values(), key=lambda p: (p["host"], -1 if p["device"] is None else p["device"], p["pid"]))
+
+
+def nccl_evidence(log_text: str, requested: Mapping[str, str]) -> dict[str, Any]:
+    """Per process what NCCL reported, and for each requested NCCL_* variable whether every rank used it.
+
+    Returns {"ok", "source", "processes": [...], "variables": {VAR: {"requested", "confirmed": [pids],
+    "missing": [pids], "different": {pid: value}}}, "problems": [...]}; `ok` is None when the log holds
+    no NCCL INFO lines at all (NCCL_DEBUG not on, or no communicator was created).
+    """
+    rows = _rows_from_logs_package(log_text)
+    source = "spectrial.logs"
+    if rows is None:
+        rows, source = parse_nccl_lines(log_text), "nccl_evidence line parser"
+    procs = summarize(rows)
+    wanted = {k: v for k, v in requested.items() if k.startswith(NCCL_ENV_PREFIX) and k not in DEBUG_VARS}
+    variables: dict[str, Any] = {}
+    problems: list[str] = []
+    for var, val in wanted.items():
+        entry: dict[str, Any] = {"requested": val, "confirmed": [], "missing": [], "different": {}}
+        for p in procs:
+            got = p["env"].get(var)
+            if got is None:
+                entry["missing"].append(p["pid"])
+                problems.append(f"{var}: NCCL in pid {p['pid']} (device {p['device']}) did not report it "
+                                f"as set by environment")
+            elif got != val:
+                entry["different"][str(p["pid"])] = got
+                problems.append(f"{var}: NCCL in pid {p['pid']} (device {p['device']}) used {got!r}, "
+                                f"requested {val!r}")
+            else:
+                entry["confirmed"].append(p["pid"])
+        variables[var] = entry
+    ok: bool | None = None if not procs else not problems
+    if not procs and wanted:
+        problems.append("no NCCL INFO lines in the server log (NCCL_DEBUG=INFO not reaching NCCL, or no "
+                        "communicator created, e.g. tp_size 1)")
+    return {"ok": ok, "source": source, "processes": procs, "variables": variables, "problems": problems}
+
+
+def evidence_summary(ev: Mapping[str, Any]) -> str:
+    """One line for the record's notes."""
+    procs = ev.get("processes") or []
+    if not procs:
+        return "NCCL evidence: no NCCL INFO lines found"
+    parts = []
+    for var, e in (ev.get("variables") or {}).items():
+        parts.append(f"{var}={e['requested']} confirmed by NCCL in {len(e['confirmed'])}/{len(procs)} rank(s)")
+    chans = sorted({c for p in procs for c in p["coll_channels"]})
+    tail = f"; coll channels {chans}" if chans else ""
+    return f"NCCL evidence ({len(procs)} rank(s)): " + ("; ".join(parts) or "no NCCL_* variables requested") + tail

@@ -1,0 +1,679 @@
+"""SGLang `python -m sglang.launch_server`: the engine of the original investigation.
+
+Arms map to flags as follows (checked against SGLang 0.5.10.post1's own argument parser):
+    none   -> no speculative flags
+    eagle3 -> --speculative-algorithm EAGLE3 --speculative-draft-model-path D --speculative-num-steps S
+              --speculative-eagle-topk K --speculative-num-draft-tokens N
+    eagle  -> EAGLE (same flags); nextn -> NEXTN (draft optional: MTP layers of the target);
+    draft  -> STANDALONE (a small LM as draft); ngram -> NGRAM (--speculative-num-draft-tokens only)
+Rules mirrored from SGLang's ServerArgs: topk == 1 needs N == S + 1 (SGLang silently adjusts; spectrial
+refuses unless `adjust_draft_tokens`), S unset (`auto_speculative_params`) needs K and N unset too, an
+EAGLE-3 draft under algorithm EAGLE (accept length exactly 1.00) is refused.
+Version-aware flags (seen in the wheels): `--cuda-graph-max-bs` up to 0.5.13, `--cuda-graph-max-bs-decode`
+from 0.5.14 (the old one a deprecated alias until 0.5.19, gone in 0.5.20 where it is an ambiguous prefix).
+Readiness: `/health` is 503 until SGLang's own warm-up request has run, then 200.
+Stats, best first: `/metrics` counters `sglang:spec_verify_calls_total` + `sglang:generation_tokens_total`
+(SGLang >= 0.5.14 with --enable-metrics; absent in 0.5.10.post1) before/after the window; per-request
+`meta_info` (native `/generate`); the `Decode batch ... accept len` log lines inside the window; last,
+`/server_info` `avg_spec_accept_length` (fallback `/get_server_info`), cumulative since start: not scoped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import warnings
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from spectrial.engines.base import ArmStats, Engine, register
+from spectrial.engines.llamacpp import metrics_snapshot
+from spectrial.engines.nccl_evidence import DEBUG_ENV, evidence_summary, nccl_evidence
+from spectrial.errors import ConfigError
+from spectrial.params import Arm
+from spectrial.secrets import mask_argv
+from spectrial.server import LaunchSpec, Probe
+
+ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "nextn": "NEXTN", "draft": "STANDALONE", "ngram": "NGRAM"}
+NEEDS_DRAFT = ("eagle3", "eagle", "draft")
+NEWEST_KNOWN = (0, 5, 23)
+CUDA_GRAPH_DECODE_SINCE = (0, 5, 14)  # --cuda-graph-max-bs-decode appears; --cuda-graph-max-bs deprecated
+CUDA_GRAPH_OLD_REMOVED = (0, 5, 20)  # --cuda-graph-max-bs gone (argparse: ambiguous prefix)
+SPEC_FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
+              "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+OWN_FLAGS = ("--model-path", "--model", "--tp-size", "--tensor-parallel-size", "--host", "--port")
+JSON_MARK = "SPECTRIAL_JSON "
+
+_VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+_HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_DECODE_ACCEPT_RE = re.compile(r"Decode batch[.,].*?accept len: (?P<accept>\d+(?:\.\d+)?)")
+_EAGLE3_NAME_RE = re.compile(r"eagle-?3", re.IGNORECASE)
+
+PROBE_SCRIPT = """\
+import json, os, sys
+out = {"python": sys.executable, "python_version": sys.version.split()[0]}
+try:
+    import sglang
+    out["version"] = getattr(sglang, "__version__", None)
+    out["package_dir"] = os.path.dirname(os.path.abspath(sglang.__file__))
+except Exception as exc:
+    out["error"] = type(exc).__name__ + ": " + str(exc)
+print("SPECTRIAL_JSON " + json.dumps(out))
+"""
+
+PARSER_SCRIPT = """\
+import argparse, contextlib, io, json, sys
+argvs = json.loads(sys.argv[1])
+try:
+    from sglang.srt.server_args import ServerArgs
+except Exception as exc:
+    print("SPECTRIAL_JSON " + json.dumps({"import_error": type(exc).__name__ + ": " + str(exc)}))
+    sys.exit(0)
+results = []
+for argv in argvs:
+    parser = argparse.ArgumentParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = parser.parse_args(argv)
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        results.append({"ok": False, "error": lines[-1] if lines else "argparse exited"})
+        continue
+    results.append({"ok": True, "args": {k: v for k, v in vars(ns).items()
+                                         if k.startswith("speculative_") or k in (
+                                             "model_path", "tp_size", "tensor_parallel_size", "host", "port",
+                                             "mem_fraction_static", "cuda_graph_max_bs",
+                                             "cuda_graph_max_bs_decode", "enable_metrics")}})
+print("SPECTRIAL_JSON " + json.dumps({"results": results}, default=str))
+"""
+
+
+class SGLangConfig(BaseModel):
+    """SGLang-specific settings (`engine_config:` in params)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str = Field("python3", description="Python on the host that imports sglang (engine_bin 'auto' "
+                                               "uses it; a non-'auto' engine_bin overrides it).")
+    tp_size: int = Field(1, ge=1, description="--tp-size: tensor-parallel ranks, one GPU each.")
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="--mem-fraction-static.")
+    trust_remote_code: bool = Field(False, description="--trust-remote-code.")
+    cuda_graph_max_bs: int | None = Field(None, ge=1, description="Largest CUDA-graph decode batch: "
+                                          "--cuda-graph-max-bs before SGLang 0.5.14, --cuda-graph-max-bs-decode "
+                                          "from 0.5.14 (chosen by the installed version).")
+    num_continuous_decode_steps: int | None = Field(None, ge=1, description="--num-continuous-decode-steps.")
+    disable_custom_all_reduce: bool = Field(False, description="--disable-custom-all-reduce (all-reduce "
+                                                               "through NCCL).")
+    max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests (SGLang forces 48 "
+                                             "for EAGLE/NGRAM unless given).")
+    decode_log_interval: int | None = Field(None, ge=1, description="--decode-log-interval: decode steps per "
+                                            "'Decode batch' log line (SGLang default 40).")
+    enable_metrics: bool = Field(True, description="--enable-metrics: Prometheus /metrics, whose counters "
+                                 "(SGLang >= 0.5.14) scope accept length to the benchmark window.")
+    random_seed: int | None = Field(None, description="--random-seed.")
+    adjust_draft_tokens: bool = Field(False, description="topk 1 with draft_tokens != steps + 1: warn and use "
+                                      "steps + 1 (as SGLang does silently) instead of an error.")
+    auto_speculative_params: bool = Field(False, description="Leave steps/topk/draft tokens to SGLang's "
+                                          "auto-choice (no --speculative-num-* flags); then topk and "
+                                          "draft_tokens must not be set.")
+    nccl_debug: bool = Field(False, description="Add NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV to the launch "
+                             "env and record, per rank, what NCCL reports it used.")
+    nccl_evidence_check: Literal["fail", "warn"] = Field("warn", description="With NCCL debug output: 'fail' "
+                                                         "fails the arm when a requested NCCL_* variable is not "
+                                                         "reported by NCCL on every rank.")
+    sglang_version: str | None = Field(None, description="SGLang version when the host cannot be asked (dry "
+                                       "runs); must match the host's when it can. Unset in a dry run: the "
+                                       "newest known flag set.")
+    check_args_on_host: bool = Field(True, description="Before launching, parse every arm's argv with the "
+                                     "host's own sglang.srt.server_args parser.")
+    extra_args: list[str] = Field(default_factory=list, description="Arguments appended to every arm.")
+    pythonpath: list[str] = Field(default_factory=list, description="Directories prepended to PYTHONPATH on "
+                                  "the launch env (e.g. a patched SGLang checkout, or a test double).")
+
+
+def parse_version(text: str | None) -> tuple[int, int, int] | None:
+    """'0.5.10.post1' -> (0, 5, 10); None when unreadable."""
+    m = _VERSION_RE.match(text or "")
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
+
+
+def cuda_graph_flag(version: tuple[int, int, int] | None) -> str:
+    """The CUDA-graph max batch flag of this SGLang version (newest when unknown)."""
+    return "--cuda-graph-max-bs-decode" if (version or NEWEST_KNOWN) >= CUDA_GRAPH_DECODE_SINCE \
+        else "--cuda-graph-max-bs"
+
+
+def check_version_flags(args: list[str], version: tuple[int, int, int] | None, where: str) -> None:
+    """Refuse pass-through flags that this SGLang version does not have."""
+    v = version or NEWEST_KNOWN
+    vs = ".".join(map(str, v))
+    for a in args:
+        flag = a.split("=", 1)[0]
+        if flag == "--cuda-graph-max-bs" and v >= CUDA_GRAPH_OLD_REMOVED:
+            raise ConfigError(f"{where}: SGLang {vs} has no --cuda-graph-max-bs (removed in 0.5.20; argparse "
+                              "calls it ambiguous); set engine_config.cuda_graph_max_bs and spectrial writes "
+                              "--cuda-graph-max-bs-decode")
+        if flag in ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill") and v < CUDA_GRAPH_DECODE_SINCE:
+            raise ConfigError(f"{where}: SGLang {vs} has no {flag} (added in 0.5.14); set "
+                              "engine_config.cuda_graph_max_bs and spectrial writes --cuda-graph-max-bs")
+
+
+def is_hf_id(ref: str) -> bool:
+    """'org/name' that is not written as a path (no leading /, ~ or .)."""
+    return bool(_HF_ID_RE.match(ref)) and not ref.startswith((".", "/", "~"))
+
+
+def speculative_args(method: str, steps: int, topk: int, draft_tokens: int | None, draft: str | None, *,
+                     adjust: bool, auto: bool, where: str) -> tuple[list[str], list[str]]:
+    """SGLang's speculative flags for one arm, validated as SGLang's ServerArgs would; (argv, notes)."""
+    if method == "none":
+        return [], []
+    if method not in ALGORITHMS:
+        raise ConfigError(f"{where}.method: SGLang supports none, {', '.join(ALGORITHMS)}; got {method!r}")
+    algo, notes = ALGORITHMS[method], []
+    if method in NEEDS_DRAFT and not draft:
+        raise ConfigError(f"{where}.draft: method {method!r} ({algo}) needs a draft model; set `draft` at the "
+                          "top level or on the arm")
+    if method == "eagle" and draft and _EAGLE3_NAME_RE.search(draft):
+        raise ConfigError(f"{where}: draft {draft!r} looks like an EAGLE-3 draft but method is 'eagle' "
+                          "(SGLang algorithm EAGLE): that runs with accept length exactly 1.00; use method eagle3")
+    argv = ["--speculative-algorithm", algo]
+    if draft and method != "ngram":
+        argv += ["--speculative-draft-model-path", draft]
+    if method == "ngram":
+        if topk != 1:
+            raise ConfigError(f"{where}.topk: SGLang's NGRAM sets topk from --speculative-ngram-max-bfs-breadth; "
+                              "leave topk at 1 and pass that flag in extra_args")
+        argv += ["--speculative-num-draft-tokens", str(draft_tokens or steps + 1)]
+        return argv, notes
+    if auto:
+        return argv, ["speculative steps/topk/draft tokens left to SGLang's auto-choice"]
+    if topk == 1:
+        want = steps + 1
+        if draft_tokens is not None and draft_tokens != want:
+            msg = (f"{where}.draft_tokens: with topk 1 SGLang verifies steps + 1 = {want} tokens per cycle, "
+                   f"not {draft_tokens}")
+            if not adjust:
+                raise ConfigError(msg + "; set draft_tokens to steps + 1 or leave it unset (or set "
+                                        "engine_config.adjust_draft_tokens: true to adjust with a warning)")
+            warnings.warn(msg + f": adjusted to {want}", stacklevel=3)
+            notes.append(msg + f": adjusted to {want}")
+        draft_tokens = want
+    elif draft_tokens is None:
+        raise ConfigError(f"{where}.draft_tokens: with topk {topk} give draft_tokens (the tree nodes verified "
+                          "per cycle, e.g. 8 for steps 5 topk 4)")
+    elif draft_tokens < 2:
+        raise ConfigError(f"{where}.draft_tokens: must be at least 2 with topk > 1, got {draft_tokens}")
+    argv += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+             "--speculative-num-draft-tokens", str(draft_tokens)]
+    return argv, notes
+
+
+def parse_marked_json(text: str) -> dict[str, Any] | None:
+    """The last `SPECTRIAL_JSON {...}` line of a host script's output (engines print noise around it)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(JSON_MARK):
+            try:
+                return json.loads(line[len(JSON_MARK):])
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def check_with_parser(host: Any, python: str, argvs: list[list[str]], env: dict[str, str] | None = None,
+                      timeout: float = 600) -> dict[str, Any]:
+    """Parse argv lists (after `-m sglang.launch_server`) with the host's own SGLang argument parser.
+
+    Returns {"results": [{"ok", "args"|"error"}, ...]} or {"import_error": ...}.
+    """
+    res = host.run([python, "-c", PARSER_SCRIPT, json.dumps(argvs)], env=env, check=False, timeout=timeout)
+    out = parse_marked_json(res.stdout)
+    if out is None:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-5:]
+        return {"import_error": f"parser script failed (exit {res.exit_code}): " + " | ".join(tail)}
+    return out
+
+
+@register("sglang")
+class SGLang(Engine):
+    """SGLang's launch_server."""
+
+    config_model = SGLangConfig
+
+    def __init__(self, params, host) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(params, host)
+        self.python: str | None = None
+        self.sglang_version: str | None = None
+        self.identity: dict[str, Any] = {}
+        self.notes: list[str] = []
+        self.paths: dict[str, str] = {}
+        self.pythonpath: list[str] = list(self.config.pythonpath)
+        self._arm: Arm | None = None
+        self._spec: LaunchSpec | None = None
+
+    # --- preparation ---------------------------------------------------------------------------------
+    @property
+    def version_tuple(self) -> tuple[int, int, int] | None:
+        return parse_version(self.sglang_version)
+
+    def _python_from_params(self) -> str:
+        return self.params.engine_bin if self.params.engine_bin != "auto" else self.config.python
+
+    def _base_env(self) -> dict[str, str]:
+        """Variables spectrial adds to every launch (before the arm's own)."""
+        p, c = self.params, self.config
+        env = dict(p.env)
+        if self.pythonpath:
+            env["PYTHONPATH"] = ":".join([*self.pythonpath, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+        if c.nccl_debug:
+            env.update(DEBUG_ENV)
+        return env
+
+    def _absolute(self, path: str) -> str:
+        """A path that exists on the host, made absolute there (the server runs in its own work dir)."""
+        if path.startswith("/"):
+            return path
+        res = self.host.run(["realpath", "--", path], check=False)
+        return res.stdout.strip() if res.ok and res.stdout.strip() else path
+
+    def _resolve_path(self, ref: str, what: str) -> str:
+        path = self.host.expand(ref)
+        if self.host.exists(path):
+            return self._absolute(path)
+        if is_hf_id(ref):
+            self.notes.append(f"{what}: {ref!r} is not a path on {self.host.name}; taken as a Hugging Face repo "
+                              "id (not checked)")
+            return ref
+        raise ConfigError(f"{what}: {path!r} not found on host {self.host.name}; fix the path in the params "
+                          "file or with -p")
+
+    def _probe_host(self) -> dict[str, Any]:
+        env = {"PYTHONPATH": self._base_env()["PYTHONPATH"]} if self.pythonpath else None
+        res = self.host.run([str(self.python), "-c", PROBE_SCRIPT], env=env, check=False, timeout=300)
+        info = parse_marked_json(res.stdout)
+        if info is None:
+            raise ConfigError(f"engine_config.python: {self.python!r} did not run on host {self.host.name} "
+                              f"(exit {res.exit_code}: {(res.stderr or res.stdout).strip()[-300:]}); give the "
+                              "python that has sglang installed")
+        if "error" in info:
+            raise ConfigError(f"engine_config.python: {self.python!r} on {self.host.name} cannot import sglang "
+                              f"({info['error']}); give the python of the SGLang environment, or add a "
+                              "checkout to engine_config.pythonpath")
+        return info
+
+    def _source_identity(self, pkg_dir: str) -> dict[str, Any]:
+        """Commit and uncommitted-diff hash when sglang is imported from a git checkout (patched SGLang)."""
+        tracked = self.host.run(["git", "-C", pkg_dir, "ls-files", "--error-unmatch", "__init__.py"],
+                                check=False)
+        if not tracked.ok:
+            return {"git": None}
+        commit = self.host.run(["git", "-C", pkg_dir, "rev-parse", "HEAD"], check=False).stdout.strip()
+        top = self.host.run(["git", "-C", pkg_dir, "rev-parse", "--show-toplevel"], check=False).stdout.strip()
+        diff = self.host.run(["git", "-C", pkg_dir, "diff", "HEAD"], check=False, timeout=120).stdout
+        files = self.host.run(["git", "-C", pkg_dir, "diff", "HEAD", "--name-only"], check=False).stdout.split()
+        return {"git": {"toplevel": top, "commit": commit, "dirty": bool(diff.strip()),
+                        "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff.strip() else None,
+                        "diff_files": files[:50]}}
+
+    def _check_gpus(self) -> None:
+        from spectrial.gpu import query
+
+        st = query(self.host)
+        tp = self.config.tp_size
+        if st.available:
+            if tp > len(st.gpus):
+                raise ConfigError(f"engine_config.tp_size: {tp} ranks need {tp} GPUs; host {self.host.name} has "
+                                  f"{len(st.gpus)}: lower tp_size or pick another host")
+            return
+        if self.params.require_gpu:
+            raise ConfigError(f"require_gpu: host {self.host.name} has no usable GPU ({st.reason}); "
+                              f"tp_size {tp} cannot run there")
+        self.notes.append(f"no GPU on {self.host.name} ({st.reason}): tp_size {tp} not checked against GPUs")
+
+    def prepare(self) -> dict[str, Any]:
+        """Find sglang on the host, record its version and source, check paths, GPUs and every arm's argv."""
+        p, c = self.params, self.config
+        self.python = self._python_from_params()
+        for d in c.pythonpath:
+            if not self.host.exists(self.host.expand(d)):
+                raise ConfigError(f"engine_config.pythonpath: {d!r} is not a directory on host {self.host.name}")
+        self.pythonpath = [self._absolute(self.host.expand(d)) for d in c.pythonpath]
+        info = self._probe_host()
+        host_version = info.get("version")
+        if c.sglang_version and host_version and parse_version(c.sglang_version) != parse_version(host_version):
+            raise ConfigError(f"engine_config.sglang_version: {c.sglang_version!r} given but host "
+                              f"{self.host.name} has SGLang {host_version!r}; remove the override")
+        self.sglang_version = host_version or c.sglang_version
+        self.identity = {"python": info.get("python"), "python_version": info.get("python_version"),
+                         "sglang_version": host_version, "package_dir": info.get("package_dir"),
+                         **self._source_identity(str(info.get("package_dir")))}
+        self.paths["model"] = self._resolve_path(p.model, "model")
+        for arm in p.arms:
+            draft = p.arm_draft(arm)
+            if arm.speculative and draft and arm.method != "ngram":
+                self.paths.setdefault(draft, self._resolve_path(draft, f"arms[{arm.name}].draft"))
+                self._check_draft_kind(arm, self.paths[draft])
+        self._check_gpus()
+        specs = [self.launch_spec(arm) for arm in p.arms]
+        if c.check_args_on_host:
+            self._check_argvs(specs)
+        return {"python": self.python, "models": dict(self.paths), "notes": list(self.notes)}
+
+    def _check_draft_kind(self, arm: Arm, path: str) -> None:
+        """An EAGLE-3 draft (architectures *Eagle3*) under algorithm EAGLE gives accept length 1.00."""
+        cfg = f"{path.rstrip('/')}/config.json"
+        if arm.method != "eagle" or not self.host.exists(cfg):
+            return
+        try:
+            archs = json.loads(self.host.read_text(cfg)).get("architectures") or []
+        except (json.JSONDecodeError, AttributeError):
+            return
+        if any("eagle3" in str(a).lower() for a in archs):
+            raise ConfigError(f"arms[{arm.name}].method: draft {path!r} is an EAGLE-3 model ({archs}); SGLang's "
+                              "EAGLE algorithm runs it with accept length exactly 1.00: use method eagle3")
+
+    def _check_argvs(self, specs: list[LaunchSpec]) -> None:
+        module_at = [s.argv.index("sglang.launch_server") + 1 for s in specs]
+        argvs = [s.argv[i:] for s, i in zip(specs, module_at, strict=True)]
+        env = {k: v for k, v in specs[0].env.items() if k == "PYTHONPATH"} or None
+        out = check_with_parser(self.host, str(self.python), argvs, env=env)
+        if "import_error" in out:
+            self.notes.append(f"argv not checked with the host's SGLang parser: {out['import_error']}")
+            return
+        for arm, argv, r in zip(self.params.arms, argvs, out.get("results", []), strict=False):
+            if not r.get("ok"):
+                raise ConfigError(f"arms[{arm.name}]: SGLang {self.sglang_version} on {self.host.name} rejects "
+                                  f"the command: {r.get('error')}\nargs: {shlex.join(mask_argv(argv))}")
+        self.notes.append(f"argv of {len(argvs)} arm(s) accepted by SGLang {self.sglang_version}'s own parser "
+                          f"on {self.host.name}")
+
+    def resolve_dry(self) -> None:
+        """Paths and version as the params give them; nothing on the host is touched."""
+        p, c = self.params, self.config
+        self.python = self._python_from_params()
+        self.sglang_version = c.sglang_version
+        if c.sglang_version is None and c.cuda_graph_max_bs is not None:
+            warnings.warn("engine_config.sglang_version unset: the dry run writes the newest SGLang flag "
+                          f"{cuda_graph_flag(None)}; set it to see your version's flags", stacklevel=2)
+        self.paths["model"] = p.model
+        for arm in p.arms:
+            draft = p.arm_draft(arm)
+            if draft:
+                self.paths.setdefault(draft, draft)
+
+    # --- argv ----------------------------------------------------------------------------------------
+    def _check_extra(self, args: list[str], where: str) -> None:
+        for a in args:
+            flag = a.split("=", 1)[0]
+            if flag in SPEC_FLAGS:
+                raise ConfigError(f"{where}: {flag} is written by spectrial from method/draft/steps/topk/"
+                                  "draft_tokens; set those parameters instead of passing the flag")
+            if flag in OWN_FLAGS:
+                raise ConfigError(f"{where}: {flag} is written by spectrial (model, engine_config.tp_size, bind, "
+                                  "port); set the parameter instead")
+        check_version_flags(args, self.version_tuple, where)
+
+    def _auto_conflict(self, arm: Arm) -> None:
+        set_top = self.params.model_fields_set
+        given = [n for n in ("topk", "draft_tokens") if getattr(arm, n) is not None or n in set_top]
+        if given:
+            raise ConfigError(f"arms[{arm.name}]: engine_config.auto_speculative_params lets SGLang choose steps, "
+                              f"topk and draft tokens together; remove {', '.join(given)} (SGLang asserts they "
+                              "are unset when steps is)")
+
+    def launch_spec(self, arm: Arm) -> LaunchSpec:
+        """Exact argv and environment of one arm; `prepare()` or `resolve_dry()` must have run."""
+        if self.python is None:
+            self.prepare()
+        p, c = self.params, self.config
+        where = f"arms[{arm.name}]"
+        if c.auto_speculative_params and arm.speculative:
+            self._auto_conflict(arm)
+        draft = p.arm_draft(arm) if arm.speculative else None
+        spec_argv, notes = speculative_args(
+            arm.method, p.arm_steps(arm), p.arm_topk(arm), p.arm_draft_tokens(arm),
+            self.paths.get(draft, draft) if draft else None, adjust=c.adjust_draft_tokens,
+            auto=c.auto_speculative_params, where=where)
+        self.notes += [n for n in notes if n not in self.notes]
+        self._check_extra(c.extra_args, "engine_config.extra_args")
+        self._check_extra(arm.extra_args, f"{where}.extra_args")
+        argv = [str(self.python), "-m", "sglang.launch_server", "--model-path", self.paths.get("model", p.model),
+                "--tp-size", str(c.tp_size), "--host", p.bind, "--port", str(p.port)]
+        if c.trust_remote_code:
+            argv.append("--trust-remote-code")
+        if c.mem_fraction_static is not None:
+            argv += ["--mem-fraction-static", f"{c.mem_fraction_static:g}"]
+        if c.cuda_graph_max_bs is not None:
+            argv += [cuda_graph_flag(self.version_tuple), str(c.cuda_graph_max_bs)]
+        if c.num_continuous_decode_steps is not None:
+            argv += ["--num-continuous-decode-steps", str(c.num_continuous_decode_steps)]
+        if c.disable_custom_all_reduce:
+            argv.append("--disable-custom-all-reduce")
+        if c.max_running_requests is not None:
+            argv += ["--max-running-requests", str(c.max_running_requests)]
+        if c.decode_log_interval is not None:
+            argv += ["--decode-log-interval", str(c.decode_log_interval)]
+        if c.enable_metrics:
+            argv.append("--enable-metrics")
+        if c.random_seed is not None:
+            argv += ["--random-seed", str(c.random_seed)]
+        argv += [*spec_argv, *c.extra_args, *arm.extra_args]
+        spec = LaunchSpec(argv=argv, env={**self._base_env(), **arm.env}, port=p.port, probe=probe,
+                          name=f"sglang-{arm.name}", bind=p.bind)
+        self._arm, self._spec = arm, spec
+        return spec
+
+    def version(self) -> dict[str, Any]:
+        return {"engine": "sglang", **self.identity} if self.identity else {"engine": "sglang"}
+
+    # --- benchmark hooks -----------------------------------------------------------------------------
+    def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        body = super().completion_payload(prompt, max_tokens)
+        body["stream_options"] = {"include_usage": True}
+        return body
+
+    def generate_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        """Body of a streaming native `POST /generate` request, whose final chunk carries `meta_info`
+        (per-request spec_verify_ct, spec_accept_length, ...) for `request_stats`."""
+        return {"text": prompt, "stream": True,
+                "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}
+
+    def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
+        return meta_info_stats(final)
+
+    def snapshot(self, client: httpx.Client, base_url: str) -> dict[str, float]:
+        snap = server_info_snapshot(client, base_url)
+        if self.config.enable_metrics:
+            snap.update(metrics_snapshot(client, base_url))
+        return snap
+
+    def window_stats(self, before: dict[str, float], after: dict[str, float],
+                     requests: list[dict[str, Any]], log_text: str) -> ArmStats:
+        arm, spec = self._arm, self._spec
+        st = sglang_window_stats(before, after, requests, log_text, speculative=bool(arm and arm.speculative),
+                                 draft_tokens=self._draft_tokens(arm))
+        if arm is not None and arm.method == "eagle" and st.accept_len is not None and abs(st.accept_len - 1) < 1e-3:
+            st.notes.append("accept length exactly 1.00 under algorithm EAGLE: is the draft an EAGLE-3 model?")
+        env = spec.env if spec else {}
+        if env.get("NCCL_DEBUG", "").upper() == "INFO":
+            ev = nccl_evidence(log_text, env)
+            st.nccl_evidence = ev
+            st.notes.append(evidence_summary(ev))
+            if ev["ok"] is False and self.config.nccl_evidence_check == "fail":
+                raise ConfigError(f"engine_config.nccl_evidence_check: NCCL did not use the requested values in "
+                                  f"arm {arm.name if arm else '?'}: " + "; ".join(ev["problems"][:8])
+                                  + " (set nccl_evidence_check: warn to continue)")
+        return st
+
+    def _draft_tokens(self, arm: Arm | None) -> int | None:
+        if arm is None or not arm.speculative or self.config.auto_speculative_params:
+            return None
+        p = self.params
+        if arm.method == "ngram" or p.arm_topk(arm) != 1:
+            return p.arm_draft_tokens(arm) or p.arm_steps(arm) + 1
+        return p.arm_steps(arm) + 1
+
+
+def probe(client: httpx.Client, base_url: str) -> Probe:
+    """SGLang is ready when `/health` answers 200 (503 until its warm-up request has run).
+
+    A build without `/health` (404) is probed on `/v1/models`, as the original investigation did by hand;
+    that answers before the warm-up has finished, which the detail says.
+    """
+    r = client.get(f"{base_url}/health")
+    if r.status_code == 200:
+        return Probe(True, "200 ok")
+    if r.status_code == 404:
+        m = client.get(f"{base_url}/v1/models")
+        return Probe(m.status_code == 200, f"/health missing; /v1/models {m.status_code} (warm-up not awaited)")
+    return Probe(False, f"{r.status_code} {r.text[:80]}".strip())
+
+
+def server_info_snapshot(client: httpx.Client, base_url: str) -> dict[str, float]:
+    """`/server_info` (fallback `/get_server_info`): cumulative avg_spec_accept_length and throughput."""
+    out: dict[str, float] = {}
+    r = client.get(f"{base_url}/server_info")
+    if r.status_code == 404:
+        r = client.get(f"{base_url}/get_server_info")
+        out["server_info:fallback_get_server_info"] = 1.0
+    if r.status_code != 200:
+        return out
+    try:
+        data = r.json()
+    except ValueError:
+        return out
+    states = data.get("internal_states") or [data]
+    accept = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
+    accept = [float(a) for a in accept if isinstance(a, int | float)]
+    if accept:
+        out["server_info:avg_spec_accept_length"] = sum(accept) / len(accept)
+    thr = [s.get("last_gen_throughput") for s in states if isinstance(s, dict)]
+    thr = [float(t) for t in thr if isinstance(t, int | float)]
+    if thr:
+        out["server_info:last_gen_throughput"] = thr[0]
+    return out
+
+
+def meta_info_stats(final: dict[str, Any]) -> dict[str, Any]:
+    """Per-request stats from the native `/generate` path's `meta_info` (spec_* only when speculating)."""
+    mi = final.get("meta_info") or {}
+    if not mi:
+        return {}
+    out: dict[str, Any] = {}
+    if "completion_tokens" in mi:
+        out["server_predicted_n"] = mi["completion_tokens"]
+    if "prompt_tokens" in mi:
+        out["server_prompt_n"] = mi["prompt_tokens"]
+    for k in ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "e2e_latency"):
+        if k in mi:
+            out[f"server_{k}"] = mi[k]
+    if "spec_accept_token_num" in mi:
+        out["server_draft_n_accepted"] = mi["spec_accept_token_num"]
+    if "spec_draft_token_num" in mi:
+        out["server_draft_n"] = mi["spec_draft_token_num"]
+    return out
+
+
+def sum_metric(snap: dict[str, float], name: str) -> float | None:
+    keys = [k for k in snap if k == name or k.startswith(name + "{")]
+    return sum(snap[k] for k in keys) if keys else None
+
+
+def metric_delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
+    a = sum_metric(after, name)
+    return None if a is None else a - (sum_metric(before, name) or 0.0)
+
+
+def client_decode(ok: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(tokens decoded after the first, decode ms) over successful requests, from the client's stream timing.
+
+    Per request the span between the first and last streamed chunk, (tokens - 1) / client_tok_s, holds the
+    decode of every token after the first (which comes with prefill and belongs to TTFT).
+    """
+    tokens = float(sum(r["tokens"] - 1 for r in ok if r.get("tokens"))) or None
+    spans = [(r["tokens"] - 1) / r["client_tok_s"] for r in ok if r.get("client_tok_s") and r.get("tokens")]
+    return tokens, (sum(spans) * 1000 if spans and len(spans) == len(ok) else None)
+
+
+def log_accept_lens(log_text: str, start_line: float) -> list[float]:
+    """`accept len` of the `Decode batch` lines after `start_line` (each covers decode_log_interval steps).
+
+    Read with `spectrial.logs.parse` (kind "decode", column accept_len) when available, else one regex.
+    """
+    try:
+        from spectrial.logs import parse
+
+        df = parse(log_text)
+        if "kind" in df and "accept_len" in df:
+            dec = df[(df["kind"] == "decode") & (df["line"] > start_line)]
+            return [float(x) for x in dec["accept_len"] if x == x and x is not None]
+    except ImportError:
+        pass
+    out = []
+    for n, line in enumerate(log_text.splitlines(), 1):
+        if n <= start_line:
+            continue
+        m = _DECODE_ACCEPT_RE.search(line)
+        if m:
+            out.append(float(m["accept"]))
+    return out
+
+
+def sglang_window_stats(before: dict[str, float], after: dict[str, float], requests: list[dict[str, Any]],
+                        log_text: str, *, speculative: bool, draft_tokens: int | None) -> ArmStats:
+    """Statistics of one window; accept length from the best source the server offers (see module doc).
+
+    tokens = tokens decoded after each request's first (the first comes from prefill, its time is TTFT);
+    decode_ms = client-side decode span (last - first streamed chunk) summed over requests;
+    verify_steps = verify cycles; accepted = draft tokens accepted = tokens - verify_steps.
+    """
+    ok = [r for r in requests if not r.get("error")]
+    st = ArmStats(source="client stream timing")
+    st.tokens, st.decode_ms = client_decode(ok)
+    if not speculative:
+        return st
+    verify = metric_delta(before, after, "sglang:spec_verify_calls_total")
+    gen = metric_delta(before, after, "sglang:generation_tokens_total")
+    nreq = metric_delta(before, after, "sglang:num_requests_total")
+    meta_v = [r.get("server_spec_verify_ct") for r in ok]
+    if verify and gen is not None:
+        decoded = gen - (nreq if nreq is not None else len(ok))
+        st.source, st.verify_steps = "metrics (spec_verify_calls_total, generation_tokens_total)", verify
+        st.accepted = max(decoded - verify, 0.0)
+        st.accept_len = 1.0 + st.accepted / verify
+        st.notes.append(f"window counters: {verify:.0f} verify calls, {gen:.0f} generated tokens")
+    elif ok and all(isinstance(v, int | float) and v > 0 for v in meta_v):
+        st.source = "meta_info (per request)"
+        st.verify_steps = float(sum(meta_v))
+        st.accepted = float(sum(r.get("server_predicted_n", r.get("tokens", 0)) - 1 for r in ok)) - st.verify_steps
+        st.accept_len = 1.0 + st.accepted / st.verify_steps
+    else:
+        lens = log_accept_lens(log_text, before.get("_log_lines", 0.0))
+        if lens:
+            st.source = f"log ({len(lens)} 'Decode batch' lines inside the window)"
+            st.accept_len = sum(lens) / len(lens)
+            if st.tokens:
+                st.verify_steps = st.tokens / st.accept_len
+                st.accepted = st.tokens - st.verify_steps
+                st.notes.append("verify_steps estimated as decoded tokens / log accept len (each log line "
+                                "covers decode_log_interval decode steps; steps before the first line of the "
+                                "window are not counted)")
+        else:
+            cum = after.get("server_info:avg_spec_accept_length")
+            st.accept_len, st.scoped = cum, False
+            st.source = "server_info avg_spec_accept_length (cumulative since server start)"
+            st.notes.append("accept length not scoped to the benchmark: SGLang reports only a cumulative mean "
+                            "(including warm-up), updated every decode_log_interval steps; run SGLang >= 0.5.14 "
+                            "with --enable-metrics, or lower decode_log_interval, to scope it")
+    if st.verify_steps and draft_tokens:
+        st.drafted = st.verify_steps * (draft_tokens - 1)
+    cum = after.get("server_info:avg_spec_accept_length")
+    if cum is not None:
+        st.notes.append(f"server_info avg_spec_accept_length (cumulative since start): {cum:.3f}")
+    return st

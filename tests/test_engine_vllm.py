@@ -1,0 +1,135 @@
+"""vLLM adapter: `vllm serve` argv with one --speculative-config JSON, readiness, /metrics window deltas."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from spectrial.engines import get_engine
+from spectrial.engines.vllm import probe
+from spectrial.errors import ConfigError
+from spectrial.host import LocalHost
+from spectrial.params import load_params
+from spectrial.plan import dry_run
+from spectrial.trial import arm_figures
+
+
+def vdata(tmp_path: Path, **over: Any) -> dict[str, Any]:
+    return {"name": "v", "engine": "vllm", "model": "/models/Llama-3.1-8B", "draft": "/models/eagle3-llama",
+            "steps": 3, "port": 8123, "output_dir": str(tmp_path / "out"),
+            "engine_config": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9},
+            "arms": [{"name": "baseline"}, {"name": "eagle3", "method": "eagle3"}], **over}
+
+
+def argv_of(data: dict[str, Any], arm: int = -1) -> list[str]:
+    eng = get_engine("vllm", load_params(data=data), LocalHost())
+    eng.resolve_dry()
+    return eng.launch_spec(eng.params.arms[arm]).argv
+
+
+def spec_json(argv: list[str]) -> dict[str, Any]:
+    return json.loads(argv[argv.index("--speculative-config") + 1])
+
+
+def test_dry_run_writes_vllm_serve_with_one_speculative_config(tmp_path):
+    arms = dry_run(load_params(data=vdata(tmp_path, env={"NCCL_PROTO": "LL"})))
+    base, eagle = arms[0]["argv"], arms[1]["argv"]
+    assert base == ["vllm", "serve", "/models/Llama-3.1-8B", "--host", "127.0.0.1", "--port", "8123",
+                    "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9"]
+    assert eagle[:len(base)] == base and len(eagle) == len(base) + 2
+    assert spec_json(eagle) == {"method": "eagle3", "model": "/models/eagle3-llama", "num_speculative_tokens": 3}
+    assert arms[1]["env"] == {"NCCL_PROTO": "LL"}
+
+
+@pytest.mark.parametrize("method,expected", [
+    ("eagle", {"method": "eagle", "model": "/models/eagle3-llama", "num_speculative_tokens": 3}),
+    ("draft", {"method": "draft_model", "model": "/models/eagle3-llama", "num_speculative_tokens": 3}),
+    ("nextn", {"method": "mtp", "num_speculative_tokens": 3}),
+    ("ngram", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}),
+])
+def test_methods_map_to_vllm_speculative_methods(tmp_path, method, expected):
+    data = vdata(tmp_path, arms=[{"name": "a", "method": method}])
+    data["engine_config"]["prompt_lookup_max"] = 4
+    assert spec_json(argv_of(data)) == expected
+
+
+def test_contradictions_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="topk: spectrial drives vLLM with a draft chain"):
+        argv_of(vdata(tmp_path, topk=4))
+    with pytest.raises(ConfigError, match="num_speculative_tokens \\+ 1 = 4"):
+        argv_of(vdata(tmp_path, draft_tokens=6))
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        argv_of(vdata(tmp_path, draft=None))
+    data = vdata(tmp_path)
+    data["engine_config"]["extra_args"] = ["--speculative-config", "{}"]
+    with pytest.raises(ConfigError, match="written by spectrial"):
+        argv_of(data)
+    data = vdata(tmp_path)
+    data["engine_config"]["speculative_extra"] = {"num_speculative_tokens": 9}
+    with pytest.raises(ConfigError, match="come from the arm"):
+        argv_of(data)
+
+
+def test_prepare_without_vllm_fails_before_launch(tmp_path):
+    data = vdata(tmp_path, engine_bin=str(tmp_path / "no-vllm"))
+    with pytest.raises(ConfigError, match="does not run on host local"):
+        get_engine("vllm", load_params(data=data), LocalHost()).prepare()
+
+
+def _metrics(drafts: float, draft_tokens: float, accepted: float, pos: list[float]) -> str:
+    lab = 'engine="0",model_name="m"'
+    lines = ["# TYPE vllm:spec_decode_num_drafts counter", f"vllm:spec_decode_num_drafts_total{{{lab}}} {drafts}",
+             "# TYPE vllm:spec_decode_num_draft_tokens counter",
+             f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {draft_tokens}",
+             "# TYPE vllm:spec_decode_num_accepted_tokens counter",
+             f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {accepted}",
+             "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter"]
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}'
+              for i, v in enumerate(pos)]
+    return "\n".join(lines) + "\n"
+
+
+def test_window_counters_from_metrics_deltas(tmp_path):
+    pages = iter([_metrics(10, 30, 20, [9, 7, 4]), _metrics(110, 330, 200, [89, 67, 44])])
+    transport = httpx.MockTransport(lambda req: httpx.Response(200, text=next(pages)))
+    eng = get_engine("vllm", load_params(data=vdata(tmp_path)), LocalHost())
+    eng.resolve_dry()
+    eng.launch_spec(eng.params.arms[1])
+    with httpx.Client(transport=transport) as client:
+        before, after = eng.snapshot(client, "http://x"), eng.snapshot(client, "http://x")
+    reqs = [{"error": None, "tokens": 101, "client_tok_s": 100.0} for _ in range(3)]
+    st = eng.window_stats(before, after, reqs, "")
+    assert (st.verify_steps, st.drafted, st.accepted) == (100, 300, 180)
+    assert st.per_position == pytest.approx([0.8, 0.6, 0.4])
+    fig = arm_figures(reqs, st, speculative=True)
+    assert fig["accept_len"] == pytest.approx(2.8) and fig["accept_rate"] == pytest.approx(0.6)
+    assert fig["cycle_ms"] == pytest.approx(3 * 1000 / 100)
+
+
+def test_probe_not_ready_while_refused_then_ready_on_health_200(port):
+    with httpx.Client(timeout=2) as client:
+        with pytest.raises(httpx.ConnectError):
+            probe(client, f"http://127.0.0.1:{port}")
+
+        class Health(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(200 if self.path == "/health" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+        srv = ThreadingHTTPServer(("127.0.0.1", port), Health)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            assert probe(client, f"http://127.0.0.1:{port}").ready
+        finally:
+            srv.shutdown()
+            srv.server_close()

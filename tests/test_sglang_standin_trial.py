@@ -1,0 +1,146 @@
+"""The SGLang protocol end to end against the SGLang TEST DOUBLE (tests/standin/sglang): the real
+`spectrial trial` CLI and notebook 02 (papermill) with engine sglang, baseline + EAGLE-3 arms, environment
+verification in every spawned worker, and NCCL's own evidence (imitated by the double's workers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import psutil
+import pytest
+import yaml
+
+from spectrial.errors import ConfigError
+from spectrial.host import LocalHost
+from spectrial.params import load_params
+from spectrial.records import load_manifest
+from spectrial.trial import run_trial
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "params" / "examples" / "sglang-standin.yaml"
+SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
+
+
+def standin_params(tmp_path: Path, port: int, **over: Any) -> dict[str, Any]:
+    """The CI example with absolute paths, a free port and every output under tmp_path."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data.update(model=str(REPO / data["model"]), draft=str(REPO / data["draft"]), port=port,
+                output_dir=str(tmp_path / "out"), state_dir=str(tmp_path / "state"),
+                work_dir=str(tmp_path / "work"), repeats=2, max_tokens=32)
+    data["engine_config"] = {**data["engine_config"], "python": sys.executable,
+                             "pythonpath": [str(REPO / "tests" / "standin")]}
+    engine_config = over.pop("engine_config", {})
+    data["engine_config"].update(engine_config)
+    data.update(over)
+    return data
+
+
+def only_run(out: Path) -> Path:
+    runs = [p for p in out.iterdir() if (p / "manifest.json").is_file()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def no_leftovers(port: int, pids: list[int]) -> None:
+    assert not LocalHost().port_holders(port)
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_cli_trial_against_the_standin(tmp_path, port, write_params):
+    path = write_params(standin_params(tmp_path, port))
+    res = subprocess.run([*SPECTRIAL, "trial", str(path), "--quiet"], capture_output=True, text=True, timeout=300,
+                         cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = only_run(tmp_path / "out")
+    m = load_manifest(run)
+    assert m["status"] == "ok" and m["engine"]["sglang_version"] == "0.5.20+standin"
+    arms = {a["name"]: a for a in m["arms"]}
+    base, eagle = arms["baseline"], arms["eagle3"]
+    for a in (base, eagle):
+        assert a["status"] == "ok" and a["argv"][1:3] == ["-m", "sglang.launch_server"]
+        assert a["argv"][a["argv"].index("--tp-size") + 1] == "2"
+    assert eagle["argv"][eagle["argv"].index("--speculative-algorithm") + 1] == "EAGLE3"
+    starts = m["starts"]
+    pids = []
+    for s in starts:  # every process of the server tree carries the requested variables, workers included
+        chk = s["env_check"]
+        assert chk["ok"], chk["problems"]
+        workers = [p for p in chk["processes"] if any("multiprocessing" in a for a in p["cmdline"])]
+        assert len(workers) >= 2 and all({"NCCL_PROTO", "NCCL_ALGO", "PYTHONPATH"} <= set(p["present"])
+                                         for p in workers)
+        pids += [p["pid"] for p in chk["processes"]]
+    # what the double simulates: 5 ms/token, 12 ms/verify cycle, chain acceptance 0.7 over 2 steps
+    # (baseline cycle_ms = its ms per token; the manifest masks the key `ms_per_token` as a secret name)
+    assert base["cycle_ms"] == pytest.approx(5.0, abs=1.5) and base["accept_len"] == 1.0
+    assert eagle["stats_source"].startswith("metrics") and eagle["stats_scoped"] is True
+    assert 1.5 < eagle["accept_len"] < 2.8 and eagle["verify_steps"] > 0
+    assert eagle["cycle_ms"] == pytest.approx(12.0, abs=3.0)
+    assert eagle["break_even_accept_len"] == pytest.approx(eagle["cycle_ms"] / base["cycle_ms"])
+    assert eagle["drafted"] == pytest.approx(2 * eagle["verify_steps"])
+    notes = " ".join(eagle["stats_notes"])
+    assert "NCCL_PROTO=LL confirmed by NCCL in 2/2 rank(s)" in notes
+    stops = [s["report"] for s in m["steps"] if s["name"].startswith("stop:")]
+    assert stops and all(r["how"] == "TERM" and r["port_free"] for r in stops)  # SIGTERM stops workers too
+    log = (run / "logs" / "sglang-eagle3.log").read_text()
+    assert "The server is fired up and ready to roll!" in log and "accept len:" in log
+    no_leftovers(port, pids)
+
+
+def test_env_check_fails_naming_the_variable_and_the_worker(tmp_path, port):
+    data = standin_params(tmp_path, port, engine_config={
+        "nccl_debug": False, "extra_args": ["--standin-drop-worker-env", "NCCL_PROTO"]})
+    with pytest.raises(ConfigError, match=r"NCCL_PROTO missing from pid \d+") as e:
+        run_trial(load_params(data=data), progress=False)
+    m = load_manifest(only_run(tmp_path / "out"))
+    assert m["status"] == "failed" and "NCCL_PROTO missing" in m["reason"]
+    procs = m["starts"][0]["env_check"]["processes"]
+    launcher = [p for p in procs if "sglang.launch_server" in p["cmdline"]]
+    workers = [p for p in procs if any("multiprocessing.spawn" in a for a in p["cmdline"])]
+    assert launcher and "NCCL_PROTO" in launcher[0]["present"]
+    assert len(workers) == 2 and all("NCCL_PROTO" in p["missing"] for p in workers)
+    assert any(f"pid {p['pid']}" in str(e.value) for p in workers)
+    assert not any(s["name"].startswith("launch:eagle3") for s in m["steps"])
+    no_leftovers(port, [p["pid"] for p in procs])
+
+
+def test_nccl_evidence_sees_what_proc_cannot(tmp_path, port):
+    """A variable assigned inside the running workers: absent from /proc/<pid>/environ, yet NCCL used it."""
+    extra = ["--standin-drop-worker-env", "NCCL_PROTO", "--standin-worker-setenv", "NCCL_PROTO=LL"]
+    data = standin_params(tmp_path, port, env_check="warn", repeats=1, arms=[{"name": "baseline"}],
+                          engine_config={"extra_args": extra})
+    result = run_trial(load_params(data=data), progress=False)
+    arm = result.arms[0]
+    assert result.status == "ok"
+    start = result.manifest["starts"][0]
+    assert not start["env_check"]["ok"] and "NCCL_PROTO missing from pid" in " ".join(start["env_check"]["problems"])
+    assert "NCCL_PROTO=LL confirmed by NCCL in 2/2 rank(s)" in " ".join(arm["stats_notes"])
+
+    data = standin_params(tmp_path / "second", port, env_check="warn", repeats=1, arms=[{"name": "baseline"}],
+                          engine_config={"extra_args": ["--standin-worker-setenv", "NCCL_PROTO=Simple"],
+                                         "nccl_evidence_check": "fail"})
+    with pytest.raises(ConfigError, match="NCCL_PROTO: NCCL in pid \\d+ .device 0. used 'Simple', requested 'LL'"):
+        run_trial(load_params(data=data), progress=False)
+    no_leftovers(port, [])
+
+
+@pytest.mark.notebook
+def test_notebook_02_runs_against_the_standin(tmp_path, port, write_params):
+    params_file = write_params(standin_params(tmp_path, port))
+    out = tmp_path / "out.ipynb"
+    res = subprocess.run([sys.executable, "-m", "papermill", str(REPO / "notebooks" / "02_eagle3.ipynb"), str(out),
+                          "-p", "params_file", str(params_file), "-p", "steps", "2", "-p", "repeats", "2",
+                          "--cwd", str(REPO)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    nb = nbformat.read(out, as_version=4)
+    text = "\n".join(json.dumps(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
+    assert "engine `sglang`" in text and "all 5 requested variables present" in text
+    m = load_manifest(only_run(tmp_path / "out"))
+    assert m["status"] == "ok" and [a["name"] for a in m["arms"]] == ["baseline", "eagle3"]
+    assert all(a["status"] == "ok" for a in m["arms"])
+

@@ -8,7 +8,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.spectrial-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lab llama-server sshd lint clean-venv
+NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb
+NBVAL_ARGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+.PHONY: setup demo test lab llama-server sshd chromium lint nb-outputs clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,12 +26,20 @@ llama-server: setup
 sshd:
 	@./scripts/ensure-sshd.sh
 
+chromium:
+	@./scripts/ensure-chromium.sh || echo "chromium unavailable: the report browser check will be skipped"
+
 demo: llama-server
 	$(BIN)/spectrial notebook 02 -p params_file=params/local.yaml -p steps=2
 
-test: llama-server sshd
+test: llama-server sshd chromium
 	$(BIN)/ruff check lib tests benchmarks
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_ARGS) tests $(NBVAL_NOTEBOOKS) $(NBVAL_ARGS)
+
+# Re-execute the nbval notebooks in place after adding a record under outputs/examples/.
+nb-outputs: setup
+	$(BIN)/jupytext --to ipynb notebooks/04_history.py notebooks/90_case_kimi_k25_pcie.py
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False $(NBVAL_NOTEBOOKS)
 
 lint: setup
 	$(BIN)/ruff check lib tests benchmarks

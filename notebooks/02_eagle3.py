@@ -34,6 +34,7 @@ max_tokens = None  # generated tokens per request (fixed length)
 overrides = {}  # any other parameter, dotted: {"engine_config.threads": 1}
 run_id = None  # run record id (None: generated)
 output_dir = None  # folder of run records (None: as in the params file)
+target_tok_s = None  # throughput the analysis aims at (None: 1.5x the baseline)
 
 # %%
 from IPython.display import Markdown, display
@@ -95,6 +96,18 @@ plots.break_even_figure(result.arms).show()
 
 # %%
 display(Markdown(narrative.verdict(result.arms)))
+
+# %% [markdown]
+# ## Why: break-even, cycle cost, acceptance needed, roofline
+# The analysis notebook 90 applies to the original case, here on this run: what a speculative cycle costs in
+# baseline tokens, the cycle-cost model where two or more depths ran, the per-token acceptance a target
+# throughput needs at each depth, and the baseline against the memory-bandwidth roofline when the record
+# names the GPU and the model.
+
+# %%
+from spectrial.explain import explain
+
+explain(result.manifest, target_tok_s=target_tok_s).show()
 
 # %%
 attach_notebook(result.run_dir)

@@ -90,6 +90,24 @@ def diff(run_a: Annotated[Path, typer.Argument(help="First run folder")],
     typer.echo(format_findings(diff_runs(run_a, run_b)))
 
 
+@app.command()
+def report(run_dir: Annotated[Path | None, typer.Argument(
+               help="Run folder, e.g. outputs/<run-id> (default: the newest run under --output-dir).")] = None,
+           output_dir: Annotated[str, typer.Option(help="Folder of run records, searched when RUN_DIR is omitted.")]
+           = "outputs",
+           show_code: Annotated[bool, typer.Option("--show-code", help="Include the notebook's code cells.")] = False
+           ) -> None:
+    """Write RUN_DIR/report.html (plotly embedded, readable offline) and link it from the run record."""
+    from spectrial.report import latest_run, write_report
+
+    try:
+        path = write_report(run_dir if run_dir is not None else latest_run(output_dir), show_code=show_code)
+    except SpectrialError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"report: {path}")
+
+
 @models_app.command("tiny")
 def models_tiny(outdir: Annotated[Path, typer.Argument(help="Folder to write the models into.")],
                 seed: int = 0) -> None:

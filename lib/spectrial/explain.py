@@ -1,0 +1,626 @@
+"""The analysis section of a run: why speculation pays or not, computed from a run record's arms.
+
+``explain(manifest_or_arms, target_tok_s=None, roofline=None) -> Explanation`` returns five sections,
+each a title, a markdown paragraph, and optionally a table and a plotly figure:
+
+1. **Input check**: run status, failed arms, arms without a baseline, zero verify steps, accept length < 1,
+   speculative arms without a cycle time. Bad input becomes sentences here; ``explain`` never raises on it.
+2. **Break-even**: per speculative arm, break-even accept length = cycle_ms / baseline ms per token
+   (``analysis.break_even_accept_len``), the achieved accept length, the margin, the speed-up and, where
+   each arm has >= 2 request rates, the bootstrap verdict of ``analysis.compare_arms``. Figure: tok/s a cycle
+   of each arm's measured cost gives at every accept length (tau / cycle_ms * 1000), against the baseline.
+3. **Cycle-cost model**: where one method was measured at >= 2 depths k under the same conditions (same
+   ``nccl_env`` where arms record one; cycle times that are only lower bounds left out),
+   ``analysis.fit_cycle_model`` (cycle_ms = fixed + per_draft * k) and the throughput it predicts for the
+   measured arms (``analysis.prediction_errors``; alpha = the synthetic acceptance, else solved from the
+   accept length). A negative fixed or per-draft cost is flagged as an implausible fit.
+4. **Acceptance needed**: per depth, the per-token acceptance alpha that reaches the baseline (break-even)
+   and a target tok/s (default 1.5x the baseline): ``CycleModel.alpha_for`` on the fitted model, or on a
+   constant-cycle model at each measured arm when only one depth exists.
+5. **Roofline**: the baseline against the memory-bandwidth limit of batch-1 decode, when the record (or
+   ``roofline=``) names the GPU model and count and the model's size (``analysis.decode_roofline_tok_s``).
+
+k, the drafted tokens per cycle, is the arm's ``steps`` (llama.cpp ``--spec-draft-n-max``; SGLang
+``--speculative-num-steps`` with top-k 1). Notebooks call ``explain(...).show()``; ``spectrial report``
+renders the same sections (``Explanation.cells``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from spectrial import analysis
+from spectrial.errors import ConfigError, SpectrialError
+
+__all__ = ["Explanation", "RooflineInputs", "Section", "explain", "figure_bundle", "show_figure"]
+
+DEFAULT_TARGET_FACTOR = 1.5
+MAX_MODEL_K = 10
+_ROUND = 4
+
+
+# ------------------------------------------------------------------ result types
+@dataclass
+class Section:
+    """One titled part of the analysis: markdown text, optionally a table and a figure."""
+
+    title: str
+    text: str
+    table: pd.DataFrame | None = None
+    figure: go.Figure | None = None
+
+
+@dataclass
+class Explanation:
+    """The analysis of one run: its sections, the input problems found, and the key figures."""
+
+    sections: list[Section]
+    problems: list[str] = field(default_factory=list)
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def section(self, title: str) -> Section:
+        """The section whose title starts with ``title``."""
+        for s in self.sections:
+            if s.title.startswith(title):
+                return s
+        raise KeyError(f"no section {title!r}; sections: {[s.title for s in self.sections]}")
+
+    def markdown(self) -> str:
+        """All section texts as one markdown document (tables and figures left out)."""
+        return "\n\n".join(f"### {s.title}\n\n{s.text}" for s in self.sections)
+
+    def figures(self) -> list[go.Figure]:
+        """The figures, in section order."""
+        return [s.figure for s in self.sections if s.figure is not None]
+
+    def show(self) -> None:
+        """Display every section in a notebook: markdown, table, figure (deterministic output)."""
+        from IPython.display import Markdown, display
+
+        for s in self.sections:
+            display(Markdown(f"### {s.title}\n\n{s.text}"))
+            if s.table is not None and len(s.table):
+                display(s.table)
+            if s.figure is not None:
+                show_figure(s.figure)
+
+    def cells(self) -> list[Any]:
+        """The sections as notebook cells with outputs (markdown cells; tables and figures as outputs)."""
+        import nbformat.v4 as nbf
+
+        cells: list[Any] = []
+        for s in self.sections:
+            cells.append(nbf.new_markdown_cell(f"### {s.title}\n\n{s.text}"))
+            outputs = []
+            if s.table is not None and len(s.table):
+                outputs.append(nbf.new_output("display_data", data={"text/html": s.table.to_html(index=False),
+                                                                    "text/plain": s.table.to_string(index=False)}))
+            if s.figure is not None:
+                outputs.append(nbf.new_output("display_data", data=figure_bundle(s.figure)))
+            if outputs:
+                cells.append(nbf.new_code_cell("", outputs=outputs))
+        return cells
+
+
+@dataclass(frozen=True)
+class RooflineInputs:
+    """What the roofline needs: a GPU of params/hardware.yaml, how many, and the model's weights."""
+
+    gpu: str
+    params_b: float
+    bits_per_weight: float
+    n_gpus: int = 1
+    active_params_b: float | None = None
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> RooflineInputs | None:
+        """From ``host.gpu_key``/``host.gpu_count`` and ``model_info`` of a record; None if either is missing."""
+        host = manifest.get("host") or {}
+        info = manifest.get("model_info") or {}
+        if not host.get("gpu_key") or not info.get("params_b") or not info.get("bits_per_weight"):
+            return None
+        return cls(gpu=str(host["gpu_key"]), n_gpus=int(host.get("gpu_count") or 1),
+                   params_b=float(info["params_b"]), bits_per_weight=float(info["bits_per_weight"]),
+                   active_params_b=info.get("active_params_b"))
+
+
+# ------------------------------------------------------------------ figure output
+def figure_bundle(fig: go.Figure) -> dict[str, Any]:
+    """A display bundle of a figure: plotly's JSON mimetype plus a one-line text/plain.
+
+    Unlike plotly's notebook renderers it holds no random element ids, so executed notebooks compare
+    equal under nbval; JupyterLab renders the JSON, ``spectrial report`` draws it with an embedded plotly.js.
+    """
+    title = fig.layout.title.text or "figure"
+    return {"application/vnd.plotly.v1+json": json.loads(fig.to_json()), "text/plain": f"<plotly figure: {title}>"}
+
+
+def show_figure(fig: go.Figure) -> None:
+    """Display a figure in a notebook through :func:`figure_bundle`."""
+    from IPython.display import display
+
+    display(figure_bundle(fig), raw=True)
+
+
+# ------------------------------------------------------------------ small helpers
+def _pos(x: Any) -> float | None:
+    """x as a finite float > 0, else None."""
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def _r(x: float | None, nd: int = _ROUND) -> float | None:
+    """Rounded for display (and + 0.0 so that a tiny negative residual never prints as -0.0)."""
+    return None if x is None else round(float(x), nd) + 0.0
+
+
+def _f(x: float | None, nd: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def _k(arm: Mapping[str, Any]) -> int | None:
+    v = arm.get("steps")
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        k = int(v)
+    except (TypeError, ValueError):
+        return None
+    return k if k >= 1 and k == float(v) else None
+
+
+def _is_base(arm: Mapping[str, Any]) -> bool:
+    return str(arm.get("method") or "none") == "none"
+
+
+@dataclass
+class _Arm:
+    """The figures of one arm that the analysis uses, validated."""
+
+    name: str
+    method: str
+    ok: bool
+    k: int | None
+    tok_s: float | None
+    ms_per_token: float | None
+    cycle_ms: float | None
+    accept_len: float | None
+    alpha: float | None
+    synthetic: bool
+    draft_ms: float | None
+    values: list[float]
+    raw: Mapping[str, Any]
+
+    @property
+    def cycle_is_bound(self) -> bool:
+        """The cycle time is only a lower bound (e.g. verify time alone): not used to fit the model."""
+        return "lower bound" in str((self.raw.get("derived") or {}).get("cycle_ms", ""))
+
+    @property
+    def condition(self) -> str:
+        """What must match for arms to share one cycle model: the method and, where recorded, the NCCL state."""
+        return self.method + (f" ({self.raw['nccl_env']})" if self.raw.get("nccl_env") else "")
+
+
+def _view(arm: Mapping[str, Any], problems: list[str]) -> _Arm:
+    name = str(arm.get("name") or "?")
+    ok = arm.get("status") == "ok"
+    k = _k(arm)
+    cycle = _pos(arm.get("cycle_ms"))
+    al = arm.get("accept_len")
+    accept = None
+    if al is not None and not _is_base(arm):
+        try:
+            accept = float(al)
+        except (TypeError, ValueError):
+            accept = None
+        if accept is not None and not math.isfinite(accept):
+            accept = None
+        if accept is not None and accept < 1.0:
+            problems.append(f"Arm **{name}** reports an accept length of {accept:.3g} < 1: impossible, since every "
+                            "cycle commits at least the target's own token; its counters are inconsistent and it "
+                            "is left out of the break-even and model sections.")
+            accept = None
+        elif accept is not None and k is not None and accept > k + 1 + 1e-9:
+            problems.append(f"Arm **{name}** reports an accept length of {accept:.3g} with k={k} drafts: more than "
+                            f"the k + 1 = {k + 1} a cycle can commit; left out of the model.")
+    syn = arm.get("synthetic_accept")
+    alpha = float(syn) if isinstance(syn, int | float) and not isinstance(syn, bool) and 0 <= syn <= 1 else None
+    if alpha is None and accept is not None and k is not None and accept <= k + 1:
+        alpha = analysis.required_alpha(accept, k)
+    values = [float(v) for v in (arm.get("tok_s_values") or []) if _pos(v)]
+    return _Arm(name=name, method=str(arm.get("method") or "none"), ok=ok, k=k, tok_s=_pos(arm.get("tok_s")),
+                ms_per_token=_pos(arm.get("ms_per_token")), cycle_ms=cycle, accept_len=accept, alpha=alpha,
+                synthetic=bool(arm.get("synthetic")) or syn is not None,
+                draft_ms=_pos(arm.get("draft_ms_per_cycle")), values=values, raw=arm)
+
+
+# ------------------------------------------------------------------ the analysis
+def explain(source: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, target_tok_s: float | None = None,
+            roofline: RooflineInputs | None = None, baseline: str | None = None) -> Explanation:
+    """Analyse a run record's manifest (or its list of arms); see the module docstring for the sections.
+
+    ``target_tok_s``: the throughput to reach (default 1.5x the baseline). ``roofline``: GPU and model
+    figures (default: read from the manifest's ``host.gpu_key``, ``host.gpu_count`` and ``model_info``).
+    ``baseline``: the name of the baseline arm (default: the first completed arm with method "none").
+    """
+    manifest: Mapping[str, Any] = source if isinstance(source, Mapping) else {}
+    raw_arms = manifest.get("arms") if manifest else source
+    problems: list[str] = []
+    if not isinstance(raw_arms, Sequence) or isinstance(raw_arms, str | bytes):
+        problems.append("The record has no list of arms: nothing to analyse.")
+        raw_arms = []
+    raw_arms = [a for a in raw_arms if isinstance(a, Mapping)]
+    if manifest.get("status") == "failed":
+        problems.append(f"The run **failed**: {manifest.get('reason') or 'no reason recorded'}.")
+    elif manifest.get("status") == "running":
+        problems.append("The run is still marked **running** (interrupted?): its arms may be incomplete.")
+    if not raw_arms:
+        problems.append("No arm was recorded.")
+    arms = [_view(a, problems) for a in raw_arms]
+    sessions = list(dict.fromkeys(str(a["session"]) for a in raw_arms if a.get("session") is not None))
+    if len(sessions) > 1:
+        problems.append(f"The arms come from {len(sessions)} sessions ({', '.join(sessions)}): judging them against "
+                        "one baseline mixes server starts and system states; analyse each session on its own.")
+    for a in arms:
+        if not a.ok:
+            problems.append(f"Arm **{a.name}** did not complete (status {a.raw.get('status')!r}): "
+                            f"{a.raw.get('reason') or 'no reason recorded'}.")
+        elif not _is_base(a.raw):
+            steps = a.raw.get("verify_steps")
+            if steps is not None and _pos(steps) is None:
+                problems.append(f"Arm **{a.name}** recorded {steps} verify steps: no speculative cycle was measured, "
+                                "so its cycle time and accept length are undefined.")
+            elif a.cycle_ms is None:
+                problems.append(f"Arm **{a.name}** has no cycle time: break-even cannot be computed for it.")
+            if a.tok_s is None:
+                problems.append(f"Arm **{a.name}** has no throughput (tok/s).")
+    if roofline is None and manifest:
+        roofline = RooflineInputs.from_manifest(manifest)
+    base = _pick_baseline(arms, baseline, problems)
+    base_ms = None
+    if base is not None:
+        base_ms = base.ms_per_token or analysis.ms_per_token(base.tok_s)  # type: ignore[arg-type]
+    spec = [a for a in arms if a.ok and not _is_base(a.raw)]
+    numbers: dict[str, Any] = {"baseline_tok_s": base.tok_s if base else None, "baseline_ms_per_token": base_ms}
+    target = _pos(target_tok_s)
+    if target_tok_s is not None and target is None:
+        problems.append(f"target_tok_s={target_tok_s!r} is not a positive number: the default target is used.")
+    if target is None and base is not None:
+        target = round(DEFAULT_TARGET_FACTOR * base.tok_s, 1)  # type: ignore[operator]
+    numbers["target_tok_s"] = target
+    models = _fit_models(spec, problems)
+    sections = [_break_even_section(base, base_ms, spec, target, numbers),
+                _model_section(models, spec, base, numbers),
+                _needed_section(models, spec, base, target, numbers),
+                _roofline_section(roofline, base, numbers)]
+    sections.insert(0, _input_section(arms, problems, base))  # after the others: their problems included
+    return Explanation(sections=sections, problems=problems, numbers=numbers)
+
+
+def _pick_baseline(arms: list[_Arm], name: str | None, problems: list[str]) -> _Arm | None:
+    cands = [a for a in arms if a.ok and _is_base(a.raw) and a.tok_s]
+    if name is not None:
+        hit = [a for a in cands if a.name == name]
+        if not hit:
+            problems.append(f"No completed baseline arm named {name!r} (completed baselines: "
+                            f"{', '.join(a.name for a in cands) or 'none'}).")
+            return None
+        return hit[0]
+    if not cands:
+        problems.append("No baseline arm (method none) completed with a throughput: break-even, speed-up and the "
+                        "acceptance needed cannot be computed; re-run the baseline in the same session.")
+        return None
+    if len(cands) > 1:
+        problems.append(f"{len(cands)} baseline arms completed ({', '.join(a.name for a in cands)}); "
+                        f"the first, **{cands[0].name}**, is the reference.")
+    return cands[0]
+
+
+def _input_section(arms: list[_Arm], problems: list[str], base: _Arm | None) -> Section:
+    n_ok = sum(a.ok for a in arms)
+    head = f"{len(arms)} arm(s) recorded, {n_ok} completed"
+    head += f"; baseline: **{base.name}** at {_f(base.tok_s, 1)} tok/s." if base else "; no usable baseline."
+    if not problems:
+        return Section("Input check", head + " No problem found in the record.")
+    return Section("Input check", head + "\n\n" + "\n".join(f"- {p}" for p in dict.fromkeys(problems)))
+
+
+def _verdict(a: _Arm, base: _Arm) -> str:
+    """The record's own verdict (the trial's, over its starts) when it has one, else a bootstrap over requests."""
+    if a.raw.get("verdict"):
+        return str(a.raw["verdict"])
+    if len(a.values) < 2 or len(base.values) < 2:
+        return "single value: no spread"
+    try:
+        return analysis.compare_arms(a.values, base.values, seed=0).verdict
+    except SpectrialError as exc:  # pragma: no cover - inputs are filtered above
+        return f"n/a ({exc})"
+
+
+def _break_even_section(base: _Arm | None, base_ms: float | None, spec: list[_Arm], target: float | None,
+                        numbers: dict[str, Any]) -> Section:
+    title = "Break-even"
+    if not spec:
+        return Section(title, "No speculative arm completed: there is nothing to weigh against the baseline.")
+    if base is None or base_ms is None:
+        return Section(title, "Without a baseline the cost of a cycle cannot be expressed in baseline tokens.")
+    rows, lines = [], []
+    for a in spec:
+        be = analysis.break_even_accept_len(a.cycle_ms, base_ms) if a.cycle_ms else None
+        pays = None if be is None or a.accept_len is None else a.accept_len > be
+        rows.append({"arm": a.name, "method": a.method, "k": a.k, "tok_s": _r(a.tok_s, 2),
+                     "speedup": _r(a.tok_s / base.tok_s, 3) if a.tok_s else None,  # type: ignore[operator]
+                     "cycle_ms": _r(a.cycle_ms, 3), "break_even_accept_len": _r(be, 3),
+                     "accept_len": _r(a.accept_len, 3),
+                     "margin": _r(a.accept_len - be, 3) if pays is not None else None,  # type: ignore[operator]
+                     "pays": {True: "yes", False: "no", None: "unknown"}[pays], "verdict": _verdict(a, base)})
+        if be is None:
+            lines.append(f"- **{a.name}**: no cycle time, so its break-even is unknown.")
+            continue
+        costs = "costs at least" if a.cycle_is_bound else "costs"
+        txt = (f"- **{a.name}** ({a.method}, k={a.k}): a cycle {costs} {_f(a.cycle_ms)} ms, the time of "
+               f"**{_f(be)}** baseline tokens")
+        if a.accept_len is not None:
+            word = "pays" if pays else "does not pay"
+            txt += f"; it commits {_f(a.accept_len)} tokens per cycle, so speculation **{word}**"
+        if a.tok_s is not None:
+            txt += f" ({_f(a.tok_s, 1)} tok/s, {_f(a.tok_s / base.tok_s)}x the baseline)"  # type: ignore[operator]
+        lines.append(txt + ".")
+    numbers["break_even"] = {r["arm"]: r["break_even_accept_len"] for r in rows}
+    text = (f"The baseline takes {_f(base_ms, 3)} ms per token ({_f(base.tok_s, 1)} tok/s). A speculative cycle "
+            "pays only when it commits more tokens than the baseline decodes in the same time: break-even "
+            "accept length = cycle time / baseline time per token.\n\n" + "\n".join(lines))
+    return Section(title, text, pd.DataFrame(rows), _wall_figure(base, spec, target))
+
+
+def _wall_figure(base: _Arm, spec: list[_Arm], target: float | None) -> go.Figure:
+    fig = go.Figure()
+    kmax = max([a.k or 1 for a in spec] + [1])
+    for a in spec:
+        if not a.cycle_ms:
+            continue
+        top = (a.k or kmax) + 1
+        taus = [1 + i * (top - 1) / 20 for i in range(21)]
+        fig.add_scatter(x=[_r(t) for t in taus], y=[_r(t / a.cycle_ms * 1000) for t in taus], mode="lines",
+                        name=f"{a.name}: cycle {a.cycle_ms:.2f} ms")
+        if a.accept_len is not None:
+            fig.add_scatter(x=[_r(a.accept_len)], y=[_r(a.accept_len / a.cycle_ms * 1000)], mode="markers",
+                            marker={"size": 11}, name=f"{a.name}: measured accept length", showlegend=False)
+    fig.add_hline(y=_r(base.tok_s), line_dash="dash", line_color="#555",
+                  annotation_text=f"baseline {base.tok_s:.1f} tok/s")
+    if target and target != base.tok_s:
+        fig.add_hline(y=_r(target), line_dash="dot", line_color="#d62728", annotation_text=f"target {target:g} tok/s")
+    fig.update_layout(title="Throughput a cycle can give at each accept length (tau / cycle time)",
+                      xaxis_title="accept length (tokens committed per cycle)", yaxis_title="tokens / s",
+                      template="plotly_white", height=420)
+    return fig
+
+
+@dataclass
+class _Fit:
+    method: str
+    model: analysis.CycleModel
+    arms: list[_Arm]
+
+
+def _fit_models(spec: list[_Arm], problems: list[str]) -> list[_Fit]:
+    fits: list[_Fit] = []
+    for method in dict.fromkeys(a.condition for a in spec):
+        pts = [a for a in spec if a.condition == method and a.k is not None and a.cycle_ms and not a.cycle_is_bound]
+        if len({a.k for a in pts}) < 2:
+            continue
+        split = all(a.draft_ms is not None and a.draft_ms <= a.cycle_ms for a in pts)  # type: ignore[operator]
+        data = [(a.k, a.cycle_ms, a.draft_ms) if split else (a.k, a.cycle_ms) for a in pts]
+        try:
+            fits.append(_Fit(method, analysis.fit_cycle_model(data), pts))  # type: ignore[arg-type]
+        except ConfigError as exc:
+            problems.append(f"The cycle model of method {method} could not be fitted: {exc}")
+    return fits
+
+
+def _model_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, numbers: dict[str, Any]) -> Section:
+    title = "Cycle-cost model"
+    if not fits:
+        ks = sorted({a.k for a in spec if a.k is not None and a.cycle_ms})
+        why = (f"only depth k={ks[0]} was measured" if len(ks) == 1 else
+               "no method was measured at two depths under the same conditions" if ks else
+               "no arm has a cycle time and a depth")
+        return Section(title, f"Not fitted: {why}. The model cycle_ms = fixed + per_draft x k needs one method "
+                              "measured at two or more depths (e.g. steps 1, 2, 4) under the same conditions (and cycle "
+                              "times that are not just lower bounds); the next section therefore uses "
+                              "each arm's measured cycle.")
+    rows, lines = [], []
+    for f in fits:
+        m = f.model
+        exact = len(f.arms) == 2
+        lines.append(f"- **{f.method}**: cycle = {m.fixed_ms:.2f} ms + {m.per_draft_ms:.3f} ms x k (fitted on "
+                     f"k = {', '.join(str(k) for k in sorted({a.k for a in f.arms}))}"  # type: ignore[type-var]
+                     + (f", {len(f.arms)} arms" if len(f.arms) > len({a.k for a in f.arms}) else "")
+                     + ("; two points: the line passes through both, so they cannot test it" if exact else
+                        f"; R^2 {m.r2:.3f}" if not math.isnan(m.r2) else "") + ")")
+        if m.fixed_ms <= 0 or m.per_draft_ms < 0:
+            lines.append(f"  - **implausible fit** (a {'negative fixed cost' if m.fixed_ms <= 0 else 'cycle that shrinks with k'}"
+                         "): the arms are too noisy or were measured under different conditions; repeat them "
+                         "(more requests, several starts) before trusting its predictions")
+        if m.has_split:
+            lines.append(f"  - drafting: {m.draft_fixed_ms:.2f} + {m.draft_per_token_ms:.3f} x k ms; verify and "
+                         f"overhead: {m.verify_fixed_ms:.2f} + {m.verify_per_token_ms:.3f} x k ms")
+        if base is not None:
+            base_ms = base.ms_per_token or 1000.0 / base.tok_s  # type: ignore[operator]
+            lines.append(f"  - the fixed part alone is {m.fixed_ms / base_ms:.2f} baseline tokens: the cost of "
+                         "verifying before anything is drafted")
+        have = [a for a in f.arms if a.alpha is not None and a.tok_s is not None]
+        pred = analysis.prediction_errors(m, pd.DataFrame({"k": [a.k for a in have], "alpha": [a.alpha for a in have],
+                                                           "tok_s": [a.tok_s for a in have]})) if have else None
+        for i, a in enumerate(f.arms):
+            j = have.index(a) if a in have else None
+            rows.append({"method": f.method, "arm": a.name, "k": a.k, "cycle_ms": _r(a.cycle_ms, 3),
+                         "fitted_cycle_ms": _r(m.cycle_ms(a.k), 3), "residual_ms": _r(m.residuals_ms[i], 3),
+                         "alpha": _r(a.alpha, 3), "tok_s": _r(a.tok_s, 2),
+                         "predicted_tok_s": _r(pred["predicted_tok_s"].iloc[j], 2) if j is not None else None,
+                         "rel_error": _r(pred["rel_error"].iloc[j], 4) if j is not None else None})
+        numbers.setdefault("models", {})[f.method] = {"fixed_ms": m.fixed_ms, "per_draft_ms": m.per_draft_ms}
+    table = pd.DataFrame(rows)
+    errs = table["rel_error"].dropna().abs()
+    if len(errs):
+        lines.append(f"\nOn the arms it was fitted on, the model's throughput (tau(alpha, k) / cycle) is off by "
+                     f"{errs.median() * 100:.1f} % (median), {errs.max() * 100:.1f} % at worst.")
+    return Section(title, "\n".join(lines), table, _model_figure(fits, base))
+
+
+def _model_figure(fits: list[_Fit], base: _Arm | None) -> go.Figure:
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("cycle time vs depth", "predicted throughput vs depth"))
+    for f in fits:
+        kmax = max(MAX_MODEL_K, max(a.k for a in f.arms))  # type: ignore[type-var]
+        ks = [k for k in range(1, kmax + 1) if f.model.fixed_ms + f.model.per_draft_ms * k > 0]
+        fig.add_scatter(x=[a.k for a in f.arms], y=[_r(a.cycle_ms) for a in f.arms], mode="markers",
+                        marker={"size": 10}, name=f"{f.method}: measured cycle", row=1, col=1)
+        fig.add_scatter(x=ks, y=[_r(f.model.cycle_ms(k)) for k in ks], mode="lines", name=f"{f.method}: fitted",
+                        row=1, col=1)
+        alphas = sorted({round(a.alpha, 2) for a in f.arms if a.alpha is not None} | {0.6, 0.8, 0.9})
+        for al in alphas:
+            fig.add_scatter(x=ks, y=[_r(f.model.throughput(al, k)) for k in ks], mode="lines",
+                            name=f"{f.method}: alpha {al:.2f}", row=1, col=2)
+        have = [a for a in f.arms if a.tok_s is not None]
+        fig.add_scatter(x=[a.k for a in have], y=[_r(a.tok_s) for a in have], mode="markers",
+                        marker={"size": 10, "symbol": "x"}, name=f"{f.method}: measured tok/s", row=1, col=2)
+    if base is not None:
+        fig.add_hline(y=_r(base.tok_s), line_dash="dash", line_color="#555", row=1, col=2,
+                      annotation_text="baseline")
+    fig.update_xaxes(title_text="k (drafted tokens per cycle)")
+    fig.update_yaxes(title_text="ms", row=1, col=1)
+    fig.update_yaxes(title_text="tokens / s", row=1, col=2)
+    fig.update_layout(title="Fitted cycle-cost model", template="plotly_white", height=440)
+    return fig
+
+
+def _constant_model(cycle_ms: float, k: int) -> analysis.CycleModel:
+    """A cycle model that only knows one measured arm: the same cycle at every k (used at that k only)."""
+    return analysis.CycleModel(fixed_ms=cycle_ms, per_draft_ms=0.0, ks=(float(k),), cycle_ms_measured=(cycle_ms,),
+                               residuals_ms=(0.0,), r2=math.nan)
+
+
+def _needed_rows(fits: list[_Fit], spec: list[_Arm], targets: list[tuple[str, float]]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    plan: list[tuple[str, str, int, analysis.CycleModel]] = []
+    for f in fits:
+        kmax = max(MAX_MODEL_K, max(a.k for a in f.arms))  # type: ignore[type-var]
+        plan += [(f.method, "fitted model", k, f.model) for k in range(1, kmax + 1)
+                 if f.model.fixed_ms + f.model.per_draft_ms * k > 0]
+    fitted = {f.method for f in fits}
+    plan += [(a.name, "cycle lower bound" if a.cycle_is_bound else "measured cycle", a.k,
+              _constant_model(a.cycle_ms, a.k)) for a in spec  # type: ignore[arg-type]
+             if a.condition not in fitted and a.k is not None and a.cycle_ms]
+    for who, basis, k, model in plan:
+        cyc = model.cycle_ms(k)
+        row: dict[str, Any] = {"source": who, "basis": basis, "k": k, "cycle_ms": _r(cyc, 3),
+                               "max_tok_s": _r((k + 1) / cyc * 1000, 1)}
+        for label, tok_s in targets:
+            row[f"accept_len_{label}"] = _r(tok_s * cyc / 1000, 3)
+            row[f"alpha_{label}"] = _r(model.alpha_for(tok_s, k), 4)
+        rows.append(row)
+    return rows
+
+
+def _needed_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, target: float | None,
+                    numbers: dict[str, Any]) -> Section:
+    title = "Acceptance needed"
+    targets: list[tuple[str, float]] = []
+    if base is not None:
+        targets.append(("break_even", base.tok_s))  # type: ignore[arg-type]
+    if target is not None and (base is None or target != base.tok_s):
+        targets.append((f"{target:g}_tok_s", target))
+    if not targets:
+        return Section(title, "No baseline and no target throughput: nothing to aim at.")
+    rows = _needed_rows(fits, spec, targets)
+    if not rows:
+        return Section(title, "No speculative arm has a cycle time and a depth: the acceptance needed is unknown.")
+    table = pd.DataFrame(rows)
+    names = " and ".join(f"{t:g} tok/s ({'the baseline' if lbl == 'break_even' else 'target'})" for lbl, t in targets)
+    lines = [f"Per-token acceptance alpha needed to reach {names} at each depth k, from tau = (1 - alpha^(k+1)) / "
+             "(1 - alpha) = target x cycle time (empty: unreachable even at alpha = 1; max_tok_s is the ceiling "
+             "at alpha = 1)."]
+    lbl, tok_s = targets[-1]
+    col = f"alpha_{lbl}"
+    reach = table.dropna(subset=[col])
+    if len(reach):
+        best = reach.loc[reach[col].idxmin()]
+        lines.append(f"\nThe least acceptance reaching **{tok_s:g} tok/s** among the depths considered "
+                     f"(fitted models: k = 1 to {MAX_MODEL_K}) is alpha = **{best[col]:.3f}** at k={best['k']} "
+                     f"({best['source']}, {best['basis']}, cycle {best['cycle_ms']:.2f} ms).")
+        numbers["min_alpha_for_target"] = float(best[col])
+    else:
+        lines.append(f"\n**{tok_s:g} tok/s is out of reach at every depth considered**: even a draft that is always "
+                     "accepted cannot commit enough tokens per cycle at these cycle costs.")
+        numbers["min_alpha_for_target"] = None
+    measured = [a for a in spec if a.alpha is not None and a.k is not None]
+    if measured:
+        lines.append("Measured: " + "; ".join(f"{a.name} alpha = {a.alpha:.3f}"
+                                              + (" (synthetic)" if a.synthetic else " (from its accept length)")
+                                              for a in measured) + ".")
+    return Section(title, "\n".join(lines), table, _needed_figure(table, targets))
+
+
+def _needed_figure(table: pd.DataFrame, targets: list[tuple[str, float]]) -> go.Figure:
+    fig = go.Figure()
+    for src, g in table.groupby("source", sort=False):
+        for lbl, tok_s in targets:
+            col = f"alpha_{lbl}"
+            gg = g.dropna(subset=[col])
+            if len(gg):
+                fig.add_scatter(x=gg["k"].tolist(), y=gg[col].tolist(), mode="lines+markers",
+                                name=f"{src}: {tok_s:g} tok/s")
+    fig.update_layout(title="Per-token acceptance needed at each depth", xaxis_title="k (drafted tokens per cycle)",
+                      yaxis_title="alpha needed", yaxis_range=[0, 1.02], template="plotly_white", height=420)
+    return fig
+
+
+def _roofline_section(inp: RooflineInputs | None, base: _Arm | None, numbers: dict[str, Any]) -> Section:
+    title = "Roofline"
+    if inp is None:
+        return Section(title, "Not computed: the record names no GPU model and model size (pass "
+                              "`roofline=RooflineInputs(gpu=..., n_gpus=..., params_b=..., bits_per_weight=...)`).")
+    try:
+        spec = analysis.load_hardware()[inp.gpu]
+    except KeyError:
+        return Section(title, f"Not computed: GPU {inp.gpu!r} is not in params/hardware.yaml "
+                              f"(known: {', '.join(sorted(analysis.load_hardware()))}).")
+    except ConfigError as exc:
+        return Section(title, f"Not computed: {exc}")
+    try:
+        wb = analysis.weight_bytes(inp.params_b, inp.bits_per_weight, inp.active_params_b)
+        bw = spec.bandwidth_gb_s * inp.n_gpus
+        roof = analysis.decode_roofline_tok_s(wb, bw)
+    except ConfigError as exc:
+        return Section(title, f"Not computed: {exc}")
+    numbers["roofline_tok_s"] = roof
+    active = f"{inp.active_params_b:g}B active of {inp.params_b:g}B" if inp.active_params_b else f"{inp.params_b:g}B"
+    text = (f"{inp.n_gpus} x {spec.name} ({spec.bandwidth_gb_s:g} GB/s each, {bw:g} GB/s together); {active} "
+            f"parameters at {inp.bits_per_weight:g} bits = {wb / 1e9:.1f} GB read per token. Batch-1 decode "
+            f"cannot beat {roof:.0f} tok/s ({1000 / roof:.2f} ms per token).")
+    rows = [{"quantity": "roofline tok/s", "value": _r(roof, 1)},
+            {"quantity": "roofline ms/token", "value": _r(1000 / roof, 3)}]
+    if base is not None:
+        util = analysis.bandwidth_utilisation(base.tok_s, wb, bw)  # type: ignore[arg-type]
+        numbers["baseline_roofline_fraction"] = util
+        text += (f" The baseline's {base.tok_s:.1f} tok/s is **{util * 100:.1f} %** of that: each decode step "
+                 f"takes {1 / util:.1f}x its memory-traffic floor")
+        text += (", so something other than weight reads (communication, launch latency) sets its pace, and a "
+                 "verify pass pays the same fixed costs again." if util < 0.5 else ".")
+        rows.append({"quantity": "baseline fraction of roofline", "value": _r(util, 4)})
+    return Section(title, text, pd.DataFrame(rows))

@@ -1,0 +1,209 @@
+"""``spectrial report RUN_DIR``: one self-contained ``report.html`` per run record, readable offline.
+
+The report is the run's executed notebook (``manifest["notebook"]``) converted with nbconvert's
+``HTMLExporter`` (lab template, code hidden by default); a run without one (a CLI trial, the case
+record) gets a notebook built from its manifest: a header, the arms table and the analysis sections
+of :func:`spectrial.explain.explain`.
+
+Offline by construction: plotly.js (``plotly.offline.get_plotlyjs()``) is inlined once in the page head,
+every figure output (mimetype ``application/vnd.plotly.v1+json``) becomes a ``<div>`` drawn by
+``Plotly.newPlot`` from its JSON (figures of plotly's HTML renderers keep their own call), plotly's
+bootstrap outputs (require.js, CDN loaders) are dropped, external ``<script src>`` tags in HTML outputs
+are removed, and the template's MathJax, require.js and mermaid loaders are left out. No ``<script src=...>``
+remains (checked before writing). The manifest gains ``"report": "report.html"`` and the file is added
+to its ``files``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+from spectrial.errors import ConfigError
+from spectrial.records import dump_json, list_runs, load_manifest
+
+__all__ = ["REPORT_NAME", "build_notebook", "latest_run", "prepare_notebook", "render_html", "write_report"]
+
+REPORT_NAME = "report.html"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+_SCRIPT_SRC = re.compile(r"<script\b[^>]*\bsrc\s*=", re.IGNORECASE)
+_EXTERNAL_SCRIPT = re.compile(r"<script\b[^>]*\bsrc\s*=[^>]*>\s*</script>"
+                              r"|<script\b[^>]*>\s*import\s+[\"']https?:[^<]*</script>", re.IGNORECASE)
+_PROGRESS = re.compile(r"\d+%\||\[\d+:\d+(?::\d+)?(?:<[\d:?]+)?,\s*[^\]]*?/s")  # tqdm bars: "42%|", "[00:01, 3.2it/s"
+_PLOTLY_LOADER = re.compile(r"cdn\.plot\.ly|window\.PlotlyConfig|require\.config|requirejs", re.IGNORECASE)
+_ARM_COLUMNS = ["arm", "config", "status", "reason", "nccl_env", "tok_s", "tok_s_min", "tok_s_max", "n_values",
+                "ms_per_token", "accept_len", "accept_rate", "cycle_ms", "verify_ms", "draft_ms_per_cycle",
+                "break_even_accept_len", "speedup", "derived"]
+_TEMPLATE_NAME = "spectrial_report.html.j2"
+_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js -%}
+<script type="text/javascript">{{ resources.spectrial_plotly_js }}</script>
+{%- endblock html_head_js -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block extra_css -%}
+<style type="text/css">.spectrial-plotly { width: 100%; min-height: 320px; }</style>
+{%- endblock extra_css -%}
+"""
+
+
+def _figure_html(fig: dict[str, Any], div_id: str) -> str:
+    spec = json.dumps({"data": fig.get("data", []), "layout": fig.get("layout", {}),
+                       "config": fig.get("config") or {}}, separators=(",", ":")).replace("</", "<\\/")
+    height = (fig.get("layout") or {}).get("height") or 450
+    return (f'<div id="{div_id}" class="spectrial-plotly" style="height:{int(height)}px"></div>\n'
+            f'<script type="text/javascript">(function () {{ var f = {spec};\n'
+            f'Plotly.newPlot("{div_id}", f.data, f.layout, Object.assign({{responsive: true, displaylogo: false}}, '
+            'f.config)); })();</script>')
+
+
+def prepare_notebook(nb: Any) -> Any:
+    """A copy of an executed notebook ready for offline HTML: figure outputs drawn by the inlined
+    plotly.js (``Plotly.newPlot`` from their JSON; figures of plotly's HTML renderers keep their own
+    ``Plotly.newPlot`` call), plotly's bootstrap outputs and every external ``<script src>`` removed,
+    progress bars dropped from stderr (its other lines, warnings included, are kept)."""
+    nb = copy.deepcopy(nb)
+    n = 0
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                lines = [ln for ln in re.split(r"[\r\n]+", str(out.get("text", ""))) if ln.strip() and not _PROGRESS.search(ln)]
+                if lines:
+                    out["text"] = "\n".join(lines) + "\n"
+                    kept.append(out)
+                continue
+            data = out.get("data") or {}
+            if PLOTLY_MIME in data:
+                n += 1
+                fig = data[PLOTLY_MIME]
+                title = ((fig.get("layout") or {}).get("title") or {})
+                title_text = title.get("text") if isinstance(title, dict) else str(title)
+                out["data"] = {"text/html": _figure_html(fig, f"spectrial-figure-{n}"),
+                               "text/plain": f"<plotly figure: {title_text or n}>"}
+                kept.append(out)
+            elif "Plotly.newPlot" in str(data.get("text/html", "")):
+                # a figure from plotly's HTML renderers: drawn by the inlined plotly.js once its loaders are gone
+                data["text/html"] = _EXTERNAL_SCRIPT.sub("", str(data["text/html"]))
+                kept.append(out)
+            elif any(_PLOTLY_LOADER.search(str(data.get(k, ""))) for k in ("text/html", "application/javascript")):
+                continue  # plotly's notebook-renderer bootstrap: needs require.js or a CDN
+            else:
+                if "text/html" in data:
+                    data["text/html"] = _EXTERNAL_SCRIPT.sub("", str(data["text/html"]))
+                kept.append(out)
+        cell["outputs"] = kept
+    return nb
+
+
+def render_html(nb: Any, title: str, show_code: bool = False) -> str:
+    """HTML of a (prepared) notebook with plotly.js inlined; raises ConfigError if any external script remains."""
+    from jinja2 import DictLoader
+    from nbconvert import HTMLExporter
+    from plotly.offline import get_plotlyjs
+
+    exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({_TEMPLATE_NAME: _TEMPLATE})],
+                            template_file=_TEMPLATE_NAME, exclude_input=not show_code,
+                            exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(prepare_notebook(nb), resources={
+        "metadata": {"name": title}, "spectrial_plotly_js": get_plotlyjs()})
+    if _SCRIPT_SRC.search(body):
+        bad = _SCRIPT_SRC.search(body)
+        raise ConfigError(f"report would load an external script near {body[bad.start():bad.start() + 120]!r}: "  # type: ignore[union-attr]
+                          "remove the output that carries it")
+    return body
+
+
+def build_notebook(manifest: dict[str, Any]) -> Any:
+    """A notebook with outputs built from a manifest: header, arms table, the explain sections."""
+    import nbformat.v4 as nbf
+    import pandas as pd
+
+    from spectrial.explain import explain
+    from spectrial.history import fill_derived, record_rows
+
+    host, engine = manifest.get("host") or {}, manifest.get("engine") or {}
+    head = [f"# Run `{manifest.get('run_id')}`: {manifest.get('name')}", "",
+            f"- kind: {manifest.get('kind')}; status: **{manifest.get('status')}**"
+            + (f" ({manifest['reason']})" if manifest.get("reason") else ""),
+            f"- host: {host.get('name', 'n/a')}; engine: {engine.get('name', 'n/a')} {engine.get('version') or ''}",
+            f"- started: {manifest.get('started_at') or 'not recorded'}; finished: "
+            f"{manifest.get('finished_at') or 'not recorded'}"]
+    if manifest.get("description"):
+        head += ["", str(manifest["description"])]
+    cells = [nbf.new_markdown_cell("\n".join(head))]
+    arms = [fill_derived(a) if a.get("status") == "ok" else a for a in manifest.get("arms") or []
+            if isinstance(a, dict)]
+    if arms:
+        rows, _ = record_rows(manifest, str(manifest.get("run_id")))
+        table = pd.DataFrame(rows)[[c for c in _ARM_COLUMNS if c in rows[0]]].dropna(axis=1, how="all").round(3)
+        cells.append(nbf.new_markdown_cell("## Arms"))
+        cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
+            "display_data", data={"text/html": table.to_html(index=False, na_rep="—"),
+                                  "text/plain": table.to_string(index=False)})]))
+    sessions = list(dict.fromkeys(a["session"] for a in arms if a.get("session") is not None))
+    if len(sessions) > 1:
+        for session in sessions:
+            cells.append(nbf.new_markdown_cell(f"## Analysis: session {session}"))
+            cells += explain({**manifest, "arms": [a for a in arms if a.get("session") == session]}).cells()
+    else:
+        cells.append(nbf.new_markdown_cell("## Analysis"))
+        cells += explain({**manifest, "arms": arms}).cells()
+    nb = nbf.new_notebook(cells=cells)
+    nb.metadata["title"] = f"spectrial report: {manifest.get('run_id')}"
+    return nb
+
+
+def latest_run(output_dir: str | Path = "outputs") -> Path:
+    """The most recently started run under ``output_dir`` (by the manifest's ``started_at``; records
+    without one, such as the case record, never count as newest)."""
+    runs = list_runs(output_dir)
+    if not runs:
+        raise ConfigError(f"no run record (manifest.json) under {output_dir}: run a trial first")
+
+    def started(run: Path) -> str:
+        try:
+            return str(load_manifest(run).get("started_at") or "")
+        except ValueError:
+            return ""
+
+    return max(runs, key=lambda r: (started(r), r.name))
+
+
+def write_report(run_dir: str | Path, *, show_code: bool = False) -> Path:
+    """Write ``RUN_DIR/report.html`` (from the executed notebook, else from the manifest) and link it
+    from the manifest (``"report": "report.html"``); returns the report's path."""
+    run = Path(run_dir).expanduser()
+    if not (run / "manifest.json").is_file():
+        raise ConfigError(f"RUN_DIR {run} holds no manifest.json: pass a run folder, e.g. outputs/<run-id>")
+    try:
+        manifest = load_manifest(run)
+    except ValueError as exc:
+        raise ConfigError(f"{run / 'manifest.json'} is not valid JSON: {exc}") from exc
+    nb_name = manifest.get("notebook")
+    nb_path = run / nb_name if nb_name else None
+    if nb_path is not None and nb_path.is_file():
+        nb = nbformat.read(nb_path, as_version=4)
+        nb.metadata["title"] = f"spectrial report: {manifest.get('run_id')}"
+        source = nb_path.name
+    else:
+        nb, source = build_notebook(manifest), "manifest"
+    body = render_html(nb, title=f"spectrial report: {manifest.get('run_id')}", show_code=show_code)
+    out = run / REPORT_NAME
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(body, encoding="utf-8")
+    tmp.replace(out)
+    manifest["report"] = REPORT_NAME
+    manifest["report_source"] = source
+    if REPORT_NAME not in manifest.setdefault("files", []):
+        manifest["files"].append(REPORT_NAME)
+    dump_json(run / "manifest.json", manifest)
+    return out

@@ -1,0 +1,66 @@
+"""Pure analysis of speculative-decoding trials: closed-form relations, a fitted cycle-cost model,
+the decode roofline, and the statistics that say whether an arm is faster than its baseline."""
+
+from spectrial.analysis.costmodel import CycleModel, fit_cycle_model, prediction_errors
+from spectrial.analysis.formulas import (
+    accept_len_from_counts,
+    break_even_accept_len,
+    cycle_ms_from,
+    expected_accept_len,
+    ms_per_token,
+    required_alpha,
+    spec_throughput,
+    speedup,
+)
+from spectrial.analysis.roofline import (
+    DEFAULT_HARDWARE_PATH,
+    GpuSpec,
+    bandwidth_utilisation,
+    decode_roofline_tok_s,
+    kv_cache_bytes,
+    load_hardware,
+    weight_bytes,
+)
+from spectrial.analysis.stats import (
+    Comparison,
+    ConfidenceInterval,
+    TwoLevelSpread,
+    Verdict,
+    bootstrap_ci,
+    bootstrap_ci_two_level,
+    bootstrap_ratio_ci,
+    compare_arms,
+    summarize,
+    two_level_spread,
+)
+
+__all__ = [
+    "DEFAULT_HARDWARE_PATH",
+    "Comparison",
+    "ConfidenceInterval",
+    "CycleModel",
+    "GpuSpec",
+    "TwoLevelSpread",
+    "Verdict",
+    "accept_len_from_counts",
+    "bandwidth_utilisation",
+    "bootstrap_ci",
+    "bootstrap_ci_two_level",
+    "bootstrap_ratio_ci",
+    "break_even_accept_len",
+    "compare_arms",
+    "cycle_ms_from",
+    "decode_roofline_tok_s",
+    "expected_accept_len",
+    "fit_cycle_model",
+    "kv_cache_bytes",
+    "load_hardware",
+    "ms_per_token",
+    "prediction_errors",
+    "required_alpha",
+    "spec_throughput",
+    "speedup",
+    "summarize",
+    "two_level_spread",
+    "weight_bytes",
+]

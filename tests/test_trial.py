@@ -54,7 +54,7 @@ def test_cli_trial_writes_complete_record(tiny_params, write_params, tmp_path):
     assert steps.index("launch:baseline") < steps.index("benchmark:baseline") < steps.index("stop:baseline") \
         < steps.index("launch:draft")
     assert all(s["ok"] for s in m["steps"])
-    assert (run / "requests.csv").is_file() and (run / "logs" / "draft.log").is_file()
+    assert (run / "requests.csv").is_file() and (run / "logs" / "llama-server-draft.log").is_file()
     assert "baseline" in res.stdout and "manifest.json" in res.stdout
     assert not LocalHost().port_holders(tiny_params["port"])
 

@@ -10,13 +10,11 @@ worker is invisible there yet still reaches NCCL, which reads its variables when
 
 `nccl_evidence(log_text, requested)` turns those lines into one record per process (pid, device, ranks,
 variables as NCCL reported them, channel counts) and checks each requested `NCCL_*` variable on every rank.
-Rows come from `spectrial.logs.parse` (engine "nccl": kinds env/init/channels) when that package is
-importable, else from this module's own line parser with the same column names.
+Rows come from `spectrial.logs.parse` (engine "nccl": kinds env/init/channels), the one NCCL line parser.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,65 +23,19 @@ NCCL_ENV_PREFIX = "NCCL_"
 DEBUG_VARS = frozenset({"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"})
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
 
-_PREFIX_RE = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*)$")
-_ENV_RE = re.compile(r"^(?P<variable>NCCL_\w+) set by environment to (?P<value>.*?)\s*$")
-_COMM_RE = re.compile(r"^comm 0x[0-9a-fA-F]+ rank (?P<rank>\d+) n[Rr]anks (?P<nranks>\d+)"
-                      r"(?: nNodes (?P<nnodes>\d+))?")
-_CHANNELS_RE = re.compile(r"^(?P<coll>\d+) coll channels,(?: (?P<collnet>\d+) collnet channels,)?"
-                          r"(?: (?P<nvls>\d+) nvls channels,)? (?P<p2p>\d+) p2p channels")
-_VERSION_RE = re.compile(r"^NCCL version (?P<version>\S+)")
+def nccl_rows(text: str) -> list[dict[str, Any]]:
+    """NCCL rows of a log through spectrial's one log parser (engine "nccl": env, init, channels)."""
+    from spectrial.logs import parse
 
-
-def parse_nccl_lines(text: str) -> list[dict[str, Any]]:
-    """NCCL INFO lines as rows: kind env (variable, value), init (rank, nranks), channels, version."""
-    rows: list[dict[str, Any]] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        m = _PREFIX_RE.search(line)
-        if not m:
-            continue
-        base = {"line": n, "host": m["host"], "pid": int(m["pid"]), "device": int(m["dev"])}
-        msg = m["msg"]
-        if e := _ENV_RE.match(msg):
-            rows.append({**base, "kind": "env", "variable": e["variable"], "value": e["value"]})
-        elif c := _COMM_RE.match(msg):
-            rows.append({**base, "kind": "init", "rank": int(c["rank"]), "nranks": int(c["nranks"]),
-                         "nnodes": int(c["nnodes"]) if c["nnodes"] else None})
-        elif ch := _CHANNELS_RE.match(msg):
-            rows.append({**base, "kind": "channels", "coll_channels": int(ch["coll"]),
-                         "p2p_channels": int(ch["p2p"]),
-                         "nvls_channels": int(ch["nvls"]) if ch["nvls"] else None})
-        elif v := _VERSION_RE.match(msg):
-            rows.append({**base, "kind": "version", "version": v["version"]})
-    return rows
-
-
-def _rows_from_logs_package(text: str) -> list[dict[str, Any]] | None:
-    """Rows from `spectrial.logs.parse` when it exists and carries the NCCL columns this module needs."""
-    try:
-        from spectrial.logs import parse  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        df = parse(text)
-    except Exception:  # a parser problem must not hide the evidence: fall back to our own lines
-        return None
-    if df is None or getattr(df, "empty", True) or "kind" not in df:
-        return None
-    if "engine" in df:
-        df = df[df["engine"] == "nccl"]
-    need = {"variable", "value", "pid"}
-    if df.empty or not need <= set(df.columns):
-        return None
+    df = parse(text)
+    if df.empty or "engine" not in df:
+        return []
     out = []
-    for rec in df.to_dict("records"):
+    for rec in df[df["engine"] == "nccl"].to_dict("records"):
         rec = {k: v for k, v in rec.items() if v is not None and v == v}  # drop None/NaN
-        if "pid" not in rec:
-            continue
-        if "device" not in rec and rec.get("kind") == "env" and "rank" in rec:
-            rec["device"] = rec["rank"]  # env lines carry only the [device] bracket
-        elif "device" not in rec and "cuda_dev" in rec:
-            rec["device"] = rec["cuda_dev"]
-        out.append(rec)
+        if "pid" in rec:
+            rec["device"] = rec.get("rank")  # the [n] tag NCCL prints is the local device
+            out.append(rec)
     return out
 
 
@@ -119,11 +71,8 @@ def nccl_evidence(log_text: str, requested: Mapping[str, str]) -> dict[str, Any]
     "missing": [pids], "different": {pid: value}}}, "problems": [...]}; `ok` is None when the log holds
     no NCCL INFO lines at all (NCCL_DEBUG not on, or no communicator was created).
     """
-    rows = _rows_from_logs_package(log_text)
     source = "spectrial.logs"
-    if rows is None:
-        rows, source = parse_nccl_lines(log_text), "nccl_evidence line parser"
-    procs = summarize(rows)
+    procs = summarize(nccl_rows(log_text))
     wanted = {k: v for k, v in requested.items() if k.startswith(NCCL_ENV_PREFIX) and k not in DEBUG_VARS}
     variables: dict[str, Any] = {}
     problems: list[str] = []

@@ -144,3 +144,17 @@ def test_notebook_02_runs_against_the_standin(tmp_path, port, write_params):
     assert m["status"] == "ok" and [a["name"] for a in m["arms"]] == ["baseline", "eagle3"]
     assert all(a["status"] == "ok" for a in m["arms"])
 
+
+
+def test_native_generate_path_gives_per_request_spec_stats(tmp_path, port):
+    """client_api native: the benchmark streams SGLang's /generate and reads meta_info per request."""
+    data = standin_params(tmp_path, port, engine_config={"client_api": "native"})
+    result = run_trial(load_params(data=data), progress=False)
+    spec = result.requests[result.requests["arm"] == "eagle3"]
+    assert len(spec) == 2 and spec["error"].isna().all()
+    assert (spec["tokens"] == 32).all()
+    stat_cols = [c for c in spec.columns if "verify" in c or "accept" in c]
+    assert stat_cols and spec[stat_cols].notna().all().all(), stat_cols
+    eagle = next(a for a in result.arms if a["name"] == "eagle3")
+    assert eagle["status"] == "ok" and 1.0 < eagle["accept_len"] <= 3.0
+    no_leftovers(port, [])

@@ -53,15 +53,21 @@ def load_prompts(source: str = "bundled") -> list[dict[str, str]]:
 
 
 def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
-                      stats_fn: Callable[[dict[str, Any]], dict[str, Any]], timeout_s: float) -> dict[str, Any]:
-    """One streaming request; returns a record with timings, token count and server stats, or an error."""
+                      stats_fn: Callable[[dict[str, Any]], dict[str, Any]], timeout_s: float,
+                      path: str = "/v1/completions") -> dict[str, Any]:
+    """One streaming request; returns a record with timings, token count and server stats, or an error.
+
+    Understands OpenAI completion chunks (`choices[].text`, `usage`) and SGLang's native `/generate`
+    chunks (cumulative `text`, `meta_info.completion_tokens`)."""
     rec: dict[str, Any] = {"t_start": time.monotonic(), "error": None}
     chunks: list[float] = []
     final: dict[str, Any] = {}
     usage: dict[str, Any] = {}
     n_text = 0
+    seen_len = 0
+    max_tokens = body.get("max_tokens") or (body.get("sampling_params") or {}).get("max_new_tokens") or 0
     try:
-        with client.stream("POST", f"{base_url}/v1/completions", json=body, timeout=timeout_s) as r:
+        with client.stream("POST", f"{base_url}{path}", json=body, timeout=timeout_s) as r:
             if r.status_code != 200:
                 rec["error"] = f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:300]}"
                 return rec
@@ -76,7 +82,13 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
                 except json.JSONDecodeError:
                     continue
                 now = time.monotonic()
-                text = "".join(c.get("text") or "" for c in obj.get("choices") or [])
+                if "choices" in obj:
+                    text = "".join(c.get("text") or "" for c in obj.get("choices") or [])
+                else:  # native /generate: cumulative text
+                    full = obj.get("text") or ""
+                    text, seen_len = full[seen_len:], max(seen_len, len(full))
+                    if (obj.get("meta_info") or {}).get("completion_tokens"):
+                        usage = {"completion_tokens": obj["meta_info"]["completion_tokens"]}
                 if text:
                     chunks.append(now)
                     n_text += 1
@@ -97,15 +109,15 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
         rec["itl_ms_median"] = statistics.median(gaps) * 1000 if gaps else None
         span = chunks[-1] - chunks[0]
         rec["client_tok_s"] = (tokens - 1) / span if span > 0 and tokens > 1 else None
-    if rec["error"] is None and tokens < body.get("max_tokens", 0):
-        rec["error"] = f"short output: {tokens} of {body.get('max_tokens')} tokens"
+    if rec["error"] is None and tokens < max_tokens:
+        rec["error"] = f"short output: {tokens} of {max_tokens} tokens"
     return rec
 
 
 def run_requests(base_url: str, prompts: list[dict[str, str]], *, n: int, max_tokens: int,
                  payload: Callable[[str, int], dict[str, Any]], stats_fn: Callable[[dict[str, Any]], dict[str, Any]],
                  concurrency: int = 1, timeout_s: float = 300, seed: int = 0, phase: str = "measure",
-                 label: str = "", progress: bool = True) -> list[dict[str, Any]]:
+                 label: str = "", progress: bool = True, path: str = "/v1/completions") -> list[dict[str, Any]]:
     """Send `n` requests (prompts drawn in a seeded order), `concurrency` at a time; one record each."""
     rng = random.Random(seed)
     order = [prompts[rng.randrange(len(prompts))] for _ in range(n)]
@@ -113,7 +125,7 @@ def run_requests(base_url: str, prompts: list[dict[str, str]], *, n: int, max_to
 
     def one(i: int) -> dict[str, Any]:
         p = order[i]
-        rec = stream_completion(client, base_url, payload(p["prompt"], max_tokens), stats_fn, timeout_s)
+        rec = stream_completion(client, base_url, payload(p["prompt"], max_tokens), stats_fn, timeout_s, path)
         rec.update({"index": i, "phase": phase, "prompt_id": p["id"]})
         bar.update(1)
         return rec

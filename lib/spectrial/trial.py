@@ -223,7 +223,8 @@ def add_comparisons(arms: list[dict[str, Any]], requests: list[dict[str, Any]], 
 def _benchmark(engine: Engine, server: Server, params: TrialParams, arm: Arm, restart: int,
                prompts: list[dict[str, str]], progress: bool) -> tuple[list[dict[str, Any]], ArmStats]:
     label = arm.name if params.restarts == 1 else f"{arm.name}#{restart + 1}"
-    common = {"max_tokens": params.max_tokens, "payload": engine.completion_payload, "stats_fn": engine.request_stats,
+    path, payload = engine.request_target()
+    common = {"max_tokens": params.max_tokens, "payload": payload, "stats_fn": engine.request_stats, "path": path,
               "concurrency": params.concurrency, "timeout_s": params.request_timeout_s, "label": label,
               "progress": progress}
     if params.warmup:

@@ -8,6 +8,7 @@ benchmark, and reads its own server log (through `spectrial.logs`) into per-arm 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -96,6 +97,10 @@ class Engine(ABC):
         """Body of an OpenAI-compatible streaming /v1/completions request of fixed output length."""
         return {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                 "stream": True, "ignore_eos": True}
+
+    def request_target(self) -> tuple[str, Callable[[str, int], dict[str, Any]]]:
+        """Path and body builder of the benchmark's streaming requests (default: OpenAI completions)."""
+        return "/v1/completions", self.completion_payload
 
     def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
         """Per-request server stats from the final streamed chunk (engine specific)."""

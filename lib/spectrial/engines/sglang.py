@@ -25,6 +25,7 @@ import json
 import re
 import shlex
 import warnings
+from collections.abc import Callable
 from typing import Any, Literal
 
 import httpx
@@ -133,6 +134,9 @@ class SGLangConfig(BaseModel):
     check_args_on_host: bool = Field(True, description="Before launching, parse every arm's argv with the "
                                      "host's own sglang.srt.server_args parser.")
     extra_args: list[str] = Field(default_factory=list, description="Arguments appended to every arm.")
+    client_api: Literal["openai", "native"] = Field(
+        "openai", description="Benchmark through /v1/completions (openai) or the native /generate, whose final "
+                              "chunk carries per-request meta_info (spec_verify_ct, spec_accept_length).")
     pythonpath: list[str] = Field(default_factory=list, description="Directories prepended to PYTHONPATH on "
                                   "the launch env (e.g. a patched SGLang checkout, or a test double).")
 
@@ -477,6 +481,11 @@ class SGLang(Engine):
         body = super().completion_payload(prompt, max_tokens)
         body["stream_options"] = {"include_usage": True}
         return body
+
+    def request_target(self) -> tuple[str, Callable[[str, int], dict[str, Any]]]:
+        if self.config.client_api == "native":
+            return "/generate", self.generate_payload
+        return super().request_target()
 
     def generate_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         """Body of a streaming native `POST /generate` request, whose final chunk carries `meta_info`

@@ -1,0 +1,134 @@
+"""Benchmark `spectrial.logs.parse` against `grep -c -E` on a >= 500 MB log built from the public corpus.
+
+The log repeats every snippet of ../shared/corpus/public_logs.jsonl (all engines, in corpus order) until it
+reaches --mb, in a temporary directory (never in the repository). grep counts the lines holding any of the
+registry's markers (the same record types, one ERE alternation); parse reads every record into the table.
+parse runs in a child process so that its peak RSS (ru_maxrss) is its own; the RSS after the imports is
+reported beside it, and the DataFrame's size is ``df.memory_usage(deep=True).sum()``.
+
+    python benchmarks/bench_logs.py                # 500 MB, grep 3 runs (median), parse 1 run
+    python benchmarks/bench_logs.py --mb 100 --parse-runs 2
+    python benchmarks/bench_logs.py --mix server   # only a running server's own log lines
+
+Targets (from the issue): parse within 10x of grep's wall time; peak memory under 2x the DataFrame's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "public_logs.jsonl"
+CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from spectrial.logs import parse
+rss_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+w0, c0 = time.perf_counter(), time.process_time()
+df = parse(sys.argv[1])
+wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "rows": len(df), "columns": df.shape[1],
+                  "unparsed_lines": df.attrs["unparsed_lines"], "lines": df.attrs["lines"],
+                  "errors": len(df.attrs["parser_errors"]),
+                  "df_bytes": int(df.memory_usage(deep=True).sum()), "rss_after_import": rss_import,
+                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+# corpus `kind` prefixes of snippets that are a running server's own log (not pasted tables or benchmark output)
+SERVER_KINDS = ("sglang_decode", "sglang_prefill", "sglang_startup", "vllm_spec_metrics", "vllm_throughput",
+                "nccl_info", "nccl_tuning", "llamacpp_server", "llamacpp_spec")
+
+
+def build_log(path: Path, mb: int, corpus: Path, mix: str = "corpus") -> int:
+    """Write the corpus snippets over and over until the file has `mb` MB; returns its size in bytes."""
+    recs = [json.loads(line) for line in corpus.read_text().splitlines() if line.strip()]
+    texts = [r["text"] for r in recs if mix == "corpus" or r["kind"].startswith(SERVER_KINDS)]
+    block = "".join(t if t.endswith("\n") else t + "\n" for t in texts).encode()
+    target = mb * 1_000_000
+    with open(path, "wb") as fh:
+        written = 0
+        while written < target:
+            fh.write(block)
+            written += len(block)
+    return written
+
+
+def grep_pattern() -> str:
+    """One ERE alternation of every registered marker (what a user would grep for)."""
+    from spectrial.logs import registry
+
+    markers = sorted({m for f in registry.formats for m in f.markers}, key=len, reverse=True)
+    return "|".join(re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", m) for m in markers)
+
+
+def time_grep(path: Path, pattern: str) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    out = subprocess.run(["grep", "-c", "-E", pattern, str(path)], capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "count": int(out.stdout.strip() or 0)}
+
+
+def time_parse(path: Path) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mb", type=int, default=500, help="size of the generated log in MB (default 500)")
+    ap.add_argument("--grep-runs", type=int, default=3, help="grep runs; the median is reported")
+    ap.add_argument("--parse-runs", type=int, default=1, help="parse runs; the median is reported")
+    ap.add_argument("--corpus", type=Path, default=CORPUS)
+    ap.add_argument("--mix", choices=["corpus", "server"], default="corpus",
+                    help="corpus: every snippet (the issue's benchmark); server: only snippets that are a running "
+                         "server's own log lines (SGLang/vLLM stats, NCCL, llama.cpp), no pasted tables or bench output")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="spectrial-bench-logs-") as tmp:
+        path = Path(tmp) / "corpus-repeated.log"
+        size = build_log(path, args.mb, args.corpus, args.mix)
+        mb = size / 1e6
+        pattern = grep_pattern()
+        greps, parses = [], []
+        for i in range(max(args.grep_runs, args.parse_runs)):  # interleaved: both see the same machine load
+            if i < args.grep_runs:
+                greps.append(time_grep(path, pattern))
+            if i < args.parse_runs:
+                parses.append(time_parse(path))
+    g_wall = statistics.median(g["wall_s"] for g in greps)
+    g_cpu = statistics.median(g["cpu_s"] for g in greps)
+    p_wall = statistics.median(p["wall_s"] for p in parses)
+    p_cpu = statistics.median(p["cpu_s"] for p in parses)
+    p = parses[-1]
+    print(f"log: {mb:.0f} MB, {p['lines']:,} lines ({args.mix} snippets repeated), {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"grep -c -E ({len(pattern)} chars, {greps[0]['count']:,} matching lines): "
+          f"{g_wall:.2f} s wall = {mb / g_wall:.0f} MB/s, {g_cpu:.2f} s CPU = {mb / max(g_cpu, 1e-9):.0f} MB/s")
+    print(f"parse: {p['rows']:,} records x {p['columns']} columns, {p['unparsed_lines']:,} lines unparsed, "
+          f"{p['errors']} parser errors: {p_wall:.2f} s wall = {mb / p_wall:.1f} MB/s, "
+          f"{p_cpu:.2f} s CPU = {mb / p_cpu:.1f} MB/s")
+    ratio = p_wall / g_wall
+    print(f"ratio parse/grep: {ratio:.1f}x wall, {p_cpu / max(g_cpu, 1e-9):.1f}x CPU "
+          f"(target <= 10x wall: {'met' if ratio <= 10 else 'NOT met'})")
+    mem = p["peak_rss"] / p["df_bytes"]
+    print(f"memory: peak RSS {p['peak_rss'] / 2**20:.0f} MiB (after imports {p['rss_after_import'] / 2**20:.0f} MiB), "
+          f"DataFrame {p['df_bytes'] / 2**20:.0f} MiB deep: peak/DataFrame {mem:.2f}x "
+          f"(target < 2x: {'met' if mem < 2 else 'NOT met'})")
+    print("runs:", json.dumps({"grep": greps, "parse": parses}))
+
+
+if __name__ == "__main__":
+    main()

@@ -51,7 +51,6 @@ JSON_MARK = "SPECTRIAL_JSON "
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 _HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-_DECODE_ACCEPT_RE = re.compile(r"Decode batch[.,].*?accept len: (?P<accept>\d+(?:\.\d+)?)")
 _EAGLE3_NAME_RE = re.compile(r"eagle-?3", re.IGNORECASE)
 
 PROBE_SCRIPT = """\
@@ -611,27 +610,15 @@ def client_decode(ok: list[dict[str, Any]]) -> tuple[float | None, float | None]
 
 
 def log_accept_lens(log_text: str, start_line: float) -> list[float]:
-    """`accept len` of the `Decode batch` lines after `start_line` (each covers decode_log_interval steps).
+    """`accept len` of the `Decode batch` lines after `start_line` (each covers decode_log_interval steps),
+    read with spectrial's log parser (kind "decode", column accept_len)."""
+    from spectrial.logs import parse
 
-    Read with `spectrial.logs.parse` (kind "decode", column accept_len) when available, else one regex.
-    """
-    try:
-        from spectrial.logs import parse
-
-        df = parse(log_text)
-        if "kind" in df and "accept_len" in df:
-            dec = df[(df["kind"] == "decode") & (df["line"] > start_line)]
-            return [float(x) for x in dec["accept_len"] if x == x and x is not None]
-    except ImportError:
-        pass
-    out = []
-    for n, line in enumerate(log_text.splitlines(), 1):
-        if n <= start_line:
-            continue
-        m = _DECODE_ACCEPT_RE.search(line)
-        if m:
-            out.append(float(m["accept"]))
-    return out
+    df = parse(log_text)
+    if df.empty or "accept_len" not in df:
+        return []
+    dec = df[(df["kind"] == "decode") & (df["line"] > start_line)]
+    return [float(x) for x in dec["accept_len"] if x is not None and x == x]
 
 
 def sglang_window_stats(before: dict[str, float], after: dict[str, float], requests: list[dict[str, Any]],

@@ -40,7 +40,7 @@ target_tok_s = None  # throughput the analysis aims at (None: 1.5x the baseline)
 from IPython.display import Markdown, display
 
 from spectrial import narrative, plots
-from spectrial.notebooks import attach_notebook, params_from_notebook, steps_table
+from spectrial.notebooks import attach_notebook, log_table, params_from_notebook, steps_table
 from spectrial.trial import run_trial
 
 params = params_from_notebook(params_file, overrides, steps=steps, topk=topk, draft_tokens=draft_tokens,
@@ -90,6 +90,15 @@ plots.tok_s_figure(result.arms).show()
 
 # %%
 plots.break_even_figure(result.arms).show()
+
+# %% [markdown]
+# ## What the server logs say
+# The same numbers from the other side: spectrial's log parser (`spectrial.logs`, one parser for every
+# engine) reads each server's own log — per-request timings, draft acceptance and, with `-lv 4`, the
+# cumulative speculative statistics (the drafting time that splits a cycle into drafting and verifying).
+
+# %%
+log_table(result.manifest).round(3)
 
 # %% [markdown]
 # ## Verdict

@@ -123,3 +123,17 @@ def steps_table(manifest: dict[str, Any]):  # noqa: ANN201
     rows = [{"step": s["name"], "ok": s.get("ok"), "seconds": s.get("elapsed_s"), "error": s.get("error")}
             for s in manifest.get("steps", [])]
     return pd.DataFrame(rows)
+
+
+def log_table(manifest: dict[str, Any]):  # noqa: ANN201
+    """Per server start, the medians spectrial's log parser read from the server's own log."""
+    import pandas as pd
+
+    rows = []
+    for st in manifest.get("starts", []):
+        for m in (st.get("log_summary") or {}).get("metrics", []):
+            rows.append({"arm": st["arm"], "start": st["restart"] + 1, **m})
+    if not rows:
+        return pd.DataFrame(columns=["arm", "start", "engine", "kind", "metric", "n", "median"])
+    return pd.DataFrame(rows).pivot_table(index=["arm", "start"], columns=["kind", "metric"], values="median",
+                                          sort=False)

@@ -305,7 +305,9 @@ def run_start(engine: Engine, host: Host, params: TrialParams, arm: Arm, restart
             (record.dir / "gpu").mkdir(exist_ok=True)
             pd.DataFrame(samples).to_csv(record.dir / name, index=False)
         try:
-            record.write_text(f"logs/{server.spec.name}.log", host.read_text(server.log_path))
+            log_text = host.read_text(server.log_path)
+            record.write_text(f"logs/{server.spec.name}.log", log_text)
+            entry["log_summary"] = log_summary(log_text)
         except Exception as exc:  # a log that never got written is itself a finding
             entry.setdefault("notes", []).append(f"server log not fetched: {exc}")
         for name, text in server.extra_logs().items():  # [issue 7] logs of the companions on other nodes
@@ -323,6 +325,16 @@ def run_start(engine: Engine, host: Host, params: TrialParams, arm: Arm, restart
         rates = [r.get("server_predicted_per_second") or r.get("client_tok_s") for r in reqs if not r.get("error")]
         entry["tok_s"] = _median(rates)
     return entry, reqs, stats
+
+
+def log_summary(text: str) -> dict[str, Any]:
+    """What spectrial's log parser finds in a server log: records per kind and the medians of key metrics."""
+    from spectrial.logs import parse, summary
+
+    df = parse(text)
+    rows = summary(df).to_dict("records") if not df.empty else []
+    return {"lines": df.attrs.get("lines"), "unparsed_lines": df.attrs.get("unparsed_lines"),
+            "metrics": [{k: r.get(k) for k in ("engine", "kind", "metric", "n", "median")} for r in rows]}
 
 
 def arm_entry(params: TrialParams, engine: Engine, arm: Arm) -> dict[str, Any]:

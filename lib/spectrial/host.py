@@ -27,9 +27,11 @@ import psutil
 from invoke import Context
 from invoke.exceptions import CommandTimedOut
 
-from spectrial.errors import ConfigError, HostCommandError
+from spectrial.errors import ConfigError, HostCommandError, ResourceBusyError
+from spectrial.records import utc_now
 
 _PID_RE = re.compile(r"pid=(\d+)")
+_DF_RE = re.compile(r"^(\S+)\s+\d+\s+\d+\s+(\d+)\s+\S+\s+(.+)$")
 MAX_INLINE_COMMAND_BYTES = 100_000  # Linux caps one argv string (bash -c LINE) at 128 kB
 ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
@@ -62,6 +64,14 @@ class ProcInfo:
     @property
     def command(self) -> str:
         return shlex.join(self.cmdline) if self.cmdline else f"[pid {self.pid}]"
+
+
+class ConnectionLostError(HostCommandError):
+    """The transport to the host dropped while a command was sent or ran; it may or may not have run."""
+
+
+class DiskFullError(ResourceBusyError):
+    """A folder on the host lacks the free space spectrial needs (names the folder, its mount and the fix)."""
 
 
 def check_env_names(env: Mapping[str, str]) -> None:
@@ -126,6 +136,24 @@ class Host(ABC):
         """Release the transport (no-op locally)."""
         return None
 
+    @property
+    def counters(self) -> dict[str, float]:
+        """What this host cost so far: `commands` run, their `command_s`, `sftp` operations, `channels` opened."""
+        c = self.__dict__.get("_counters")
+        if c is None:
+            c = self.__dict__["_counters"] = {"commands": 0, "command_s": 0.0, "sftp": 0, "channels": 0}
+        return c
+
+    def note_event(self, event: str, detail: str) -> None:
+        """Remember something that happened to the transport (reconnect, cut stream) for the run record."""
+        self.__dict__.setdefault("_events", []).append({"at": utc_now(), "event": event, "detail": detail})
+
+    def take_events(self) -> list[dict[str, str]]:
+        """Transport events since the last call (and forget them): reconnects, streams cut by a drop."""
+        events = self.__dict__.get("_events") or []
+        self.__dict__["_events"] = []
+        return events
+
     def client_url(self, port: int, bind: str = "127.0.0.1") -> str:
         """Base URL at which this machine reaches a server listening on the host's `port`.
 
@@ -135,37 +163,79 @@ class Host(ABC):
 
     # --- commands ------------------------------------------------------------------------------------
     def run(self, cmd: Sequence[str] | str, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-            timeout: float | None = None, check: bool = True, hint: str = "") -> CommandResult:
-        """Run `cmd` (argv list, quoted for you; or shell code you quoted) with `env` on the command line."""
+            timeout: float | None = None, check: bool = True, hint: str = "", rerun_if_lost: bool = False
+            ) -> CommandResult:
+        """Run `cmd` (argv list, quoted for you; or shell code you quoted) with `env` on the command line.
+
+        `rerun_if_lost`: the command only reads, so when the connection drops under it, run it once more
+        (on the new connection) instead of raising ConnectionLostError.
+        """
         line = to_shell(cmd, env, cwd)
-        res = self._exec(line, timeout)
+        try:
+            res = self._exec(line, timeout)
+        except ConnectionLostError:
+            if not rerun_if_lost:
+                raise
+            res = self._exec(line, timeout)
+        counters = self.counters
+        counters["commands"] += 1
+        counters["command_s"] += res.elapsed_s
         if check and res.exit_code != 0:
             raise HostCommandError(self.name, line, res.exit_code, res.stdout, res.stderr, hint)
         return res
 
     def which(self, program: str) -> str | None:
         """Absolute path of `program` on the host's PATH, or None."""
-        res = self.run(f"command -v {shlex.quote(program)}", check=False)
+        res = self.run(f"command -v {shlex.quote(program)}", check=False, rerun_if_lost=True)
         return res.stdout.strip() or None if res.ok else None
 
     # --- files ---------------------------------------------------------------------------------------
     def home(self) -> str:
         """The host user's home directory."""
-        return self.run("printf %s \"$HOME\"").stdout
+        return self.run("printf %s \"$HOME\"", rerun_if_lost=True).stdout
 
     def expand(self, path: str) -> str:
         """Expand a leading `~` against the host's home."""
         return self.home() + path[1:] if path.startswith("~") else path
 
     def exists(self, path: str) -> bool:
-        return self.run(["test", "-e", path], check=False).ok
+        return self.run(["test", "-e", path], check=False, rerun_if_lost=True).ok
 
     def mkdir(self, path: str) -> None:
-        """Create a directory (and parents) readable by the user only."""
-        self.run(["mkdir", "-p", "-m", "700", path])
+        """Create a directory and any missing parents, all readable by the user only."""
+        self.run(f"umask 077 && mkdir -p -m 700 -- {shlex.quote(path)}")
+
+    def free_space(self, paths: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """Per path: (bytes available to this user, mount point) of the filesystem that holds (or would hold) it.
+
+        One command for all paths; a path that does not exist yet is measured at its nearest existing parent.
+        """
+        script = "; ".join(
+            f"p={shlex.quote(p)}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname -- \"$p\"); done; "
+            "df -Pk -- \"$p\" | tail -n 1" for p in paths)
+        res = self.run(script, check=False, rerun_if_lost=True)
+        out: dict[str, tuple[int, str]] = {}
+        for path, line in zip(paths, res.stdout.splitlines(), strict=False):
+            m = _DF_RE.match(line.strip())
+            if m:
+                out[path] = (int(m[2]) * 1024, m[3])
+        return out
+
+    def require_free_space(self, needs: Mapping[str, int], what: str) -> None:
+        """Raise DiskFullError when a path's filesystem has less than the bytes `needs` gives for it.
+
+        `needs` maps a path to the bytes needed there; `what` names the parameter(s) to point elsewhere.
+        """
+        have = self.free_space(list(needs))
+        for path, need in needs.items():
+            if path in have and have[path][0] < need:
+                free, mount = have[path]
+                raise DiskFullError(
+                    f"no space left on {self.name}: {path} (filesystem {mount}) has {free / 2**20:.1f} MiB free, "
+                    f"{need / 2**20:.1f} MiB needed; free space there or point {what} at a bigger disk")
 
     def read_text(self, path: str, *, max_bytes: int | None = None) -> str:
-        res = self.run(["tail", "-c", str(max_bytes), path] if max_bytes else ["cat", path])
+        res = self.run(["tail", "-c", str(max_bytes), path] if max_bytes else ["cat", path], rerun_if_lost=True)
         return res.stdout
 
     def write_text(self, path: str, text: str, mode: int = 0o600) -> None:
@@ -199,11 +269,12 @@ class Host(ABC):
 
     def signal_group(self, pgid: int, sig: int = signal.SIGTERM) -> bool:
         """Send `sig` to every process of group `pgid`; False when the group no longer exists."""
-        return self.run(["kill", f"-{int(sig)}", "--", f"-{int(pgid)}"], check=False).ok
+        name = signal.Signals(sig).name.removeprefix("SIG")  # `kill -s NAME -- -PGID`: dash refuses `-15 --`
+        return self.run(["kill", "-s", name, "--", f"-{int(pgid)}"], check=False).ok
 
     def alive(self, pid: int) -> bool:
         """True while `pid` exists and is not a zombie."""
-        res = self.run(["ps", "-o", "stat=", "-p", str(int(pid))], check=False)
+        res = self.run(["ps", "-o", "stat=", "-p", str(int(pid))], check=False, rerun_if_lost=True)
         return res.ok and bool(res.stdout.strip()) and not res.stdout.strip().startswith("Z")
 
     @abstractmethod
@@ -217,17 +288,23 @@ class Host(ABC):
     def process_tree(self, pid: int) -> list[ProcInfo]:
         """`pid` and its descendants, plus everything in its process group."""
         procs = self.processes()
-        by_parent: dict[int, list[ProcInfo]] = {}
-        for p in procs:
-            by_parent.setdefault(p.ppid, []).append(p)
-        seen: dict[int, ProcInfo] = {p.pid: p for p in procs if p.pgid == pid or p.pid == pid}
-        stack = list(seen)
-        while stack:
-            for child in by_parent.get(stack.pop(), []):
-                if child.pid not in seen:
-                    seen[child.pid] = child
-                    stack.append(child.pid)
-        return sorted(seen.values(), key=lambda p: p.pid)
+        members = tree_members([(p.pid, p.ppid, p.pgid) for p in procs], pid)
+        return sorted((p for p in procs if p.pid in members), key=lambda p: p.pid)
+
+
+def tree_members(rows: Sequence[tuple[int, int, int]], pid: int) -> set[int]:
+    """Pids of `pid`, its descendants and its process group, from (pid, ppid, pgid) rows."""
+    by_parent: dict[int, list[int]] = {}
+    for p, ppid, _ in rows:
+        by_parent.setdefault(ppid, []).append(p)
+    seen = {p for p, _, pgid in rows if pgid == pid or p == pid}
+    stack = list(seen)
+    while stack:
+        for child in by_parent.get(stack.pop(), []):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return seen
 
 
 class LocalHost(Host):
@@ -368,10 +445,23 @@ class RemoteShellHost(Host):
 
     def processes(self, pgid: int | None = None) -> list[ProcInfo]:
         filt = f'[ "$pgid" = "{int(pgid)}" ] || continue; ' if pgid is not None else ""
-        return parse_proc_list(self.run(_PROC_LIST.format(select="-e", filt=filt)).stdout)
+        return parse_proc_list(self.run(_PROC_LIST.format(select="-e", filt=filt), rerun_if_lost=True).stdout)
+
+    def process_tree(self, pid: int) -> list[ProcInfo]:
+        """As `Host.process_tree`, in two light commands: a `ps` of ids to find the tree, then the command lines
+        and environments of those processes only (not of every process on the machine)."""
+        ids = self.run(["ps", "-e", "-o", "pid=,ppid=,pgid=,stat="], rerun_if_lost=True).stdout
+        rows = [(int(a), int(b), int(c)) for a, b, c, st in (ln.split() for ln in ids.splitlines() if ln.strip())
+                if not st.startswith("Z")]
+        members = tree_members(rows, pid)
+        if not members:
+            return []
+        listing = self.run(_PROC_LIST.format(select="-p " + ",".join(map(str, sorted(members))), filt=""),
+                           check=False, rerun_if_lost=True)
+        return sorted(parse_proc_list(listing.stdout), key=lambda p: p.pid)
 
     def port_holders(self, port: int) -> list[ProcInfo]:
-        res = self.run(f"ss -Htlnp 'sport = :{int(port)}'", check=False)
+        res = self.run(f"ss -Htlnp 'sport = :{int(port)}'", check=False, rerun_if_lost=True)
         if not res.ok:
             raise HostCommandError(self.name, res.command, res.exit_code, res.stdout, res.stderr,
                                    "spectrial needs `ss` (iproute2) on the host to check ports")
@@ -380,7 +470,8 @@ class RemoteShellHost(Host):
         pids = sorted({int(m) for m in _PID_RE.findall(res.stdout)})
         if not pids:
             return [ProcInfo(0, 0, 0, [f"<not visible to this user: {res.stdout.strip()[:200]}>"])]
-        listing = self.run(_PROC_LIST.format(select="-p " + ",".join(map(str, pids)), filt=""), check=False)
+        listing = self.run(_PROC_LIST.format(select="-p " + ",".join(map(str, pids)), filt=""), check=False,
+                           rerun_if_lost=True)
         procs = {p.pid: p for p in parse_proc_list(listing.stdout)}  # only the holders, not every process
         return [procs.get(pid, ProcInfo(pid, 0, 0, [])) for pid in pids]
 

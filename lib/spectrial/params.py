@@ -8,6 +8,7 @@ Engine-specific settings live under `engine_config` and are validated by the eng
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +54,52 @@ class Arm(BaseModel):
         return self.method != "none"
 
 
+_ADDR_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?$")
+
+
+class SshOptions(BaseModel):
+    """How spectrial connects to SSH hosts (`host: ssh://...` and every entry of `hosts`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key_filename: str | list[str] | None = Field(
+        None, description="Private key file(s); default: ssh-agent and the ssh config's IdentityFile.")
+    known_hosts: str | list[str] | None = Field(
+        None, description="known_hosts file(s) to check host keys against; default: the ssh config's "
+                          "UserKnownHostsFile or ~/.ssh/known_hosts. Unknown keys are refused.")
+    ssh_config: str | None = Field(None, description="ssh config file for aliases (default ~/.ssh/config).")
+    connect_timeout: float = Field(10, gt=0, description="Seconds for TCP connect, banner and authentication.")
+    keepalive_s: int = Field(15, ge=0, description="SSH keepalive interval (0: off).")
+    retries: int = Field(3, ge=0, description="Extra connection attempts on transient errors (exponential backoff).")
+    backoff_s: float = Field(0.5, ge=0, description="First backoff between connection attempts.")
+    sudo: bool = Field(False, description="Run every remote command through `sudo -n` (never prompts).")
+    strict_host_keys: bool = Field(True, description="Refuse hosts whose key is not in known_hosts.")
+    cache_dir: str = Field("~/.cache/spectrial", description="Folder on SSH hosts that receives spectrial's "
+                                                             "llama.cpp build and tiny models (same layout as "
+                                                             "the local cache); uploads skip files already there.")
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments of `SSHHost.from_spec` / `get_host`."""
+        return self.model_dump(exclude={"cache_dir"})
+
+
+class NodeSpec(BaseModel):
+    """One node of a multi-node server (an entry of `hosts`; a plain string is its `host`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(description="'local', 'ssh://user@host:port' or 'ssh:ALIAS'.")
+    addr: str | None = Field(None, description="Address the other nodes reach this node at (default: its SSH "
+                                               "host name; 127.0.0.1 for 'local').")
+
+    @field_validator("addr")
+    @classmethod
+    def _addr_ok(cls, v: str | None) -> str | None:
+        if v is not None and not _ADDR_RE.match(v):
+            raise ValueError(f"{v!r} is not a host name or IPv4 address (letters, digits, '.' and '-')")
+        return v
+
+
 def default_arms() -> list[Arm]:
     """Baseline and one EAGLE-3 arm."""
     return [Arm(name="baseline"), Arm(name="eagle3", method="eagle3")]
@@ -65,6 +112,12 @@ class TrialParams(BaseModel):
 
     name: str = Field("trial", description="Name of the trial, used in the run id.")
     host: str = Field("local", description="'local', 'ssh://user@host:port' or 'ssh:ALIAS'.")
+    ssh: SshOptions = Field(default_factory=SshOptions, description="SSH connection options (keys, known_hosts, "
+                                                                    "timeouts, sudo, remote cache folder).")
+    hosts: list[NodeSpec] = Field(
+        default_factory=list, description="Nodes of a multi-node server, head first (`host` is then the head): "
+                                          "llama.cpp runs rpc-server on the others and --rpc on the head; "
+                                          "SGLang runs one rank per node. Strings or {host, addr}.")
     engine: Literal["llamacpp", "sglang", "vllm"] = Field("llamacpp", description="Inference engine.")
     model: str = Field(description="Target model path on the host (or 'tiny:target' for spectrial's tiny model).")
     draft: str | None = Field(None, description="Default draft model for speculative arms.")
@@ -101,6 +154,25 @@ class TrialParams(BaseModel):
     state_dir: str = Field("~/.cache/spectrial/state", description="Host folder of server state files.")
     work_dir: str = Field("~/.cache/spectrial/runs", description="Host folder of server logs per run.")
     seed: int = Field(0, description="Seed for prompt order and bootstrap.")
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts_as_nodes(cls, v: Any) -> Any:
+        return [{"host": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _hosts_ok(self) -> TrialParams:
+        if not self.hosts:
+            return self
+        names = [n.host for n in self.hosts]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"hosts: each node may appear once, repeated: {dup}")
+        if "host" in self.model_fields_set and self.host != self.hosts[0].host:
+            raise ValueError(f"hosts: the first node is the head and must be `host` ({self.host!r}); got "
+                             f"{self.hosts[0].host!r} (leave `host` unset when giving `hosts`)")
+        self.host = self.hosts[0].host
+        return self
 
     @model_validator(mode="after")
     def _arms_ok(self) -> TrialParams:
@@ -187,6 +259,10 @@ def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
     model: type[BaseModel] = TrialParams
     if len(loc) >= 3 and loc[0] == "arms":
         model = Arm
+    elif len(loc) >= 2 and loc[0] == "ssh":
+        model = SshOptions
+    elif len(loc) >= 3 and loc[0] == "hosts":
+        model = NodeSpec
     return sorted(model.model_fields)
 
 
@@ -237,6 +313,7 @@ def load_params(path: str | os.PathLike[str] | None = None, overrides: dict[str,
         if "." in name and top not in raw and field is not None and not field.is_required():
             default = field.get_default(call_default_factory=True)
             raw[top] = [a.model_dump() if hasattr(a, "model_dump") else a for a in default] \
-                if isinstance(default, list) else default
+                if isinstance(default, list) else (default.model_dump() if hasattr(default, "model_dump")
+                                                   else default)  # e.g. `-p ssh.key_filename=...`
         apply_override(raw, name, value)
     return validate(raw, source)

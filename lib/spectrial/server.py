@@ -4,22 +4,34 @@ The launch puts the requested variables on the command itself (`env K=V ... engi
 session (`setsid`), with a tag variable `SPECTRIAL_TAG` so spectrial can later recognise what it started.
 A state file on the host (`<state_dir>/server-<port>.json`) records pid, pgid, tag, argv and log path;
 the next trial's "kill old server" step reads it. Stopping signals the recorded process group only.
+
+A multi-node server is the head `Server` plus `companions`: servers on the other nodes (llama.cpp
+`rpc-server` workers, SGLang ranks > 0), each with its own state file on its node, started before or
+after the head, checked while the head loads, and stopped on every node with the head.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 from tqdm.auto import tqdm
 
-from spectrial.errors import ResourceBusyError, ServerNotReadyError, ServerStartError
+from spectrial.errors import (
+    ConfigError,
+    ResourceBusyError,
+    ServerNotReadyError,
+    ServerStartError,
+    SpectrialError,
+)
 from spectrial.gpu import query as gpu_query
 from spectrial.host import Host, ProcInfo
 from spectrial.records import utc_now
@@ -27,6 +39,13 @@ from spectrial.secrets import is_secret_name, mask_argv, mask_env
 
 TAG_VAR = "SPECTRIAL_TAG"
 LOG_TAIL_LINES = 40
+MIN_FREE_WORK_BYTES = 16 * 2**20  # server logs grow during a run; refuse to start below this
+MIN_FREE_STATE_BYTES = 256 * 2**10
+_SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,119}$")
+
+
+class ServerLostError(SpectrialError):
+    """A server that was ready stopped answering mid-run: it died (exit code, log tail) or became unreachable."""
 
 
 @dataclass
@@ -50,6 +69,23 @@ class LaunchSpec:
     probe: ProbeFn
     name: str = "server"
     bind: str = "127.0.0.1"
+    http: bool = True  # reached over HTTP (through `Host.client_url`); False for e.g. rpc-server workers
+
+    def __post_init__(self) -> None:
+        if not _SAFE_NAME_RE.match(self.name):
+            raise ConfigError(f"arms[].name: the server name {self.name!r} (made from the arm name) becomes a file "
+                              "name on the host and in the run record; use letters, digits, '.', '_', '+' and '-' "
+                              "only (at most 100 characters), starting with a letter or digit")
+
+
+@dataclass
+class Companion:
+    """A server on another node that belongs to a head server (rpc-server worker, SGLang rank > 0)."""
+
+    server: Server
+    node: str
+    before_head: bool = True  # started (and waited for) before the head; else started right after it
+    ready_timeout_s: float = 120
 
 
 @dataclass
@@ -183,6 +219,7 @@ class Server:
         self.started_at = ""
         self.ready_s: float | None = None
         self.stop_report: dict[str, Any] = {}
+        self.companions: list[Companion] = []
         self._t0 = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -191,7 +228,24 @@ class Server:
         return {**self.spec.env, TAG_VAR: self.tag}
 
     def start(self) -> Server:
-        """Start the server detached; writes the state file before anything can fail later."""
+        """Start the companions meant to come first, then the server detached, then the other companions.
+
+        The state file is written right after the launch; if that fails the server is stopped again, so no
+        process is ever left without the state file that lets the next trial find it.
+        """
+        before = [c for c in self.companions if c.before_head]
+        try:
+            self._start_companions(before, wait=True)
+            self._launch()
+            self._start_companions([c for c in self.companions if not c.before_head], wait=False)
+        except BaseException:
+            self._stop_companions()
+            raise
+        return self
+
+    def _launch(self) -> None:
+        self.host.require_free_space({self.work_dir: MIN_FREE_WORK_BYTES, self.state_dir: MIN_FREE_STATE_BYTES},
+                                     "work_dir / state_dir")
         self.host.mkdir(self.work_dir)
         self.host.mkdir(self.state_dir)
         self.host.remove(self.exit_path)
@@ -203,9 +257,29 @@ class Server:
         state = {"pid": self.pid, "pgid": self.pid, "tag": self.tag, "port": self.spec.port,
                  "argv": mask_argv(self.spec.argv), "env": mask_env(self.spec.env), "log": self.log_path,
                  "started_at": self.started_at, "run_id": self.run_id, "arm": self.arm}
-        self.host.write_text(state_path(self.state_dir, self.spec.port), json.dumps(state, indent=1))
-        self.base_url = self.host.client_url(self.spec.port, self.spec.bind)
-        return self
+        try:
+            self.host.write_text(state_path(self.state_dir, self.spec.port), json.dumps(state, indent=1))
+            if self.spec.http:
+                self.base_url = self.host.client_url(self.spec.port, self.spec.bind)
+        except BaseException:
+            stop_group(self.host, self.pid, self.grace_s)
+            self.pid = None
+            raise
+
+    def _start_companions(self, companions: list[Companion], wait: bool) -> None:
+        """Start `companions` on their nodes in parallel (and wait until each is ready when `wait`)."""
+        def one(c: Companion) -> None:
+            c.server.start()
+            if wait:
+                c.server.wait_ready(c.ready_timeout_s, progress=False)
+
+        on_each([(f"{c.node}: {c.server.spec.name}", lambda c=c: one(c)) for c in companions])
+
+    def _stop_companions(self) -> list[dict[str, Any]]:
+        """Stop every companion that was started, on every node in parallel; raises after trying them all."""
+        started = [c for c in self.companions if c.server.pid is not None]
+        reports = on_each([(f"{c.node}: {c.server.spec.name}", c.server.stop) for c in started])
+        return [{"node": c.node, "name": c.server.spec.name, **r} for c, r in zip(started, reports, strict=True)]
 
     def exit_code(self) -> int | None:
         """The engine's exit code once it has exited (None while running or when killed by a signal)."""
@@ -215,7 +289,15 @@ class Server:
         return int(txt) if txt.lstrip("-").isdigit() else None
 
     def running(self) -> bool:
-        return self.pid is not None and bool(_group_alive(self.host, self.pid)) and self.exit_code() is None
+        """The engine has not exited (no exit file) and its session (= group, from setsid) has a live process.
+
+        One command on the host, so the readiness loop can check every half second even over SSH.
+        """
+        if self.pid is None:
+            return False
+        res = self.host.run(f"test ! -e {shlex.quote(self.exit_path)} && ps -o stat= -s {int(self.pid)} | "
+                            "grep -qv '^Z'", check=False, rerun_if_lost=True)
+        return res.ok
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
         try:
@@ -244,6 +326,8 @@ class Server:
                             return self.ready_s
                     except httpx.HTTPError as exc:
                         last = f"{type(exc).__name__}: {exc}"
+                    if n % check_every == 1:
+                        self._check_companions()
                     if n % check_every == 1 and not self.running():
                         code = self.exit_code()
                         raise ServerStartError(
@@ -262,6 +346,33 @@ class Server:
         finally:
             bar.close()
 
+    def _check_companions(self) -> None:
+        """Raise ServerStartError naming the first companion that is no longer running (with its log tail)."""
+        for c in self.companions:
+            if c.server.pid is not None and not c.server.running():
+                raise ServerStartError(
+                    f"{c.server.spec.name} on {c.node} (needed by {self.spec.name}) exited (exit code "
+                    f"{c.server.exit_code()})\n--- last {LOG_TAIL_LINES} log lines ({c.server.log_path}) ---\n"
+                    f"{c.server.log_tail()}")
+
+    def lost(self, exc: BaseException) -> ServerLostError:
+        """The error for a ready server that stopped answering: dead (exit code + log tail) or unreachable."""
+        dead = [c for c in self.companions if c.server.pid is not None and not c.server.running()]
+        if self.pid is not None and not self.running():
+            code = self.exit_code()
+            return ServerLostError(
+                f"{self.spec.name} died during the run on {self.host.name} (exit code "
+                f"{code if code is not None else 'unknown: killed by a signal?'}) after {type(exc).__name__}: {exc}"
+                f"\n--- last {LOG_TAIL_LINES} log lines ({self.log_path}) ---\n{self.log_tail()}")
+        if dead:
+            c = dead[0]
+            return ServerLostError(
+                f"{c.server.spec.name} on {c.node} (needed by {self.spec.name}) died during the run (exit code "
+                f"{c.server.exit_code()}); the head failed with {type(exc).__name__}: {exc}"
+                f"\n--- last {LOG_TAIL_LINES} log lines ({c.server.log_path}) ---\n{c.server.log_tail()}")
+        return ServerLostError(f"{self.spec.name} on {self.host.name} is still running but stopped answering at "
+                               f"{self.base_url}: {type(exc).__name__}: {exc}")
+
     def processes(self) -> list[ProcInfo]:
         """Every process of the server's tree (the group and descendants), excluding the sh wrapper."""
         if self.pid is None:
@@ -270,11 +381,30 @@ class Server:
         return [p for p in procs if p.pid != self.pid] or procs
 
     def verify_env(self, requested: Mapping[str, str] | None = None) -> EnvCheck:
-        """Check the requested variables (default: the launch env) in every server process."""
-        return check_env(self.processes(), dict(self.spec.env if requested is None else requested))
+        """Check the requested variables (default: the launch env) in every server process, on every node."""
+        check = check_env(self.processes(), dict(self.spec.env if requested is None else requested))
+        for c in self.companions:
+            other = c.server.verify_env(requested)
+            check.ok = check.ok and other.ok
+            check.processes += [{**row, "node": c.node} for row in other.processes]
+            check.missing += [f"{c.node}: {m}" for m in other.missing]
+        return check
 
     def stop(self) -> dict[str, Any]:
-        """Stop the group (TERM, then KILL after the grace), confirm port and GPUs free, drop the state."""
+        """Stop the group (TERM, then KILL after the grace), confirm port and GPUs free, drop the state.
+
+        Then stop the companions on their nodes (all of them, even when one stop fails).
+        """
+        try:
+            report = self._stop_self()
+        finally:
+            if self.companions:
+                companions = self._stop_companions()
+                if self.stop_report:
+                    self.stop_report["companions"] = companions
+        return report
+
+    def _stop_self(self) -> dict[str, Any]:
         if self.pid is None:
             return {}
         t0 = time.monotonic()
@@ -297,8 +427,22 @@ class Server:
         return self.stop_report
 
     def info(self) -> dict[str, Any]:
-        return {"pid": self.pid, "tag": self.tag, "log": self.log_path, "url": self.base_url,
-                "started_at": self.started_at, "ready_s": self.ready_s, "stop": self.stop_report}
+        out = {"pid": self.pid, "tag": self.tag, "log": self.log_path, "url": self.base_url,
+               "started_at": self.started_at, "ready_s": self.ready_s, "stop": self.stop_report}
+        if self.companions:
+            out["companions"] = [{"node": c.node, "name": c.server.spec.name, "argv": mask_argv(c.server.spec.argv),
+                                  **c.server.info()} for c in self.companions]
+        return out
+
+    def extra_logs(self) -> dict[str, str]:
+        """Logs of the companions, fetched from their nodes: {file name: text} (an unreadable log says why)."""
+        out = {}
+        for c in self.companions:
+            try:
+                out[f"{c.server.spec.name}.log"] = c.server.host.read_text(c.server.log_path)
+            except Exception as exc:  # noqa: BLE001 - a missing log is itself worth recording
+                out[f"{c.server.spec.name}.log"] = f"(log of {c.node} not fetched: {exc})"
+        return out
 
     def __enter__(self) -> Server:
         if self.pid is not None:  # already started (e.g. inside a timed step): just guard the stop
@@ -315,3 +459,18 @@ class Server:
 
 def as_dict(obj: Any) -> dict[str, Any]:
     return asdict(obj)
+
+
+def on_each(jobs: list[tuple[str, Callable[[], Any]]]) -> list[Any]:
+    """Run the jobs in parallel (one thread each); every job runs to its end, then the first error is raised."""
+    if not jobs:
+        return []
+    if len(jobs) == 1:
+        return [jobs[0][1]()]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(fn) for _, fn in jobs]
+        errors = [f.exception() for f in futures]
+    for err in errors:
+        if err is not None:
+            raise err
+    return [f.result() for f in futures]

@@ -33,6 +33,7 @@ import re
 import shlex
 import socket
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -48,7 +49,8 @@ from paramiko.ssh_exception import AuthenticationException, BadHostKeyException,
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from spectrial.errors import ConfigError, HostCommandError
-from spectrial.host import CommandResult, RemoteShellHost
+from spectrial.host import CommandResult, ConnectionLostError, RemoteShellHost
+from spectrial.tunnel import PortForward
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +164,8 @@ class SSHHost(RemoteShellHost):
         self._home: str | None = None
         self._known_hosts_loaded: list[str] = []
         self.connects = 0  # how many connections this host opened (reconnects included)
+        self._lock = threading.RLock()  # (re)connecting happens from forward threads too
+        self._forwards: dict[tuple[str, int], PortForward] = {}
 
     @classmethod
     def from_spec(cls, spec: str, *, key_filename: str | Sequence[str] | None = None,
@@ -235,8 +239,14 @@ class SSHHost(RemoteShellHost):
 
     def connect(self) -> SSHHost:
         """Open the connection now (retrying transient failures); returns self. Commands call it as needed."""
+        with self._lock:
+            return self._connect_locked()
+
+    def _connect_locked(self) -> SSHHost:
         if self._conn is not None and self._conn.is_connected:
             return self
+        if self._conn is not None:
+            self.note_event("connection_lost", "the SSH connection was found closed (server, network or keepalive)")
         self._drop()
         target = f"{self._user + '@' if self._user else ''}{self._target}:{self._port or 'default port'}"
         t0 = time.monotonic()
@@ -260,6 +270,8 @@ class SSHHost(RemoteShellHost):
             raise HostCommandError(self.name, f"ssh connect {target}", None, stderr=f"{type(exc).__name__}: "
                                    f"{exc}", hint=hint) from exc
         self.connects += 1
+        if self.connects > 1:
+            self.note_event("reconnected", f"connection #{self.connects} opened in {time.monotonic() - t0:.2f} s")
         return self
 
     def _unknown_key_error(self, exc: _UnknownHostKey) -> HostKeyError:
@@ -285,18 +297,53 @@ class SSHHost(RemoteShellHost):
             "~/.ssh/known_hosts", host=host, port=port, key_type=key.get_name(), fingerprint=key.fingerprint)
 
     def _drop(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn.client.close()
-            self._conn = None
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+                self._conn.client.close()
+                self._conn = None
 
     def _connection(self) -> _Connection:
         """The open connection, replaced by a new one when the previous one dropped."""
-        if self._conn is None or not self._conn.is_connected:
-            self.connect()
-        assert self._conn is not None
-        return self._conn
+        with self._lock:
+            if self._conn is None or not self._conn.is_connected:
+                self._connect_locked()
+            assert self._conn is not None
+            return self._conn
+
+    def _transport(self) -> Any:
+        """The live paramiko Transport (reconnecting if needed), for port-forward channels."""
+        self.counters["channels"] += 1
+        return self._connection().transport
+
+    @property
+    def address(self) -> str:
+        """The host name or address this host's connections go to (an ssh config alias resolved to HostName)."""
+        return str(Connection(self._target, config=self._config).host)
+
+    def client_url(self, port: int, bind: str = "127.0.0.1") -> str:
+        """A local URL forwarded through this host's SSH connection to `bind:port` there (kept until close()).
+
+        A wildcard bind (0.0.0.0, ::) is reached at the host's 127.0.0.1. The forward survives reconnects.
+        """
+        target = "127.0.0.1" if bind in ("", "0.0.0.0", "::", "*") else bind
+        key = (target, int(port))
+        with self._lock:
+            fwd = self._forwards.get(key)
+            if fwd is None or fwd.closed:
+                fwd = PortForward(self._transport, target, int(port), host_name=self.name, on_event=self.note_event)
+                try:
+                    fwd.check_allowed()
+                except BaseException:
+                    fwd.close()
+                    raise
+                self._forwards[key] = fwd
+        return fwd.url
+
+    def forwards(self) -> list[PortForward]:
+        """The local port forwards open now."""
+        return [f for f in self._forwards.values() if not f.closed]
 
     @property
     def connected(self) -> bool:
@@ -304,7 +351,11 @@ class SSHHost(RemoteShellHost):
         return self._conn is not None and self._conn.is_connected
 
     def close(self) -> None:
-        """Close the connection (and its SFTP session); the next command opens a new one."""
+        """Close the port forwards and the connection (and its SFTP session); the next command opens a new one."""
+        with self._lock:
+            forwards, self._forwards = list(self._forwards.values()), {}
+        for fwd in forwards:
+            fwd.close()
         self._drop()
 
     def __enter__(self) -> SSHHost:
@@ -342,9 +393,10 @@ class SSHHost(RemoteShellHost):
                                                 "(server MaxSessions reached or shutting down?)") from exc
             except (SSHException, EOFError, OSError) as exc:
                 self._drop()
-                raise HostCommandError(self.name, full, None, stderr=f"{type(exc).__name__}: {exc}",
-                                       hint="the SSH connection failed while sending the command; it may or "
-                                            "may not have run (the next command reconnects)") from exc
+                self.note_event("connection_lost", f"while sending a command: {type(exc).__name__}: {exc}")
+                raise ConnectionLostError(self.name, full, None, stderr=f"{type(exc).__name__}: {exc}",
+                                          hint="the SSH connection failed while sending the command; it may or "
+                                               "may not have run (the next command reconnects)") from exc
             except CommandTimedOut as exc:
                 self._drop()  # the channel was closed under a running command; start clean
                 res = exc.result
@@ -353,9 +405,10 @@ class SSHHost(RemoteShellHost):
                                        "running (start long jobs with start_detached)") from exc
         if r.exited == -1 and not conn.is_connected:
             self._drop()
-            raise HostCommandError(self.name, full, None, r.stdout, r.stderr,
-                                   "the SSH connection dropped while the command ran; it may or may not "
-                                   "have completed (the next command reconnects)")
+            self.note_event("connection_lost", f"while a command ran: {full[:120]}")
+            raise ConnectionLostError(self.name, full, None, r.stdout, r.stderr,
+                                      "the SSH connection dropped while the command ran; it may or may not "
+                                      "have completed (the next command reconnects)")
         return CommandResult(full, r.exited, r.stdout, r.stderr, time.monotonic() - t0)
 
     # --- files ---------------------------------------------------------------------------------------
@@ -365,6 +418,7 @@ class SSHHost(RemoteShellHost):
         return self._home
 
     def _sftp(self) -> SFTPClient:
+        self.counters["sftp"] += 1
         return self._connection().sftp()
 
     def _upload(self, src: io.BufferedIOBase | io.BytesIO, remote: str, mode: int) -> None:
@@ -379,18 +433,23 @@ class SSHHost(RemoteShellHost):
             raise HostCommandError(self.name, f"sftp mkdir {tmpdir}", None, stderr=str(exc),
                                    hint=f"cannot write into {parent!r} (missing or not writable)") from exc
         tmp = f"{tmpdir}/data"
+        failure: OSError | None = None
         try:
             sftp.putfo(src, tmp, confirm=True)
             sftp.chmod(tmp, mode)
             sftp.posix_rename(tmp, path)
         except OSError as exc:
-            raise HostCommandError(self.name, f"sftp put {path}", None, stderr=str(exc),
-                                   hint="check the path and free space on the host") from exc
+            failure = exc
         finally:
             with contextlib.suppress(OSError):
                 sftp.remove(tmp)
             with contextlib.suppress(OSError):
                 sftp.rmdir(tmpdir)
+        if failure is not None:  # measured after the partial file is gone: the space the caller really has
+            free = self.free_space([parent]).get(parent)
+            where = f"{free[0] / 2**20:.1f} MiB free on {free[1]}" if free else "free space unknown"
+            raise HostCommandError(self.name, f"sftp put {path}", None, stderr=str(failure),
+                                   hint=f"check the path and free space on the host ({where})") from failure
 
     def put(self, local: str | Path, remote: str, mode: int = 0o600) -> None:
         """Copy a local file to the host over SFTP, with `mode` (user-only by default), atomically."""

@@ -1,0 +1,170 @@
+"""Tiny CPU model sets (target + plain draft + EAGLE-3 draft) with tunable real acceptance, and their cache.
+
+The knob: ``accept_knob`` in [0, 1] sets the residual-branch scale of the target's blocks beyond the
+draft's (``tail_scale = 1 - accept_knob``). At 1 the target equals its one-block draft; at 0 its later
+blocks run at full strength. ``embd_scale`` (default 10) makes token embeddings dominate the residual
+stream, which lifts acceptance overall. ``MEASURED_ACCEPTANCE`` holds what llama-server measured.
+
+Measured on the default set (16 blocks, n_embd 256, f16, seed 0; llama-server 0c1e570 on 2 CPU cores,
+``-t 1``, greedy, 3 prompts x 128 tokens; acceptance = draft_n_accepted / draft_n):
+
+| accept_knob | 0 | 0.3 | 0.5 | 0.6 | 0.7 | 0.8 | 0.85 | 0.9 | 0.95 | 0.98 | 1 |
+|---|---|---|---|---|---|---|---|---|---|---|---|
+| n_max 2 | .05 | .16 | .29 | .40 | .55 | .68 | .81 | .89 | .94 | .99 | 1 |
+| n_max 4 | .03 | .08 | .16 | .27 | .38 | .53 | .74 | .72 | .87 | .98 | 1 |
+| n_max 8 | .01 | .04 | .08 | .14 | .23 | .35 | .61 | .63 | .80 | .99 | 1 |
+
+Greedy output was identical with and without the draft at every value. Does speculation pay on that
+CPU? CPU time per generated token (robust to other jobs' load; all arms interleaved, 4 rounds x 3
+prompts): target alone 3.2 ms (~310 tok/s), draft alone 0.23 ms. Speedup with draft-simple at
+n_max 2 / 4 / 8: knob 0.5: 0.68 / 0.59 / 0.45 (loses); 0.8: 1.04 / 0.93 / 0.92 (break-even);
+0.9: 1.11 / 1.22 / 1.49; 0.95: 1.17 / 1.34 / 1.71; 1.0: 1.21 / 1.46 / 1.95. ``-t 2`` on 2 shared
+cores was 10-40x slower than ``-t 1`` whenever anything else ran: use ``-t 1``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from spectrial.errors import ConfigError
+from spectrial.models.pair import WRITER_VERSION, LlamaShape, ModelSet, write_model_set
+from spectrial.models.vocab import build_spm_vocab
+
+DTYPES: dict[str, type[np.floating]] = {"f16": np.float16, "f32": np.float32}
+# accept_knob -> {spec-draft-n-max: measured draft-simple acceptance} for the default tiny set (table above).
+MEASURED_ACCEPTANCE: dict[float, dict[int, float]] = {
+    0.0: {2: 0.053, 4: 0.027, 8: 0.014}, 0.3: {2: 0.161, 4: 0.084, 8: 0.043},
+    0.5: {2: 0.286, 4: 0.161, 8: 0.084}, 0.6: {2: 0.395, 4: 0.269, 8: 0.141},
+    0.7: {2: 0.552, 4: 0.376, 8: 0.23}, 0.8: {2: 0.68, 4: 0.529, 8: 0.352},
+    0.85: {2: 0.813, 4: 0.742, 8: 0.609}, 0.9: {2: 0.89, 4: 0.722, 8: 0.626},
+    0.95: {2: 0.936, 4: 0.873, 8: 0.804}, 0.98: {2: 0.992, 4: 0.984, 8: 0.985},
+    1.0: {2: 1.0, 4: 1.0, 8: 1.0},
+}
+
+
+class TinySpec(BaseModel):
+    """Every parameter of a tiny set; its JSON is hashed into the cache directory name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(default=0, description="random seed of all weights")
+    accept_knob: float = Field(default=0.9, ge=0.0, le=1.0,
+                               description="1 - residual scale of the target blocks beyond the draft's")
+    embd_scale: float = Field(default=10.0, gt=0.0, description="token_embd amplitude multiplier (both models)")
+    draft_layers: int = Field(default=1, ge=1, description="target blocks copied into draft-simple.gguf")
+    n_layer: int = Field(default=16, ge=2, description="target blocks")
+    n_embd: int = Field(default=256, ge=32, description="hidden size")
+    n_ff: int = Field(default=768, ge=32, description="feed-forward size")
+    n_head: int = Field(default=4, ge=1, description="attention heads")
+    n_head_kv: int = Field(default=2, ge=1, description="key/value heads")
+    n_vocab: int = Field(default=4096, ge=260, le=40000, description="tokens of the built SPM vocabulary")
+    dtype: Literal["f16", "f32"] = Field(default="f16", description="weight type of 2-D tensors")
+    target_layers: tuple[int, int, int] | None = Field(
+        default=None, description="eagle3.target_layers; None = [2, n_layer//2, n_layer-3] clamped")
+
+    @property
+    def tail_scale(self) -> float:
+        """Residual-branch scale of target blocks >= draft_layers."""
+        return 1.0 - self.accept_knob
+
+    def shape(self) -> LlamaShape:
+        """The target's LlamaShape."""
+        s = LlamaShape(n_layer=self.n_layer, n_embd=self.n_embd, n_ff=self.n_ff, n_head=self.n_head,
+                       n_head_kv=self.n_head_kv, n_ctx=4096)
+        s.check()
+        return s
+
+    def key(self) -> str:
+        """Cache directory name: tiny-<writer version>-<12 hex of the spec's hash>."""
+        return f"tiny-{WRITER_VERSION}-{hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]}"
+
+
+def tiny_spec(**knobs: object) -> TinySpec:
+    """Validate knobs into a TinySpec, turning pydantic's error into a ConfigError that names the knob."""
+    try:
+        return TinySpec(**knobs)  # type: ignore[arg-type]
+    except ValidationError as e:
+        bad = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"tiny model knobs: {bad} (known knobs: {sorted(TinySpec.model_fields)})") from e
+
+
+def write_tiny_pair(outdir: str | Path, *, seed: int = 0, accept_knob: float = 0.9, embd_scale: float = 10.0,
+                    draft_layers: int = 1, n_layer: int = 16, n_embd: int = 256, n_ff: int = 768, n_head: int = 4,
+                    n_head_kv: int = 2, n_vocab: int = 4096, dtype: Literal["f16", "f32"] = "f16",
+                    target_layers: tuple[int, int, int] | None = None) -> ModelSet:
+    """Write target.gguf, draft-simple.gguf, eagle3.gguf and models.json into ``outdir`` (no download).
+
+    Defaults: 16-block llama target, n_embd 256, n_ff 768, 4 heads / 2 KV heads, 4096-token SPM vocabulary
+    with byte fallback, f16; draft = the target's block 0 + its embeddings, output norm and head; EAGLE-3
+    draft with random weights, target_layers [2, 8, 13]. About 0.5-1 s and 40 MB on 2 cores.
+    Acceptance per ``accept_knob``: the module docstring and MEASURED_ACCEPTANCE (valid for the default
+    shape and seed; other shapes shift the curve).
+    """
+    spec = tiny_spec(seed=seed, accept_knob=accept_knob, embd_scale=embd_scale, draft_layers=draft_layers,
+                     n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+                     n_vocab=n_vocab, dtype=dtype, target_layers=target_layers)
+    return _write(outdir, spec)
+
+
+def _write(outdir: str | Path, spec: TinySpec) -> ModelSet:
+    return write_model_set(
+        outdir, kind="tiny", shape=spec.shape(), vocab=build_spm_vocab(spec.n_vocab), seed=spec.seed,
+        draft_layers=spec.draft_layers, embd_scale=spec.embd_scale, tail_scale=spec.tail_scale,
+        dtype=DTYPES[spec.dtype], fill="normal",
+        target_layers=None if spec.target_layers is None else list(spec.target_layers),
+        knobs=spec.model_dump(mode="json"))
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """spectrial's cache root: ``cache_dir``, else $SPECTRIAL_CACHE, else ~/.cache/spectrial."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("SPECTRIAL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "spectrial"
+
+
+def _usable(directory: Path, spec: TinySpec) -> ModelSet | None:
+    try:
+        ms = ModelSet.load(directory)
+    except (OSError, ValueError):
+        return None
+    return ms if ms.is_complete() and ms.knobs == spec.model_dump(mode="json") else None
+
+
+def ensure_tiny_models(cache_dir: str | Path | None = None, **knobs: object) -> ModelSet:
+    """Return the cached tiny set for these knobs, writing it first if missing or incomplete.
+
+    Location: ``<cache root>/models/tiny-<writer version>-<hash of knobs>/`` (see ``cache_root``). The set
+    is written into a temporary sibling directory and renamed into place, so readers never see half a set.
+    """
+    spec = tiny_spec(**knobs)
+    final = cache_root(cache_dir) / "models" / spec.key()
+    if (ms := _usable(final, spec)) is not None:
+        return ms
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        _write(tmp, spec)
+        if final.exists() and _usable(final, spec) is None:
+            shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if (ms := _usable(final, spec)) is None:  # lost a race to a writer whose set is broken
+                raise
+            return ms
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    loaded = _usable(final, spec)
+    if loaded is None:
+        raise ConfigError(f"cache_dir={final.parent}: wrote {final} but cannot read it back; "
+                          "check the directory is writable and not shared with another writer version")
+    return loaded

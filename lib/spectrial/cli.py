@@ -133,6 +133,9 @@ app.command("nccl-check")(nccl_check_command)
 
 def _mount_optional() -> None:
     """Mount sub-apps whose modules exist (logs, ...)."""
+    from spectrial.sweep.cli import sweep_command
+
+    app.command("sweep")(sweep_command)
     try:
         from spectrial.logs.cli import app as logs_app
 

@@ -1,0 +1,32 @@
+"""Finding the best speculative setting with few server restarts: grid and model-guided sweeps.
+
+    from spectrial.sweep import run_sweep
+    result = run_sweep("params/sweep-local.yaml", {"strategy": "guided"})
+    result.points(); result.best(); result.manifest["decisions"]
+
+`spectrial sweep PARAMS [-p NAME=VALUE]` runs the same from the shell (`spectrial.sweep.cli.sweep_command`).
+Parameters: `spectrial.sweep.params`; what is measured and when: `spectrial.sweep.run`; the model:
+`spectrial.sweep.model`; figures and the verdict: `spectrial.sweep.figures`; replays of finished grids:
+`spectrial.sweep.replayer`. Names are imported on first use, so the command line stays quick to start.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "AcceptanceCurve": "model", "SweepModel": "model", "fit_acceptance": "model", "fit_sweep_model": "model",
+    "Setting": "params", "SweepGrid": "params", "SweepParams": "params", "load_sweep_params": "params",
+    "SweepFailed": "result", "SweepResult": "result", "points_table": "result", "probe_settings": "guided",
+    "run_sweep": "run",
+    "replay": "replayer", "sweep_command": "cli",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'spectrial.sweep' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"spectrial.sweep.{_EXPORTS[name]}"), name)

@@ -1,0 +1,185 @@
+"""What a guided sweep predicts from the points it has measured.
+
+Two fitted parts, combined per grid point (Leviathan et al.'s relations, `spectrial.analysis`):
+
+    acceptance  tau(depth) = 1 + p_1 + ... + p_depth        (tokens committed per cycle)
+                p_i = the measured per-position acceptance (unconditional: accepted at position i per verify
+                step, llama.cpp `/metrics`), pooled over measured points; past the deepest measured position,
+                p_i = alpha^i with alpha fitted to the p_i by least squares. Where the engine reports only the
+                mean accept length, alpha is fitted to (depth, tau) pairs by least squares on
+                expected_accept_len(alpha, depth) = (1 - alpha^(depth+1)) / (1 - alpha).
+    cycle cost  cycle_ms(k) = fixed_ms + per_draft_ms * k    (spectrial.analysis.fit_cycle_model, per
+                concurrency level; k = draft tokens verified per cycle besides the target's own)
+    throughput  tok_s = tau(depth) / cycle_ms(k) * 1000 * calibration
+
+`calibration` (per concurrency level) is the median ratio of the measured tok/s (median over requests of
+the server's per-request rate) to tau / cycle_ms of the same points: the two throughputs differ a little
+(per-request medians vs window totals), and the ratio carries that over to unmeasured points.
+One acceptance curve per (scenario, topk): a scenario is a synthetic rate, or the draft's real acceptance.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from spectrial.analysis import CycleModel, fit_cycle_model
+from spectrial.errors import ConfigError
+
+_ALPHAS = np.linspace(0.0, 1.0, 10001)
+
+
+@dataclass(frozen=True)
+class AcceptanceCurve:
+    """Tokens committed per cycle as a function of draft depth, for one scenario and top-k."""
+
+    alpha: float
+    per_position: tuple[float, ...] = ()
+    source: str = ""
+    points: tuple[tuple[int, float], ...] = ()
+
+    def accept_len(self, depth: int) -> float:
+        """tau(depth): measured per-position rates up to their depth, alpha^i beyond."""
+        if depth < 1:
+            raise ConfigError(f"depth must be >= 1, got {depth}")
+        known = self.per_position[:depth]
+        tail = sum(self.alpha ** i for i in range(len(known) + 1, depth + 1))
+        return 1.0 + float(sum(known)) + tail
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "per_position": list(self.per_position), "source": self.source,
+                "points": [list(p) for p in self.points]}
+
+
+def fit_alpha_per_position(rates: list[float], weights: list[float] | None = None) -> float:
+    """alpha minimising sum_i w_i (p_i - alpha^i)^2 over positions i = 1.. (grid search, 1e-4 steps)."""
+    if not rates:
+        raise ConfigError("per-position rates are empty: measure a speculative point first")
+    p = np.asarray(rates, float)
+    w = np.asarray(weights if weights is not None else np.ones_like(p), float)
+    i = np.arange(1, p.size + 1)
+    err = ((_ALPHAS[:, None] ** i[None, :] - p[None, :]) ** 2 * w[None, :]).sum(axis=1)
+    return float(_ALPHAS[int(np.argmin(err))])
+
+
+def fit_alpha_accept_len(points: Iterable[tuple[int, float]]) -> float:
+    """alpha minimising sum_j (tau_j - expected_accept_len(alpha, depth_j))^2 (grid search, 1e-4 steps)."""
+    pts = [(int(d), float(t)) for d, t in points]
+    if not pts:
+        raise ConfigError("no (depth, accept length) points: measure a speculative point first")
+    err = np.zeros_like(_ALPHAS)
+    for d, tau in pts:
+        a = _ALPHAS
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e = np.where(a < 1.0, (1.0 - a ** (d + 1)) / (1.0 - a), d + 1.0)
+        err += (e - min(max(tau, 1.0), d + 1.0)) ** 2
+    return float(_ALPHAS[int(np.argmin(err))])
+
+
+def fit_acceptance(points: list[dict[str, Any]]) -> AcceptanceCurve | None:
+    """The acceptance curve of measured points of one scenario/top-k.
+
+    Each point: {"depth", "accept_len", "per_position" (list or None), "verify_steps"}. Per-position rates
+    are pooled position by position, weighted by verify steps; without them, alpha comes from accept lengths.
+    """
+    ok = [p for p in points if p.get("accept_len")]
+    if not ok:
+        return None
+    pairs = tuple((int(p["depth"]), float(p["accept_len"])) for p in ok)
+    with_pos = [p for p in ok if p.get("per_position") and p.get("verify_steps")]
+    if with_pos:
+        n = max(len(p["per_position"]) for p in with_pos)
+        rates, weights = [], []
+        for i in range(n):
+            rows = [(p["per_position"][i], p["verify_steps"]) for p in with_pos if len(p["per_position"]) > i]
+            w = sum(v for _, v in rows)
+            rates.append(sum(r * v for r, v in rows) / w)
+            weights.append(w)
+        return AcceptanceCurve(alpha=fit_alpha_per_position(rates, weights), per_position=tuple(rates),
+                               source="per-position acceptance (/metrics)", points=pairs)
+    return AcceptanceCurve(alpha=fit_alpha_accept_len(pairs), source="mean accept length per depth", points=pairs)
+
+
+@dataclass
+class SweepModel:
+    """Cycle models per concurrency level, acceptance curves per (scenario, topk), calibration factors."""
+
+    cycle: dict[int, CycleModel] = field(default_factory=dict)
+    acceptance: dict[tuple[float | None, int], AcceptanceCurve] = field(default_factory=dict)
+    calibration: dict[int, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def predict(self, steps: int, topk: int, k: int, scenario: float | None, concurrency: int
+                ) -> dict[str, float] | None:
+        """Predicted accept_len, cycle_ms and tok_s of one grid point (None where a part is not fitted)."""
+        curve = self.acceptance.get((scenario, topk))
+        cyc = self.cycle.get(concurrency)
+        if curve is None or cyc is None:
+            return None
+        try:
+            cycle_ms = cyc.cycle_ms(k)
+        except ConfigError:
+            return None
+        tau = min(curve.accept_len(steps), k + 1.0)
+        tok_s = tau / cycle_ms * 1000.0 * self.calibration.get(concurrency, 1.0)
+        return {"accept_len": tau, "cycle_ms": cycle_ms, "tok_s": tok_s}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cycle": {str(c): {"fixed_ms": m.fixed_ms, "per_draft_ms": m.per_draft_ms, "r2": m.r2,
+                               "ks": list(m.ks), "cycle_ms_measured": list(m.cycle_ms_measured),
+                               "draft_fixed_ms": m.draft_fixed_ms, "draft_per_token_ms": m.draft_per_token_ms}
+                      for c, m in sorted(self.cycle.items())},
+            "acceptance": [{"scenario": s, "topk": t, **c.as_dict()} for (s, t), c in self.acceptance.items()],
+            "calibration": {str(c): v for c, v in sorted(self.calibration.items())},
+            "notes": list(self.notes),
+        }
+
+
+def fit_sweep_model(points: list[dict[str, Any]]) -> SweepModel:
+    """Fit the model on measured speculative points.
+
+    Each point: {"steps", "topk", "k", "scenario", "concurrency", "tok_s", "accept_len", "cycle_ms",
+    "draft_ms_per_cycle", "per_position", "verify_steps"} (None where not measured). Cycle models need two
+    distinct k at a concurrency level; acceptance pools every concurrency level of a (scenario, topk).
+    """
+    model = SweepModel()
+    ok = [p for p in points if p.get("tok_s") and p.get("cycle_ms") and p.get("accept_len")]
+    for c in sorted({p["concurrency"] for p in ok}):
+        mine = [p for p in ok if p["concurrency"] == c]
+        if len({p["k"] for p in mine}) < 2:
+            model.notes.append(f"concurrency {c}: one k measured so far, no cycle model yet")
+            continue
+        split = all(p.get("draft_ms_per_cycle") is not None and 0 <= p["draft_ms_per_cycle"] <= p["cycle_ms"]
+                    for p in mine)
+        rows = [(p["k"], p["cycle_ms"], p["draft_ms_per_cycle"]) if split else (p["k"], p["cycle_ms"]) for p in mine]
+        model.cycle[c] = fit_cycle_model(rows)
+        model.calibration[c] = statistics.median(p["tok_s"] / (p["accept_len"] / p["cycle_ms"] * 1000.0) for p in mine)
+    for key in sorted({(p["scenario"], p["topk"]) for p in ok}, key=lambda t: (t[0] is None, t[0] or 0, t[1])):
+        mine = [{"depth": p["steps"], "accept_len": p["accept_len"], "per_position": p.get("per_position"),
+                 "verify_steps": p.get("verify_steps")} for p in ok if (p["scenario"], p["topk"]) == key]
+        curve = fit_acceptance(mine)
+        if curve is not None:
+            model.acceptance[key] = curve
+    return model
+
+
+def relative_errors(model: SweepModel, points: list[dict[str, Any]]) -> list[float]:
+    """(predicted - measured) / measured tok/s of measured points the model can predict."""
+    out = []
+    for p in points:
+        if not p.get("tok_s"):
+            continue
+        pred = model.predict(p["steps"], p["topk"], p["k"], p["scenario"], p["concurrency"])
+        if pred is not None and math.isfinite(pred["tok_s"]):
+            out.append(pred["tok_s"] / p["tok_s"] - 1.0)
+    return out
+
+
+__all__ = ["AcceptanceCurve", "SweepModel", "fit_acceptance", "fit_alpha_accept_len",
+           "fit_alpha_per_position", "fit_sweep_model", "relative_errors"]

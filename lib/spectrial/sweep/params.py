@@ -1,0 +1,275 @@
+"""Sweep parameters: a trial's parameters plus the grid, the strategy and the budget.
+
+A sweep params file holds every trial key at the top level (or under `trial:`) plus the sweep keys of
+`SweepParams` (`grid`, `method`, `strategy`, `budget_s`, `budget_restarts`, `confirm_level`, `margin_floor`).
+The settings are the product of `grid:`'s lists, or, when the file lists speculative `arms` instead (a trial
+params file used as it is), exactly those arms' settings (one method and draft; the baseline is always added).
+Overrides are dotted as for trials (`-p grid.steps=[1,2,4]`, `-p repeats=2`, `-p engine_config.threads=1`).
+
+Grid points are `Setting`s (steps, topk, draft tokens, synthetic acceptance) times concurrency levels.
+What needs a server restart: every field of a `Setting`. What does not: the concurrency level, which is
+only how many requests the client sends at once, so one server start measures every level in turn.
+llama.cpp's per-request `speculative.n_max` would let one start serve several depths, but this build
+(commit 0c1e570, `tools/server/server-schema.cpp`) compiles those request fields out (`#if 0`) and
+ignores them (tests/test_sweep.py checks this against the real server), so each depth is its own start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from spectrial.errors import ConfigError
+from spectrial.params import (
+    Arm,
+    Method,
+    TrialParams,
+    apply_override,
+    find_params_file,
+    format_validation_error,
+)
+from spectrial.params import validate as validate_trial
+
+Strategy = Literal["grid", "guided"]
+
+
+class SweepGrid(BaseModel):
+    """The values to sweep; an unset list takes the trial's own value (one point on that axis)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: list[int] | None = Field(None, description="Draft depths (llama.cpp --spec-draft-n-max, SGLang "
+                                                      "--speculative-num-steps).")
+    topk: list[int] | None = Field(None, description="Draft tree top-k values (SGLang); llama.cpp: [1].")
+    draft_tokens: list[int | None] | None = Field(
+        None, description="Tokens verified per cycle (SGLang --speculative-num-draft-tokens); null = steps + 1, "
+                          "the only value with topk 1.")
+    concurrency: list[int] | None = Field(None, description="Concurrent request streams (batch sizes); all "
+                                                            "levels are measured on each server start.")
+    synthetic_accept: list[float | None] | None = Field(
+        None, description="Per-token synthetic acceptance rates a (llama.cpp --spec-synth-rates a, a^2, ...); "
+                          "null = the draft's real acceptance. Each rate is a scenario with its own best setting.")
+
+    @field_validator("steps", "topk", "concurrency")
+    @classmethod
+    def _positive(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(x < 1 for x in v)):
+            raise ValueError("give a non-empty list of integers >= 1")
+        return sorted(set(v)) if v is not None else None
+
+    @field_validator("draft_tokens")
+    @classmethod
+    def _draft_tokens_ok(cls, v: list[int | None] | None) -> list[int | None] | None:
+        if v is not None and (not v or any(x is not None and x < 2 for x in v)):
+            raise ValueError("give a non-empty list of integers >= 2 (or null for steps + 1)")
+        return v
+
+    @field_validator("synthetic_accept")
+    @classmethod
+    def _rates_ok(cls, v: list[float | None] | None) -> list[float | None] | None:
+        if v is not None and (not v or any(x is not None and not 0.0 <= x <= 1.0 for x in v)):
+            raise ValueError("give a non-empty list of per-token rates in [0, 1] (or null)")
+        return v
+
+
+class SweepParams(BaseModel):
+    """A sweep: the trial it varies (`trial`), the grid, how to search it and how much it may cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial: TrialParams = Field(description="Host, engine, models, requests: everything a trial takes but arms.")
+    grid: SweepGrid = Field(default_factory=SweepGrid, description="The settings and concurrency levels.")
+    method: Method = Field("eagle3", description="Speculative method of every grid point (not 'none').")
+    strategy: Strategy = Field("guided", description="'grid': measure every point. 'guided': baseline, a few "
+                                                     "informative settings, fit the cycle-cost model and the "
+                                                     "acceptance curve, then measure only what could be best. "
+                                                     "Default 'guided', but 'grid' when the file lists "
+                                                     "speculative arms (a trial file used as it is).")
+    budget_s: float | None = Field(None, gt=0, description="Wall-clock budget in seconds, counted from the end "
+                                                           "of preparation (builds, model files): no server start "
+                                                           "begins that would be expected to end after it.")
+    budget_restarts: int | None = Field(None, ge=2, description="Most server starts (the baseline's included).")
+    confirm_level: float = Field(0.9, gt=0.5, lt=1, description="Confidence level of the comparison between "
+                                                                "the best setting and the runner-up.")
+    margin_floor: float = Field(0.03, ge=0, lt=1, description="Guided: smallest relative prediction error "
+                                                              "assumed; an unmeasured setting whose prediction "
+                                                              "x (1 + margin) beats the best measured one is "
+                                                              "measured next.")
+
+    @field_validator("method")
+    @classmethod
+    def _speculative(cls, v: str) -> str:
+        if v == "none":
+            raise ValueError("a sweep varies speculative settings: choose eagle3, draft, eagle, nextn or ngram "
+                             "(the baseline is measured anyway)")
+        return v
+
+    @model_validator(mode="after")
+    def _arms_as_grid(self) -> SweepParams:
+        spec = [a for a in self.trial.arms if a.speculative]
+        if not spec:
+            return self
+        if self.grid.model_dump(exclude_none=True):
+            raise ValueError("arms and grid: give the settings either as a grid (grid.steps, ...) or as a list of "
+                             "speculative arms, not both")
+        methods = sorted({a.method for a in spec})
+        drafts = sorted({str(self.trial.arm_draft(a)) for a in spec})
+        if len(methods) > 1 or len(drafts) > 1:
+            raise ValueError(f"arms: a sweep varies steps/topk/draft tokens/synthetic acceptance of one method and "
+                             f"draft; these arms use methods {methods} and drafts {drafts}: sweep them apart")
+        odd = [a.name for a in spec if a.env or a.extra_args or isinstance(a.synthetic_accept, list)]
+        if odd:
+            raise ValueError(f"arms {odd}: per-arm env, extra_args and per-position synthetic rates are not grid "
+                             "settings; put env/extra_args at the top level, give synthetic_accept as one rate")
+        if "method" in self.model_fields_set and self.method != methods[0]:
+            raise ValueError(f"method: {self.method!r} but the arms use {methods[0]!r}")
+        self.method = methods[0]  # type: ignore[assignment]
+        return self
+
+    @model_validator(mode="after")
+    def _grid_fits_engine(self) -> SweepParams:
+        t, g = self.trial, self.grid
+        rates = g.synthetic_accept or [None]
+        if t.engine != "llamacpp" and any(r is not None for r in rates):
+            raise ValueError(f"grid.synthetic_accept: only llama.cpp takes synthetic acceptance (engine is "
+                             f"{t.engine}); use [null]")
+        if t.engine == "llamacpp" and any(k != 1 for k in (g.topk or [t.topk])):
+            raise ValueError("grid.topk: llama.cpp drafts a chain; use [1]")
+        return self
+
+    # --- the grid ------------------------------------------------------------------------------------
+    def settings(self) -> list[Setting]:
+        """Every distinct setting of the grid (concurrency apart), in grid order (or the arms' order)."""
+        t, g = self.trial, self.grid
+        spec = [a for a in t.arms if a.speculative]
+        combos = [(t.arm_steps(a), t.arm_topk(a), t.arm_draft_tokens(a), a.synthetic_accept) for a in spec] or \
+            itertools.product(g.steps or [t.steps], g.topk or [t.topk], g.draft_tokens or [t.draft_tokens],
+                              g.synthetic_accept or [None])
+        out: list[Setting] = []
+        for steps, topk, dt, rate in combos:
+            if topk == 1:
+                dt = steps + 1  # a chain verifies its drafts plus the target's own token
+            elif dt is None:
+                raise ConfigError(f"grid.draft_tokens: topk {topk} needs explicit draft tokens (tree nodes verified "
+                                  "per cycle, e.g. [8] for steps 5 topk 4); null means steps + 1, valid for topk 1")
+            s = Setting(steps=steps, topk=topk, draft_tokens=dt, synthetic_accept=rate)
+            if s not in out:
+                out.append(s)
+        return out
+
+    def concurrency_levels(self) -> list[int]:
+        return self.grid.concurrency or [self.trial.concurrency]
+
+    def scenarios(self) -> list[float | None]:
+        """Acceptance scenarios: each synthetic rate (None = the draft's real acceptance)."""
+        return list(dict.fromkeys(s.synthetic_accept for s in self.settings()))
+
+    def arm(self, setting: Setting) -> Arm:
+        """The arm that launches `setting` (the draft of the listed arms, else the trial's `draft`)."""
+        drafts = [a.draft for a in self.trial.arms if a.speculative and a.draft]
+        return Arm(name=setting.name(self.method), method=self.method, steps=setting.steps, topk=setting.topk,
+                   draft_tokens=setting.draft_tokens, synthetic_accept=setting.synthetic_accept,
+                   draft=drafts[0] if drafts else None)
+
+    def trial_params(self, arms: list[Arm] | None = None) -> TrialParams:
+        """The trial the sweep runs, with `arms` (default: baseline + every setting) and enough server slots."""
+        data = self.trial.model_dump(mode="json")
+        data["arms"] = [a.model_dump(mode="json") for a in (arms or [Arm(name="baseline"),
+                                                                     *map(self.arm, self.settings())])]
+        if self.trial.engine == "llamacpp":  # one slot per concurrent stream (-np)
+            cfg = data.setdefault("engine_config", {})
+            cfg["parallel"] = max(int(cfg.get("parallel") or 1), max(self.concurrency_levels()))
+        return validate_trial(data, "sweep params (trial part)")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One launch configuration of the grid: what a server start fixes."""
+
+    steps: int
+    topk: int
+    draft_tokens: int
+    synthetic_accept: float | None
+
+    @property
+    def k(self) -> int:
+        """Draft tokens verified per cycle besides the target's own: the cycle-cost model's k."""
+        return self.draft_tokens - 1
+
+    def name(self, method: str) -> str:
+        """Arm name, unique per setting: e.g. eagle3-s3-a0.8, eagle3-s5-t4-n8."""
+        out = f"{method}-s{self.steps}"
+        if self.topk != 1:
+            out += f"-t{self.topk}-n{self.draft_tokens}"
+        if self.synthetic_accept is not None:
+            out += f"-a{self.synthetic_accept:g}"
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "topk": self.topk, "draft_tokens": self.draft_tokens,
+                "synthetic_accept": self.synthetic_accept}
+
+
+SWEEP_KEYS = tuple(k for k in SweepParams.model_fields if k != "trial")
+
+
+def _normalise(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """{'trial': {...}, sweep keys...} from either layout; unknown keys name both allowed sets."""
+    if "trial" in raw:
+        if not isinstance(raw["trial"], dict):
+            raise ConfigError(f"{source}: `trial` must be a mapping of trial parameters")
+        extra = sorted(set(raw) - {"trial", *SWEEP_KEYS})
+        if extra:
+            raise ConfigError(f"{source}: {', '.join(extra)}: unknown sweep parameter(s); with a `trial:` "
+                              f"mapping the top level takes only {', '.join(('trial', *SWEEP_KEYS))}")
+        return {**raw, "trial": dict(raw["trial"])}
+    out: dict[str, Any] = {"trial": {}}
+    for k, v in raw.items():
+        (out if k in SWEEP_KEYS else out["trial"])[k] = v
+    return out
+
+
+def _check_trial_keys(trial: dict[str, Any], source: str) -> None:
+    unknown = sorted(set(trial) - set(TrialParams.model_fields))
+    if unknown:
+        raise ConfigError(f"{source}: {', '.join(unknown)}: unknown parameter(s); a sweep takes the trial "
+                          f"parameters {', '.join(sorted(set(TrialParams.model_fields) - {'arms'}))} and the "
+                          f"sweep parameters {', '.join(SWEEP_KEYS)}")
+
+
+def load_sweep_params(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None,
+                      data: dict[str, Any] | None = None) -> SweepParams:
+    """Load a sweep params YAML (or a mapping), apply dotted overrides, validate."""
+    source, raw = "sweep params", dict(data or {})
+    if path is not None:
+        f = find_params_file(path)
+        source = str(f)
+        try:
+            loaded = yaml.safe_load(Path(f).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{f}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{f}: the top level must be a mapping of parameter names")
+        raw = {**loaded, **raw}
+    norm = _normalise(raw, source)
+    for name, value in (overrides or {}).items():
+        top = name.split(".")[0]
+        if top in SWEEP_KEYS or top == "trial":
+            apply_override(norm, name, value)
+        else:
+            apply_override(norm["trial"], name, value)
+    _check_trial_keys(norm["trial"], source)
+    listed = [a for a in norm["trial"].get("arms") or [] if isinstance(a, dict) and a.get("method", "none") != "none"]
+    if listed and "strategy" not in norm:  # a trial file used as it is: measure what it lists unless told
+        norm["strategy"] = "grid"
+    norm["trial"].setdefault("arms", [{"name": "baseline"}])  # `arms` with speculative arms: the grid as a list
+    try:
+        return SweepParams.model_validate(norm)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source).replace("  - trial.", "  - ")) from None

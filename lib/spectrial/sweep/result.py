@@ -1,0 +1,72 @@
+"""What a sweep hands back: the run folder, its manifest, and tables of its points, best settings and starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from spectrial.errors import SpectrialError
+
+
+class SweepFailed(SpectrialError):
+    """The sweep ran but could not measure what it needed; the record says why."""
+
+    def __init__(self, message: str, result: SweepResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+WINDOW_COUNTERS = ("verify_steps", "drafted", "accepted", "tokens", "decode_ms", "draft_ms")
+POINT_COLUMNS = ["point", "setting", "scenario", "steps", "topk", "draft_tokens", "concurrency", "status", "phase",
+                 "tok_s", "tok_s_ci_low", "tok_s_ci_high", "speedup", "speedup_ci_low", "speedup_ci_high",
+                 "verdict", "accept_len", "cycle_ms", "draft_ms_per_cycle", "break_even_accept_len",
+                 "predicted_tok_s", "prediction_error", "final_predicted_tok_s", "starts"]
+
+
+@dataclass
+class SweepResult:
+    """What a sweep produced: the run folder, its manifest and the per-request rows."""
+
+    run_dir: Path
+    manifest: dict[str, Any]
+    requests: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def status(self) -> str:
+        return self.manifest["status"]
+
+    def points(self) -> pd.DataFrame:
+        """One row per grid point (setting x concurrency, baselines first); unmeasured points included."""
+        return points_table(self.manifest)
+
+    def best(self) -> pd.DataFrame:
+        """The best measured setting per scenario and concurrency, with its CI and the runner-up comparison."""
+        return pd.DataFrame(self.manifest.get("best") or [])
+
+    def starts(self) -> pd.DataFrame:
+        """Server starts in launch order: phase, arm, status, readiness, windows."""
+        rows = [{"order": s["order"], "phase": s.get("phase"), "arm": s["arm"], "restart": s["restart"],
+                 "status": s["status"], "ready_s": s.get("ready_s"), "seconds": s.get("elapsed_s"),
+                 "windows": ", ".join(f"c{w['concurrency']}: {w['tok_s']:.1f}" if w.get("tok_s") else
+                                      f"c{w['concurrency']}: -" for w in s.get("windows", [])),
+                 "reason": s.get("reason")} for s in self.manifest.get("starts", [])]
+        return pd.DataFrame(rows)
+
+    def decisions(self) -> pd.DataFrame:
+        """The guided search's decisions in order (phase, setting, why)."""
+        return pd.DataFrame(self.manifest.get("decisions") or [])
+
+
+def points_table(manifest: dict[str, Any]) -> pd.DataFrame:
+    rows = []
+    for p in manifest.get("points", []):
+        pred = p.get("prediction") or {}
+        final = p.get("final_prediction") or {}
+        row = {c: p.get(c) for c in POINT_COLUMNS}
+        row.update(point=p["id"], predicted_tok_s=pred.get("tok_s"), final_predicted_tok_s=final.get("tok_s"),
+                   starts=len(p.get("start_orders") or []) or None)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=POINT_COLUMNS)

@@ -1,0 +1,296 @@
+"""Sweeps: parameters, the grid, the model, and grid/guided sweeps end to end on a real local llama-server."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from spectrial.analysis import expected_accept_len
+from spectrial.errors import ConfigError
+from spectrial.host import LocalHost
+from spectrial.records import load_manifest
+from spectrial.sweep import (
+    fit_acceptance,
+    fit_sweep_model,
+    load_sweep_params,
+    probe_settings,
+    replay,
+    run_sweep,
+    sweep_command,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sweep_data(tiny: dict[str, Any], **grid: Any) -> dict[str, Any]:
+    """A sweep over the tiny pair: the tiny trial's keys (without arms) plus the sweep keys."""
+    data = {k: v for k, v in tiny.items() if k not in ("arms", "steps")}
+    data.update(name="test-sweep", draft="tiny:eagle3", method="eagle3", repeats=2, max_tokens=16,
+                grid={"steps": [1, 2, 4], "concurrency": [1, 2], "synthetic_accept": [0.8], **grid})
+    return data
+
+
+# --- parameters --------------------------------------------------------------------------------------------
+def test_both_layouts_give_the_same_sweep(write_params):
+    flat = {"name": "s", "model": "tiny:target", "draft": "tiny:eagle3", "repeats": 2,
+            "grid": {"steps": [3, 1, 3], "concurrency": [1, 4]}, "strategy": "grid"}
+    nested = {"trial": {"name": "s", "model": "tiny:target", "draft": "tiny:eagle3", "repeats": 2},
+              "grid": {"steps": [1, 3], "concurrency": [1, 4]}, "strategy": "grid"}
+    a = load_sweep_params(write_params(flat, "flat.yaml"), {"grid.steps": [1, 3], "engine_config.threads": 1})
+    b = load_sweep_params(data=nested, overrides={"trial.engine_config.threads": 1})
+    assert a.model_dump() == b.model_dump()
+    assert a.grid.steps == [1, 3] and a.trial.engine_config == {"threads": 1}
+    tp = a.trial_params()
+    assert [x.name for x in tp.arms] == ["baseline", "eagle3-s1", "eagle3-s3"]
+    assert tp.engine_config["parallel"] == 4  # one llama.cpp slot per concurrent stream
+    assert [x.steps for x in tp.arms[1:]] == [1, 3] and all(x.method == "eagle3" for x in tp.arms[1:])
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"model": "m", "arms": [{"name": "e", "method": "eagle3"}], "grid": {"steps": [1]}}, ["arms and grid"]),
+    ({"model": "m", "arms": [{"name": "e", "method": "eagle3"}, {"name": "d", "method": "draft"}]},
+     ["arms", "'draft', 'eagle3'"]),
+    ({"model": "m", "stratgy": "grid"}, ["stratgy", "strategy", "repeats"]),
+    ({"model": "m", "method": "none"}, ["method", "speculative"]),
+    ({"model": "m", "grid": {"topk": [1, 4]}}, ["grid.topk", "chain"]),
+    ({"model": "m", "engine": "sglang", "grid": {"synthetic_accept": [0.5]}}, ["synthetic_accept", "llama.cpp"]),
+    ({"model": "m", "grid": {"steps": [0, 2]}}, ["grid.steps", ">= 1"]),
+    ({"model": "m", "budget_restarts": 1}, ["budget_restarts"]),
+    ({"trial": {"model": "m"}, "repeats": 2}, ["repeats", "trial"]),
+])
+def test_bad_parameters_name_the_parameter(data, words):
+    with pytest.raises(ConfigError) as err:
+        load_sweep_params(data=data)
+    for w in words:
+        assert w in str(err.value), str(err.value)
+
+
+def test_a_trial_file_is_a_grid_of_its_arms():
+    trial = REPO / "params" / "local.yaml"  # baseline, a real draft and a synthetic EAGLE-3 arm: two methods
+    with pytest.raises(ConfigError, match="one method and draft"):
+        load_sweep_params(trial)
+    p = load_sweep_params(trial, {"arms": [{"name": "baseline"}, {"name": "a", "method": "eagle3", "steps": 3},
+                                           {"name": "b", "method": "eagle3", "steps": 1, "synthetic_accept": 0.5}]})
+    assert p.strategy == "grid" and p.method == "eagle3"  # listed arms are measured as listed unless told
+    assert [(s.steps, s.synthetic_accept) for s in p.settings()] == [(3, None), (1, 0.5)]
+    assert [a.draft for a in p.trial_params().arms[1:]] == [None, None]  # the trial's own `draft` applies
+    assert load_sweep_params(trial, {"arms": [{"name": "a", "method": "eagle3"}], "strategy": "guided"}).strategy \
+        == "guided"
+
+
+def test_grid_settings_and_probes():
+    p = load_sweep_params(data={"model": "m", "engine": "sglang", "grid": {
+        "steps": [1, 2, 4], "topk": [1], "draft_tokens": [None, 9], "synthetic_accept": [None]}})
+    # topk 1 verifies steps + 1 tokens whatever draft_tokens lists: one setting per depth
+    assert [(s.steps, s.draft_tokens, s.k) for s in p.settings()] == [(1, 2, 1), (2, 3, 2), (4, 5, 4)]
+    assert [s.steps for s in probe_settings(p)] == [4, 1]  # deepest and shallowest of the one scenario
+    with pytest.raises(ConfigError, match="grid.draft_tokens"):
+        load_sweep_params(data={"model": "m", "engine": "sglang", "grid": {"topk": [4]}}).settings()
+    tree = load_sweep_params(data={"model": "m", "engine": "sglang",
+                                   "grid": {"steps": [3, 5], "topk": [1, 4], "draft_tokens": [8]}})
+    assert [s.name("eagle3") for s in tree.settings()] == ["eagle3-s3", "eagle3-s3-t4-n8", "eagle3-s5",
+                                                           "eagle3-s5-t4-n8"]
+    two = load_sweep_params(data={"model": "m", "grid": {"steps": [1, 2, 6], "synthetic_accept": [0.6, 0.9, 0.3]}})
+    assert [(s.steps, s.synthetic_accept) for s in probe_settings(two)] == [(6, 0.6), (1, 0.9), (2, 0.3)]
+
+
+# --- the model ---------------------------------------------------------------------------------------------
+def _world(steps: int, alpha: float, c: int) -> dict[str, Any]:
+    """A point of a known world: cycle = 6 + 1.5 k ms (x c), acceptance alpha per token."""
+    cycle = (6.0 + 1.5 * steps) * c
+    tau = expected_accept_len(alpha, steps)
+    return {"steps": steps, "topk": 1, "k": steps, "scenario": alpha, "concurrency": c, "tok_s": tau / cycle * 1000,
+            "accept_len": tau, "cycle_ms": cycle, "draft_ms_per_cycle": 0.5 * steps, "verify_steps": 100.0,
+            "per_position": [alpha ** (i + 1) for i in range(steps)]}
+
+
+def test_model_recovers_a_known_world():
+    measured = [_world(6, 0.6, c) for c in (1, 2)] + [_world(1, 0.9, c) for c in (1, 2)]
+    model = fit_sweep_model(measured)
+    assert model.cycle[1].fixed_ms == pytest.approx(6.0) and model.cycle[1].per_draft_ms == pytest.approx(1.5)
+    assert model.cycle[2].fixed_ms == pytest.approx(12.0) and model.cycle[1].draft_per_token_ms == pytest.approx(0.5)
+    assert model.acceptance[(0.6, 1)].alpha == pytest.approx(0.6, abs=1e-4)
+    assert model.acceptance[(0.9, 1)].alpha == pytest.approx(0.9, abs=1e-4)  # one position, extrapolated
+    for steps in (2, 3, 4, 8):
+        for a in (0.6, 0.9):
+            truth = _world(steps, a, 2)
+            pred = model.predict(steps, 1, steps, a, 2)
+            assert pred is not None and pred["tok_s"] == pytest.approx(truth["tok_s"], rel=1e-3)
+    assert model.predict(2, 1, 2, 0.7, 1) is None  # no curve for an unmeasured scenario
+
+
+def test_acceptance_from_mean_lengths_when_no_per_position():
+    pts = [{"depth": d, "accept_len": expected_accept_len(0.75, d), "per_position": None} for d in (2, 5)]
+    curve = fit_acceptance(pts)
+    assert curve is not None and curve.source.startswith("mean accept length")
+    assert curve.alpha == pytest.approx(0.75, abs=2e-4)
+    assert curve.accept_len(3) == pytest.approx(expected_accept_len(0.75, 3), rel=1e-3)
+    measured = fit_acceptance([{"depth": 3, "accept_len": 2.0, "per_position": [0.6, 0.3, 0.1],
+                                "verify_steps": 10}])
+    assert measured.accept_len(2) == pytest.approx(1.9)  # measured rates where they exist
+
+
+# --- real servers ------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_llamacpp_ignores_per_request_draft_depth(llama_server, tiny_models, port, tmp_path):
+    """Premise of the sweep's grouping: this llama-server drafts n_max tokens whatever a request asks.
+
+    If it ever honours `speculative.n_max` per request, one start could serve every depth: revisit
+    spectrial.sweep.params (restart fields) then.
+    """
+    d = tiny_models.dir
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([str(llama_server), "-m", str(d / "target.gguf"), "-md", str(d / "eagle3.gguf"),
+                             "--spec-type", "draft-eagle3", "--spec-draft-n-max", "4", "--spec-synth-rates",
+                             "0.9,0.81,0.729,0.6561", "--host", "127.0.0.1", "--port", str(port), "-c", "512",
+                             "-np", "1", "--metrics", "--no-webui", "-t", "1"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(timeout=60) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if client.get(f"{url}/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline and proc.poll() is None, "llama-server did not start"
+                time.sleep(0.2)
+            per_step = {}
+            for n_max in (1, 4):
+                body = {"prompt": "hello world there", "max_tokens": 32, "ignore_eos": True, "temperature": 0,
+                        "speculative.n_max": n_max, "speculative.n_min": 0}
+                r = client.post(f"{url}/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                t = r.json()["timings"]
+                steps = t["predicted_n"] - t["draft_n_accepted"]  # one committed token of the target per cycle
+                per_step[n_max] = t["draft_n"] / steps
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+    assert per_step[1] > 2.0 and per_step[4] > 2.0, per_step  # a request's n_max 1 still drafts ~4 per cycle
+
+
+def _check_record(run: Path, levels: list[int]) -> dict[str, Any]:
+    """What every sweep record must hold; returns the manifest."""
+    m = load_manifest(run)
+    assert m["kind"] == "sweep" and m["status"] == "ok", m["reason"]
+    starts = m["starts"]
+    # one start measures every concurrency level: the restart economy of per-request settings
+    for s in starts:
+        assert s["status"] == "ok" and [w["concurrency"] for w in s["windows"]] == levels
+    assert sum(1 for s in starts if s["arm"] == "baseline") == 1
+    spec_arms = [s["arm"] for s in starts if s["arm"] != "baseline"]
+    assert len(spec_arms) == len(set(spec_arms)) == m["budget"]["settings_measured"] == len(starts) - 1
+    assert m["budget"]["restarts"] == len(starts)
+    for p in m["points"]:
+        assert (p["status"] == "ok") == (p["setting"] in {s["arm"] for s in starts})
+        if p["status"] == "ok":
+            assert p["tok_s"] > 0 and p["requests_ok"] >= 2 and p["start_orders"]
+            assert p["tok_s_ci_low"] <= p["tok_s"] <= p["tok_s_ci_high"]
+            if p["method"] != "none":
+                assert 1.0 <= p["accept_len"] <= p["steps"] + 1 and p["cycle_ms"] > 0
+                assert p["per_position"] and len(p["per_position"]) <= p["steps"]
+                assert p["baseline"] == f"baseline@c{p['concurrency']}" and p["speedup"] > 0
+    reqs = pd.read_csv(run / "requests.csv")
+    assert set(reqs["concurrency"]) == set(levels) and set(reqs["start"]) == {s["order"] for s in starts}
+    best = {(b["scenario"], b["concurrency"]): b for b in m["best"]}
+    for (sc, c), b in best.items():
+        measured = [p for p in m["points"] if p["method"] != "none" and p["status"] == "ok"
+                    and p["concurrency"] == c and p["scenario"] == sc]
+        assert b["tok_s"] == max(p["tok_s"] for p in measured)
+        assert b["verdict"]
+    return m
+
+
+@pytest.mark.slow
+def test_guided_sweep_on_local_pair(tiny_params, tmp_path):
+    data = sweep_data(tiny_params, steps=[1, 2, 3, 4])
+    result = run_sweep(load_sweep_params(data=data), progress=False)
+    m = _check_record(result.run_dir, [1, 2])
+    starts = m["starts"]
+    assert [s["phase"] for s in starts[:3]] == ["baseline", "probe", "probe"]
+    assert [s["arm"] for s in starts[1:3]] == ["eagle3-s4-a0.8", "eagle3-s1-a0.8"]
+    assert all(s["phase"] == "confirm" for s in starts[3:])
+    assert "-np" in m["launch"][0]["argv"] and m["launch"][0]["argv"][m["launch"][0]["argv"].index("-np") + 1] == "2"
+    spec = [p for p in m["points"] if p["method"] != "none"]
+    assert all(p["final_prediction"]["tok_s"] > 0 for p in spec)
+    for p in spec:  # each point measured after a prediction shows the prediction next to the measurement
+        if p["phase"] == "confirm":
+            assert p["prediction"]["tok_s"] > 0
+            assert p["prediction_error"] == pytest.approx(p["prediction"]["tok_s"] / p["tok_s"] - 1)
+        else:
+            assert p["prediction"] is None
+    bar = {b["concurrency"]: max(b["tok_s"], b["tok_s_ci_high"]) for b in m["best"]}
+    stopped = m["budget"]["stopped_by"]
+    assert stopped.startswith(("confirmed", "every setting"))
+    if stopped.startswith("confirmed"):  # the stopping rule, checked on what the record says
+        for p in spec:
+            if p["status"] == "not measured":
+                assert p["final_prediction"]["tok_s"] * (1 + m["model"]["margin"]) <= bar[p["concurrency"]]
+                assert p["reason"].startswith("not needed")
+    assert len(starts) <= 1 + 4 and not LocalHost().port_holders(tiny_params["port"])
+
+
+@pytest.mark.slow
+def test_cli_grid_sweep_stops_at_the_restart_budget(tiny_params, write_params):
+    path = write_params(sweep_data(tiny_params, steps=[1, 2, 3]), "sweep.yaml")
+    app = typer.Typer()
+    app.command("sweep")(sweep_command)  # mounted as the lead mounts it in spectrial.cli
+    app.command("noop")(lambda: None)
+    res = CliRunner().invoke(app, ["sweep", str(path), "-p", "strategy=grid", "-p", "budget_restarts=3",
+                                   "-p", "grid.concurrency=[1]", "--quiet"])
+    assert res.exit_code == 0, res.output
+    runs = [p for p in Path(tiny_params["output_dir"]).iterdir() if (p / "manifest.json").is_file()]
+    assert len(runs) == 1
+    m = _check_record(runs[0], [1])
+    assert [s["arm"] for s in m["starts"]] == ["baseline", "eagle3-s1-a0.8", "eagle3-s2-a0.8"]
+    assert m["budget"]["stopped_by"].startswith("restart budget") and m["budget"]["grid_restarts"] == 4
+    left = [p for p in m["points"] if p["status"] == "not measured"]
+    assert [p["id"] for p in left] == ["eagle3-s3-a0.8@c1"] and "restart budget" in left[0]["reason"]
+    assert "best per scenario and concurrency" in res.output and "manifest.json" in res.output
+    assert math.isfinite(json.loads((runs[0] / "manifest.json").read_text())["points"][0]["tok_s"])
+
+
+@pytest.mark.slow
+def test_replays_of_a_grid_record_and_of_a_trial(tiny_params):
+    grid = run_sweep(load_sweep_params(data=sweep_data(tiny_params, steps=[1, 2, 4], concurrency=[1]),
+                                       overrides={"strategy": "grid"}), progress=False)
+    # the grid replayed on its own record reproduces every figure: same requests, same counters, same seed
+    again = replay(grid.run_dir, {"strategy": "grid"})
+    assert again.manifest["kind"] == "sweep-replay" and again.run_dir.parent == grid.run_dir / "replays"
+    for a, b in zip(grid.manifest["points"], again.manifest["points"], strict=True):
+        assert (a["id"], a.get("tok_s"), a.get("tok_s_ci_low"), a.get("accept_len"), a.get("cycle_ms")) == \
+               (b["id"], b.get("tok_s"), b.get("tok_s_ci_low"), b.get("accept_len"), b.get("cycle_ms"))
+    guided = replay(grid.run_dir, {"budget_restarts": 3})
+    starts = guided.manifest["starts"]
+    assert [s["arm"] for s in starts] == ["baseline", "eagle3-s4-a0.8", "eagle3-s1-a0.8"]
+    assert all(s["replayed_from"] is not None for s in starts) and guided.manifest["budget"]["restarts"] == 3
+    # a trial whose arms form a grid replays too (a depth x acceptance trial from a GPU host, say)
+    trial = {**{k: v for k, v in tiny_params.items() if k != "steps"}, "draft": "tiny:eagle3", "repeats": 2,
+             "max_tokens": 16, "arms": [{"name": "baseline"}] + [
+                 {"name": f"e-k{k}", "method": "eagle3", "steps": k, "synthetic_accept": 0.8} for k in (1, 2, 4)]}
+    from spectrial.params import load_params
+    from spectrial.trial import run_trial
+
+    tr = run_trial(load_params(data=trial), progress=False)
+    rep = replay(tr.run_dir)
+    names = {a["name"]: a for a in tr.manifest["arms"]}
+    pts = {p["id"]: p for p in rep.manifest["points"]}
+    assert rep.manifest["starts"][0]["arm"] == "baseline"
+    assert pts["baseline@c1"]["tok_s"] == pytest.approx(names["baseline"]["tok_s"])
+    for s in rep.manifest["starts"][1:]:
+        k = int(s["arm"].split("-s")[1].split("-")[0])
+        assert pts[f"{s['arm']}@c1"]["tok_s"] == pytest.approx(names[f"e-k{k}"]["tok_s"])
+        assert pts[f"{s['arm']}@c1"]["accept_len"] == pytest.approx(names[f"e-k{k}"]["accept_len"])

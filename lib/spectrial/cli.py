@@ -126,25 +126,13 @@ def provision_llama_server(cuda: bool = False, cuda_arch: str = "90") -> None:
     typer.echo(str(ensure_llama_server(cuda=cuda, cuda_arch=cuda_arch)))
 
 
+from spectrial.logs.cli import app as logs_app  # noqa: E402
 from spectrial.nccl_cli import nccl_check_command  # noqa: E402
+from spectrial.sweep.cli import sweep_command  # noqa: E402
 
 app.command("nccl-check")(nccl_check_command)
-
-
-def _mount_optional() -> None:
-    """Mount sub-apps whose modules exist (logs, ...)."""
-    from spectrial.sweep.cli import sweep_command
-
-    app.command("sweep")(sweep_command)
-    try:
-        from spectrial.logs.cli import app as logs_app
-
-        app.add_typer(logs_app, name="logs")
-    except ImportError:  # pragma: no cover - during development only
-        pass
-
-
-_mount_optional()
+app.command("sweep")(sweep_command)
+app.add_typer(logs_app, name="logs")
 
 
 def main() -> None:  # pragma: no cover

@@ -671,7 +671,7 @@ class _Plan:
         self.marker_fmt = np.array([i for _, i in markers] + [-1], dtype=np.int64)  # [-1] for "no marker"
         self.is_block = np.array([isinstance(f, BlockFormat) for f in self.formats] + [False], dtype=bool)
         self.line_parts: list[list[tuple[np.ndarray, dict[str, pa.Array]]]] = [[] for _ in self.formats]
-        self.block_recs: list[list[tuple[int, Record]]] = [[] for _ in self.formats]
+        self.block_recs: list[_Sink] = [_Sink() for _ in self.formats]
         self.total = self.blank = self.recognised = 0
         self.skip_until = 0
         self.errors: list[tuple[int, str, str]] = []
@@ -737,7 +737,7 @@ class _Plan:
         for off, rec in recs:
             if "timestamp" not in rec:
                 rec["timestamp"] = fmt.timestamp(w[off]) if has_ts else None  # type: ignore[union-attr]
-            self.block_recs[i].append((g + off + 1, rec))
+            self.block_recs[i].add(g + off + 1, rec)
         if used:
             w[used - 1]  # make sure the chunks holding the block are loaded
             self.recognised += stream.nonblank(g, g + used)
@@ -771,32 +771,11 @@ class _Plan:
             kind = df["kind"].to_numpy(object) if "kind" in df else _const(n, fmt.kind)
             return _Cols(df["line"].to_numpy(np.int64), _const(n, fmt.engine), kind,
                          {c: df[c].to_numpy() for c in df.columns if c not in ("line", "kind", "engine")})
-        recs = self.block_recs[i]
-        if not recs:
+        sink = self.block_recs[i]
+        if not sink.n:
             return None
-        n = len(recs)
-        lines = np.fromiter((ln for ln, _ in recs), np.int64, n)
-        types = {"timestamp": "str", "engine": "str", "kind": "str", **fmt.columns}
-        found: dict[str, tuple[list[int], list[Any]]] = {}
-        for j, (_, r) in enumerate(recs):  # one pass over the fields records have (they are sparse)
-            for c, v in r.items():
-                if v is not None:
-                    idx, vals = found.setdefault(c, ([], []))
-                    idx.append(j)
-                    vals.append(v)
-        cols: dict[str, np.ndarray] = {}
-        for c, (idx, vals) in found.items():
-            typ = types.get(c)
-            if typ is None:
-                continue
-            if typ == "float":
-                arr = np.full(n, np.nan)
-                arr[idx] = [v if isinstance(v, (int, float)) else np.nan for v in vals]
-            else:
-                arr = np.full(n, None, object)
-                for j, v in zip(idx, vals, strict=True):
-                    arr[j] = v
-            cols[c] = arr
+        n = sink.n
+        lines, cols = sink.columns({"timestamp": "str", "engine": "str", "kind": "str", **fmt.columns})
         return _Cols(lines, _or(cols.pop("engine", None), fmt.engine, n), _or(cols.pop("kind", None), fmt.kind, n), cols)
 
     def result(self, wanted: set[str] | None) -> pd.DataFrame:
@@ -866,6 +845,76 @@ class _Cols:
 
 
 _ARROW_TYPES = {"float": pa.float64(), "str": pa.string(), "bool": pa.bool_(), "list": pa.list_(pa.float64())}
+
+
+_NUMBERS = frozenset((float, int, bool, type(None)))
+_SCALARS = frozenset((str, float, int, bool, type(None)))
+
+
+class _Sink:
+    """The records of one block format, kept as value tuples grouped by their field names (filled while
+    the records are fresh; turned into columns once, at the end)."""
+
+    __slots__ = ("n", "groups")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+
+    def add(self, line: int, rec: Record) -> None:
+        """Append one record found at 1-based `line`."""
+        key = tuple(rec)
+        rows = self.groups.get(key)
+        if rows is None:
+            rows = self.groups[key] = []
+        rows.append((self.n, line, *rec.values()))
+        self.n += 1
+
+    def columns(self, types: Mapping[str, str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Line numbers and typed columns (NaN / None where a record lacks the field), in insertion order."""
+        n = self.n
+        lines = np.empty(n, np.int64)
+        parts: dict[str, list[tuple[np.ndarray, tuple[Any, ...]]]] = {}
+        for key, rows in self.groups.items():
+            seq, ln, *vals = zip(*rows, strict=True)
+            at = np.array(seq, np.int64)
+            lines[at] = ln
+            for c, v in zip(key, vals, strict=True):
+                if c in types:
+                    parts.setdefault(c, []).append((at, v))
+        cols: dict[str, np.ndarray] = {}
+        for c, pieces in parts.items():
+            if types[c] == "float":
+                arr = np.full(n, np.nan)
+                for at, v in pieces:
+                    arr[at] = _floats(v)
+            else:
+                arr = np.full(n, None, object)
+                for at, v in pieces:
+                    arr[at] = _objects(v)
+            cols[c] = arr
+        return lines, cols
+
+
+def _floats(vals: Sequence[Any]) -> np.ndarray:
+    """Numbers as float64; None and anything not a number -> NaN."""
+    if set(map(type, vals)) <= _NUMBERS:
+        try:
+            return np.array(vals, dtype=np.float64)
+        except (OverflowError, ValueError, TypeError):
+            pass
+    return np.array([v if isinstance(v, (int, float)) else np.nan for v in vals], dtype=np.float64)
+
+
+def _objects(vals: Sequence[Any]) -> np.ndarray:
+    """Values as one object cell each (lists and dicts stay single cells)."""
+    arr = np.empty(len(vals), object)
+    if set(map(type, vals)) <= _SCALARS:
+        arr[:] = vals
+    else:
+        for j, v in enumerate(vals):
+            arr[j] = v
+    return arr
 
 
 def _or(arr: np.ndarray | None, default: str, n: int) -> np.ndarray:

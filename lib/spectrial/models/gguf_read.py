@@ -21,14 +21,31 @@ from spectrial.errors import ParseError
 _MAGIC = b"GGUF"
 # GGUFValueType id -> (struct format, numpy dtype) for the fixed-size scalar types.
 _SCALARS: dict[int, tuple[str, str]] = {
-    0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"), 4: ("<I", "<u4"), 5: ("<i", "<i4"),
-    6: ("<f", "<f4"), 7: ("<?", "?"), 10: ("<Q", "<u8"), 11: ("<q", "<i8"), 12: ("<d", "<f8"),
+    0: ("<B", "<u1"),
+    1: ("<b", "<i1"),
+    2: ("<H", "<u2"),
+    3: ("<h", "<i2"),
+    4: ("<I", "<u4"),
+    5: ("<i", "<i4"),
+    6: ("<f", "<f4"),
+    7: ("<?", "?"),
+    10: ("<Q", "<u8"),
+    11: ("<q", "<i8"),
+    12: ("<d", "<f8"),
 }
 _STRING, _ARRAY = 8, 9
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 # ggml type id -> (block size in elements, bytes per block) for the unquantized types spectrial writes/reads.
-_GGML_SIZES: dict[int, tuple[int, int]] = {0: (1, 4), 1: (1, 2), 30: (1, 2), 24: (1, 1), 25: (1, 2), 26: (1, 4),
-                                           27: (1, 8), 28: (1, 8)}
+_GGML_SIZES: dict[int, tuple[int, int]] = {
+    0: (1, 4),
+    1: (1, 2),
+    30: (1, 2),
+    24: (1, 1),
+    25: (1, 2),
+    26: (1, 4),
+    27: (1, 8),
+    28: (1, 8),
+}
 
 
 @dataclass(frozen=True)
@@ -65,7 +82,7 @@ class _Buf:
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.mm):
             raise ParseError(f"truncated GGUF header at byte {self.pos} (wanted {n} more bytes)")
-        b = self.mm[self.pos:self.pos + n]
+        b = self.mm[self.pos : self.pos + n]
         self.pos += n
         return b
 
@@ -86,7 +103,7 @@ class _Buf:
         out, mm, pos, unpack = [], self.mm, self.pos, _U64.unpack_from
         for _ in range(count):
             n = unpack(mm, pos)[0]
-            out.append(mm[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"))
+            out.append(mm[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"))
             pos += 8 + n
         self.pos = pos
         return out
@@ -126,8 +143,9 @@ def read_header(path: str | Path) -> GGUFHeader:
             for _ in range(n_tensors):
                 name = b.string()
                 dims = [b.u64() for _ in range(b.u32())]
-                hdr.tensors.append(TensorInfo(name=name, shape=tuple(reversed(dims)), ggml_type=b.u32(),
-                                              offset=b.u64()))
+                hdr.tensors.append(
+                    TensorInfo(name=name, shape=tuple(reversed(dims)), ggml_type=b.u32(), offset=b.u64())
+                )
         except struct.error as e:
             raise ParseError(f"{path}: truncated GGUF header at byte {b.pos}") from e
         align = int(hdr.kv.get("general.alignment", 32))
@@ -153,14 +171,21 @@ def describe(path: str | Path) -> dict[str, Any]:
     arch = kv.get("general.architecture", "")
     tokens = kv.get("tokenizer.ggml.tokens")
     out: dict[str, Any] = {
-        "path": str(path), "arch": arch, "name": kv.get("general.name"),
-        "n_layer": kv.get(f"{arch}.block_count"), "n_embd": kv.get(f"{arch}.embedding_length"),
-        "n_ff": kv.get(f"{arch}.feed_forward_length"), "n_head": kv.get(f"{arch}.attention.head_count"),
+        "path": str(path),
+        "arch": arch,
+        "name": kv.get("general.name"),
+        "n_layer": kv.get(f"{arch}.block_count"),
+        "n_embd": kv.get(f"{arch}.embedding_length"),
+        "n_ff": kv.get(f"{arch}.feed_forward_length"),
+        "n_head": kv.get(f"{arch}.attention.head_count"),
         "n_head_kv": kv.get(f"{arch}.attention.head_count_kv"),
         "n_vocab": len(tokens) if tokens is not None else kv.get(f"{arch}.vocab_size"),
-        "tokenizer": kv.get("tokenizer.ggml.model"), "file_type": kv.get("general.file_type"),
-        "n_tensors": len(hdr.tensors), "n_params": sum(t.n_elements for t in hdr.tensors),
-        "file_bytes": path.stat().st_size, "gguf_version": hdr.version,
+        "tokenizer": kv.get("tokenizer.ggml.model"),
+        "file_type": kv.get("general.file_type"),
+        "n_tensors": len(hdr.tensors),
+        "n_params": sum(t.n_elements for t in hdr.tensors),
+        "file_bytes": path.stat().st_size,
+        "gguf_version": hdr.version,
     }
     if f"{arch}.target_layers" in kv:
         out["target_layers"] = list(kv[f"{arch}.target_layers"])

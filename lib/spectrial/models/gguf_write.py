@@ -82,7 +82,7 @@ def _chunks(spec: TensorSpec, seed: int, fill: Fill) -> Iterator[np.ndarray]:
     left = n
     while left:
         m = min(left, _POOL_ELEMS - pos, CHUNK_ELEMS)
-        yield pool[pos:pos + m]
+        yield pool[pos : pos + m]
         pos, left = (pos + m) % _POOL_ELEMS, left - m
 
 
@@ -96,7 +96,11 @@ def file_type_of(specs: Sequence[TensorSpec]) -> int:
     return int(any(len(s.shape) > 1 and np.dtype(s.dtype) == np.float16 for s in specs))
 
 
-_ARRAY_DTYPES = {gguf.GGUFValueType.INT32: "<i4", gguf.GGUFValueType.UINT32: "<u4", gguf.GGUFValueType.FLOAT32: "<f4"}
+_ARRAY_DTYPES = {
+    gguf.GGUFValueType.INT32: "<i4",
+    gguf.GGUFValueType.UINT32: "<u4",
+    gguf.GGUFValueType.FLOAT32: "<f4",
+}
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 
 
@@ -107,8 +111,9 @@ class _FastWriter(gguf.GGUFWriter):
     are the same (checked against ``gguf.GGUFReader`` in tests/test_models.py).
     """
 
-    def _pack_val(self, val: Any, vtype: gguf.GGUFValueType, add_vtype: bool,
-                  sub_type: gguf.GGUFValueType | None = None) -> bytes:
+    def _pack_val(
+        self, val: Any, vtype: gguf.GGUFValueType, add_vtype: bool, sub_type: gguf.GGUFValueType | None = None
+    ) -> bytes:
         if vtype != gguf.GGUFValueType.ARRAY or len(val) < 256 or self.endianess != gguf.GGUFEndian.LITTLE:
             return super()._pack_val(val, vtype, add_vtype, sub_type)
         ltype = sub_type if sub_type is not None else gguf.GGUFValueType.get_type(val[0])
@@ -118,7 +123,8 @@ class _FastWriter(gguf.GGUFWriter):
         return head + _U32.pack(ltype) + _U64.pack(len(val)) + _packed_items(val, ltype)
 
 
-_PACKED: dict[int, tuple[Sequence[Any], bytes]] = {}  # id(list) -> (the list, its packed items): one vocab, 3 files
+# id(list) -> (the list, its packed items): one vocabulary is packed once for the 3 files of a set.
+_PACKED: dict[int, tuple[Sequence[Any], bytes]] = {}
 
 
 def _packed_items(val: Sequence[Any], ltype: gguf.GGUFValueType) -> bytes:
@@ -137,7 +143,7 @@ def _packed_items(val: Sequence[Any], ltype: gguf.GGUFValueType) -> bytes:
 
 
 class _HashingFile:
-    """File wrapper that hashes (sha256) everything written through it; GGUFWriter only needs these methods."""
+    """File wrapper that sha256-hashes everything written through it (GGUFWriter needs only these methods)."""
 
     def __init__(self, f: IO[bytes]) -> None:
         self.f, self.h = f, hashlib.sha256()
@@ -165,8 +171,15 @@ class Written:
     sha256: str
 
 
-def write_gguf(path: str | Path, arch: str, add_keys: Callable[[gguf.GGUFWriter], None],
-               specs: Sequence[TensorSpec], *, seed: int, fill: Fill = "normal") -> Written:
+def write_gguf(
+    path: str | Path,
+    arch: str,
+    add_keys: Callable[[gguf.GGUFWriter], None],
+    specs: Sequence[TensorSpec],
+    *,
+    seed: int,
+    fill: Fill = "normal",
+) -> Written:
     """Write one GGUF file: ``add_keys`` adds the metadata, then each spec's data is streamed and hashed."""
     path = Path(path)
     w = _FastWriter(path, arch)

@@ -19,11 +19,20 @@ from spectrial.models.tiny import DTYPES
 from spectrial.models.vocab import load_vocab_gguf
 
 
-def write_llama_pair(outdir: str | Path, *, vocab_gguf: str | Path, shape: str | LlamaShape = "llama3-8b",
-                     n_layers: int | None = None, seed: int = 0, accept_knob: float = 0.99,
-                     embd_scale: float = 10.0, draft_layers: int = 1,
-                     target_layers: tuple[int, int, int] | None = None,
-                     dtype: Literal["f16", "f32"] = "f16", fill: Fill = "tile") -> ModelSet:
+def write_llama_pair(
+    outdir: str | Path,
+    *,
+    vocab_gguf: str | Path,
+    shape: str | LlamaShape = "llama3-8b",
+    n_layers: int | None = None,
+    seed: int = 0,
+    accept_knob: float = 0.99,
+    embd_scale: float = 10.0,
+    draft_layers: int = 1,
+    target_layers: tuple[int, int, int] | None = None,
+    dtype: Literal["f16", "f32"] = "f16",
+    fill: Fill = "tile",
+) -> ModelSet:
     """Write target.gguf, draft-simple.gguf, eagle3.gguf and models.json for a named shape and real vocab.
 
     ``n_layers`` overrides the shape's block count (e.g. 2 for a CPU check of the real-vocab path);
@@ -50,10 +59,29 @@ def write_llama_pair(outdir: str | Path, *, vocab_gguf: str | Path, shape: str |
     sh = get_shape(shape, n_layers)
     vocab = load_vocab_gguf(vocab_gguf)
     name = shape if isinstance(shape, str) else "custom"
-    knobs = {"shape": name, "n_layers": sh.n_layer, "seed": seed, "accept_knob": accept_knob,
-             "embd_scale": embd_scale, "draft_layers": draft_layers,
-             "target_layers": None if target_layers is None else list(target_layers), "dtype": dtype,
-             "fill": fill, "vocab_gguf": str(vocab_gguf)}
-    return write_model_set(outdir, kind=name, shape=sh, vocab=vocab, seed=seed, draft_layers=draft_layers,
-                           embd_scale=embd_scale, tail_scale=1.0 - accept_knob, dtype=DTYPES[dtype], fill=fill,
-                           target_layers=None if target_layers is None else list(target_layers), knobs=knobs)
+    knobs = {
+        "shape": name,
+        "n_layers": sh.n_layer,
+        "seed": seed,
+        "accept_knob": accept_knob,
+        "embd_scale": embd_scale,
+        "draft_layers": draft_layers,
+        "target_layers": None if target_layers is None else list(target_layers),
+        "dtype": dtype,
+        "fill": fill,
+        "vocab_gguf": str(vocab_gguf),
+    }
+    return write_model_set(
+        outdir,
+        kind=name,
+        shape=sh,
+        vocab=vocab,
+        seed=seed,
+        draft_layers=draft_layers,
+        embd_scale=embd_scale,
+        tail_scale=1.0 - accept_knob,
+        dtype=DTYPES[dtype],
+        fill=fill,
+        target_layers=None if target_layers is None else list(target_layers),
+        knobs=knobs,
+    )

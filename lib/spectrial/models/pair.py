@@ -57,8 +57,9 @@ class LlamaShape(BaseModel):
 
 SHAPES: dict[str, LlamaShape] = {
     "tiny": LlamaShape(n_layer=16, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_ctx=4096),
-    "llama3-8b": LlamaShape(n_layer=32, n_embd=4096, n_ff=14336, n_head=32, n_head_kv=8, n_ctx=8192,
-                            rope_freq_base=500000.0),
+    "llama3-8b": LlamaShape(
+        n_layer=32, n_embd=4096, n_ff=14336, n_head=32, n_head_kv=8, n_ctx=8192, rope_freq_base=500000.0
+    ),
 }
 
 
@@ -79,45 +80,61 @@ def default_target_layers(n_layer: int) -> list[int]:
     return sorted(min(max(i, 0), n_layer - 1) for i in (2, n_layer // 2, n_layer - 3))
 
 
-def llama_specs(shape: LlamaShape, n_vocab: int, *, n_layer: int, dtype: type[np.floating], embd_scale: float,
-                tail_from: int, tail_scale: float) -> list[TensorSpec]:
+def llama_specs(
+    shape: LlamaShape,
+    n_vocab: int,
+    *,
+    n_layer: int,
+    dtype: type[np.floating],
+    embd_scale: float,
+    tail_from: int,
+    tail_scale: float,
+) -> list[TensorSpec]:
     """Tensors of a llama model with the first ``n_layer`` blocks of ``shape``; blocks >= tail_from scaled."""
     d, hd = shape.n_embd, shape.head_dim
-    specs = [TensorSpec("token_embd.weight", (n_vocab, d), dtype, scale=embd_scale),
-             TensorSpec("output_norm.weight", (d,), np.float32, "ones"),
-             TensorSpec("output.weight", (n_vocab, d), dtype)]
+    specs = [
+        TensorSpec("token_embd.weight", (n_vocab, d), dtype, scale=embd_scale),
+        TensorSpec("output_norm.weight", (d,), np.float32, "ones"),
+        TensorSpec("output.weight", (n_vocab, d), dtype),
+    ]
     for i in range(n_layer):
         r = tail_scale if i >= tail_from else 1.0
         b = f"blk.{i}."
-        specs += [TensorSpec(b + "attn_norm.weight", (d,), np.float32, "ones"),
-                  TensorSpec(b + "attn_q.weight", (shape.n_head * hd, d), dtype),
-                  TensorSpec(b + "attn_k.weight", (shape.n_head_kv * hd, d), dtype),
-                  TensorSpec(b + "attn_v.weight", (shape.n_head_kv * hd, d), dtype),
-                  TensorSpec(b + "attn_output.weight", (d, shape.n_head * hd), dtype, scale=r),
-                  TensorSpec(b + "ffn_norm.weight", (d,), np.float32, "ones"),
-                  TensorSpec(b + "ffn_gate.weight", (shape.n_ff, d), dtype),
-                  TensorSpec(b + "ffn_up.weight", (shape.n_ff, d), dtype),
-                  TensorSpec(b + "ffn_down.weight", (d, shape.n_ff), dtype, scale=r)]
-    return specs
-
-
-def eagle3_specs(shape: LlamaShape, n_vocab: int, target_hidden: int, *, dtype: type[np.floating]) -> list[TensorSpec]:
-    """Tensors of a one-block EAGLE-3 draft (no token_embd: llama.cpp uses the target's)."""
-    d, hd = shape.n_embd, shape.head_dim
-    b = "blk.0."
-    return [TensorSpec("fc.weight", (d, 3 * target_hidden), dtype),
-            TensorSpec("output_norm.weight", (d,), np.float32, "ones"),
-            TensorSpec("output.weight", (n_vocab, d), dtype),
+        specs += [
             TensorSpec(b + "attn_norm.weight", (d,), np.float32, "ones"),
-            TensorSpec(b + "attn_norm_2.weight", (d,), np.float32, "ones"),
-            TensorSpec(b + "attn_q.weight", (shape.n_head * hd, 2 * d), dtype),
-            TensorSpec(b + "attn_k.weight", (shape.n_head_kv * hd, 2 * d), dtype),
-            TensorSpec(b + "attn_v.weight", (shape.n_head_kv * hd, 2 * d), dtype),
-            TensorSpec(b + "attn_output.weight", (d, shape.n_head * hd), dtype),
+            TensorSpec(b + "attn_q.weight", (shape.n_head * hd, d), dtype),
+            TensorSpec(b + "attn_k.weight", (shape.n_head_kv * hd, d), dtype),
+            TensorSpec(b + "attn_v.weight", (shape.n_head_kv * hd, d), dtype),
+            TensorSpec(b + "attn_output.weight", (d, shape.n_head * hd), dtype, scale=r),
             TensorSpec(b + "ffn_norm.weight", (d,), np.float32, "ones"),
             TensorSpec(b + "ffn_gate.weight", (shape.n_ff, d), dtype),
             TensorSpec(b + "ffn_up.weight", (shape.n_ff, d), dtype),
-            TensorSpec(b + "ffn_down.weight", (d, shape.n_ff), dtype)]
+            TensorSpec(b + "ffn_down.weight", (d, shape.n_ff), dtype, scale=r),
+        ]
+    return specs
+
+
+def eagle3_specs(
+    shape: LlamaShape, n_vocab: int, target_hidden: int, *, dtype: type[np.floating]
+) -> list[TensorSpec]:
+    """Tensors of a one-block EAGLE-3 draft (no token_embd: llama.cpp uses the target's)."""
+    d, hd = shape.n_embd, shape.head_dim
+    b = "blk.0."
+    return [
+        TensorSpec("fc.weight", (d, 3 * target_hidden), dtype),
+        TensorSpec("output_norm.weight", (d,), np.float32, "ones"),
+        TensorSpec("output.weight", (n_vocab, d), dtype),
+        TensorSpec(b + "attn_norm.weight", (d,), np.float32, "ones"),
+        TensorSpec(b + "attn_norm_2.weight", (d,), np.float32, "ones"),
+        TensorSpec(b + "attn_q.weight", (shape.n_head * hd, 2 * d), dtype),
+        TensorSpec(b + "attn_k.weight", (shape.n_head_kv * hd, 2 * d), dtype),
+        TensorSpec(b + "attn_v.weight", (shape.n_head_kv * hd, 2 * d), dtype),
+        TensorSpec(b + "attn_output.weight", (d, shape.n_head * hd), dtype),
+        TensorSpec(b + "ffn_norm.weight", (d,), np.float32, "ones"),
+        TensorSpec(b + "ffn_gate.weight", (shape.n_ff, d), dtype),
+        TensorSpec(b + "ffn_up.weight", (shape.n_ff, d), dtype),
+        TensorSpec(b + "ffn_down.weight", (d, shape.n_ff), dtype),
+    ]
 
 
 def _arch_keys(w: gguf.GGUFWriter, name: str, shape: LlamaShape, n_layer: int, vocab: Vocab) -> None:
@@ -199,16 +216,32 @@ class ModelSet(BaseModel):
 
     def is_complete(self) -> bool:
         """True when every file exists with the recorded size (cheap check; sha256 is not re-hashed)."""
-        return all((self.dir / f.file).is_file() and (self.dir / f.file).stat().st_size == f.bytes
-                   for f in self.files.values())
+        return all(
+            (self.dir / f.file).is_file() and (self.dir / f.file).stat().st_size == f.bytes
+            for f in self.files.values()
+        )
 
 
-def write_model_set(outdir: str | Path, *, kind: str, shape: LlamaShape, vocab: Vocab, seed: int, draft_layers: int,
-                    embd_scale: float, tail_scale: float, dtype: type[np.floating], fill: Fill,
-                    target_layers: list[int] | None, knobs: dict[str, Any]) -> ModelSet:
+def write_model_set(
+    outdir: str | Path,
+    *,
+    kind: str,
+    shape: LlamaShape,
+    vocab: Vocab,
+    seed: int,
+    draft_layers: int,
+    embd_scale: float,
+    tail_scale: float,
+    dtype: type[np.floating],
+    fill: Fill,
+    target_layers: list[int] | None,
+    knobs: dict[str, Any],
+) -> ModelSet:
     """Write target.gguf, draft-simple.gguf, eagle3.gguf and models.json into ``outdir``."""
     if not 1 <= draft_layers < shape.n_layer:
-        raise ConfigError(f"draft_layers={draft_layers}: must be in [1, {shape.n_layer - 1}] (< target n_layer)")
+        raise ConfigError(
+            f"draft_layers={draft_layers}: must be in [1, {shape.n_layer - 1}] (< target n_layer)"
+        )
     target_layers = default_target_layers(shape.n_layer) if target_layers is None else list(target_layers)
     if len(target_layers) != 3 or not all(0 <= i <= shape.n_layer for i in target_layers):
         raise ConfigError(f"target_layers={target_layers}: need exactly 3 layer ids in [0, {shape.n_layer}]")
@@ -220,9 +253,14 @@ def write_model_set(outdir: str | Path, *, kind: str, shape: LlamaShape, vocab: 
 
     def llama(role: str, n_layer: int) -> None:
         specs = llama_specs(shape, vocab.size, n_layer=n_layer, **common)
-        wr = write_gguf(out / FILES[role], "llama",
-                        lambda w: _arch_keys(w, f"spectrial-{kind}-{role}", shape, n_layer, vocab),
-                        specs, seed=seed, fill=fill)
+        wr = write_gguf(
+            out / FILES[role],
+            "llama",
+            lambda w: _arch_keys(w, f"spectrial-{kind}-{role}", shape, n_layer, vocab),
+            specs,
+            seed=seed,
+            fill=fill,
+        )
         written[role] = (wr, "llama", n_layer)
 
     def eagle3_keys(w: gguf.GGUFWriter) -> None:
@@ -232,16 +270,31 @@ def write_model_set(outdir: str | Path, *, kind: str, shape: LlamaShape, vocab: 
 
     llama("target", shape.n_layer)
     llama("draft_simple", draft_layers)
-    wr = write_gguf(out / FILES["eagle3"], "eagle3", eagle3_keys,
-                    eagle3_specs(shape, vocab.size, shape.n_embd, dtype=dtype),
-                    seed=seed + _EAGLE3_SEED_SALT, fill=fill)
+    wr = write_gguf(
+        out / FILES["eagle3"],
+        "eagle3",
+        eagle3_keys,
+        eagle3_specs(shape, vocab.size, shape.n_embd, dtype=dtype),
+        seed=seed + _EAGLE3_SEED_SALT,
+        fill=fill,
+    )
     written["eagle3"] = (wr, "eagle3", 1)
     ms = ModelSet(
-        dir=out, writer_version=WRITER_VERSION, kind=kind, seed=seed, knobs=knobs, shape=shape,
-        draft_layers=draft_layers, vocab_size=vocab.size, vocab_source=vocab.source,
+        dir=out,
+        writer_version=WRITER_VERSION,
+        kind=kind,
+        seed=seed,
+        knobs=knobs,
+        shape=shape,
+        draft_layers=draft_layers,
+        vocab_size=vocab.size,
+        vocab_source=vocab.source,
         eagle3_target_layers=target_layers,
-        files={role: ModelFile(file=w.path.name, arch=arch, n_layer=n, bytes=w.nbytes, sha256=w.sha256)
-               for role, (w, arch, n) in written.items()},
-        write_seconds=round(time.perf_counter() - t0, 3))
+        files={
+            role: ModelFile(file=w.path.name, arch=arch, n_layer=n, bytes=w.nbytes, sha256=w.sha256)
+            for role, (w, arch, n) in written.items()
+        },
+        write_seconds=round(time.perf_counter() - t0, 3),
+    )
     (out / MANIFEST).write_text(ms.model_dump_json(indent=2, exclude={"dir"}) + "\n")
     return ms

@@ -20,34 +20,39 @@ from spectrial.models.gguf_read import read_header
 
 SPM_SPACE = "\u2581"  # '▁', SentencePiece's visible space
 # Token types as llama.cpp reads them (gguf.TokenType).
-_NORMAL, _UNKNOWN, _CONTROL, _BYTE = (int(gguf.TokenType.NORMAL), int(gguf.TokenType.UNKNOWN),
-                                      int(gguf.TokenType.CONTROL), int(gguf.TokenType.BYTE))
-_WORDS_TEXT = """the of and to a in is it you that he was for on are with as I his they be at one have this from
-or had by hot word but what some we can out other were all there when up use your how said an each she which
-do their time if will way about many then them write would like so these her long make thing see him two has
-look more day could go come did number sound no most people my over know water than call first who may down
-side been now find any new work part take get place made live where after back little only round man year came
-show every good me give our under name very through just form sentence great think say help low line differ
-turn cause much mean before move right boy old too same tell does set three want air well also play small end
-put home read hand port large spell add even land here must big high such follow act why ask men change went
-light kind off need house picture try us again animal point mother world near build self earth father head
-stand own page should country found answer school grow study still learn plant cover food sun four between
-state keep eye never last let thought city tree cross farm hard start might story saw far sea draw left late
-run while press close night real life few north open seem together next white children begin got walk example
-ease paper group always music those both mark often letter until mile river car feet care second book carry
-took science eat room friend began idea fish mountain stop once base hear horse cut sure watch color face wood
-main enough plain girl usual young ready above ever red list though feel talk bird soon body dog family direct
-pose leave song measure door product black short numeral class wind question happen complete ship area half
-rock order fire south problem piece told knew pass since top whole king space heard best hour better true during
-hundred five remember step early hold west ground interest reach fast verb sing listen six table travel less
-morning ten simple several vowel toward war lay against pattern slow center love person money serve appear
-road map rain rule govern pull cold notice voice unit power town fine certain fly fall lead cry dark machine
-note wait plan figure star box noun field rest correct able pound done beauty drive stood contain front teach
-week final gave green quick develop ocean warm free minute strong special mind behind clear tail produce fact
-street inch multiply nothing course stay wheel full force blue object decide surface deep moon island foot
-system busy test record boat common gold possible plane stead dry wonder laugh thousand ago ran check game
-shape equate miss brought heat snow tire bring yes distant fill east paint language among model server token
-speed draft target decode request batch"""
+_NORMAL, _UNKNOWN, _CONTROL, _BYTE = (
+    int(gguf.TokenType.NORMAL),
+    int(gguf.TokenType.UNKNOWN),
+    int(gguf.TokenType.CONTROL),
+    int(gguf.TokenType.BYTE),
+)
+_WORDS_TEXT = """the of and to a in is it you that he was for on are with as I his they be at one have
+this from or had by hot word but what some we can out other were all there when up use your how said an
+each she which do their time if will way about many then them write would like so these her long make
+thing see him two has look more day could go come did number sound no most people my over know water than
+call first who may down side been now find any new work part take get place made live where after back
+little only round man year came show every good me give our under name very through just form sentence
+great think say help low line differ turn cause much mean before move right boy old too same tell does
+set three want air well also play small end put home read hand port large spell add even land here must
+big high such follow act why ask men change went light kind off need house picture try us again animal
+point mother world near build self earth father head stand own page should country found answer school
+grow study still learn plant cover food sun four between state keep eye never last let thought city tree
+cross farm hard start might story saw far sea draw left late run while press close night real life few
+north open seem together next white children begin got walk example ease paper group always music those
+both mark often letter until mile river car feet care second book carry took science eat room friend
+began idea fish mountain stop once base hear horse cut sure watch color face wood main enough plain girl
+usual young ready above ever red list though feel talk bird soon body dog family direct pose leave song
+measure door product black short numeral class wind question happen complete ship area half rock order
+fire south problem piece told knew pass since top whole king space heard best hour better true during
+hundred five remember step early hold west ground interest reach fast verb sing listen six table travel
+less morning ten simple several vowel toward war lay against pattern slow center love person money serve
+appear road map rain rule govern pull cold notice voice unit power town fine certain fly fall lead cry
+dark machine note wait plan figure star box noun field rest correct able pound done beauty drive stood
+contain front teach week final gave green quick develop ocean warm free minute strong special mind behind
+clear tail produce fact street inch multiply nothing course stay wheel full force blue object decide
+surface deep moon island foot system busy test record boat common gold possible plane stead dry wonder
+laugh thousand ago ran check game shape equate miss brought heat snow tire bring yes distant fill east
+paint language among model server token speed draft target decode request batch"""
 _WORDS = _WORDS_TEXT.split()
 
 
@@ -98,8 +103,16 @@ def _spm_pieces() -> itertools.chain[str]:
     bigrams = ["".join(p) for p in itertools.product(lower, repeat=2)]
     trigrams = ["".join(p) for p in itertools.product(lower, repeat=3)]
     return itertools.chain(
-        [SPM_SPACE], (SPM_SPACE + w for w in _WORDS), _WORDS, chars, (SPM_SPACE + c for c in chars),
-        bigrams, (SPM_SPACE + b for b in bigrams), trigrams, (SPM_SPACE + t for t in trigrams))
+        [SPM_SPACE],
+        (SPM_SPACE + w for w in _WORDS),
+        _WORDS,
+        chars,
+        (SPM_SPACE + c for c in chars),
+        bigrams,
+        (SPM_SPACE + b for b in bigrams),
+        trigrams,
+        (SPM_SPACE + t for t in trigrams),
+    )
 
 
 def build_spm_vocab(n_vocab: int = 4096) -> Vocab:
@@ -109,7 +122,9 @@ def build_spm_vocab(n_vocab: int = 4096) -> Vocab:
     """
     n_fixed = 3 + 256
     if not n_fixed + 1 <= n_vocab <= 40000:
-        raise ConfigError(f"n_vocab={n_vocab}: must be in [{n_fixed + 1}, 40000] for the built SPM vocabulary")
+        raise ConfigError(
+            f"n_vocab={n_vocab}: must be in [{n_fixed + 1}, 40000] for the built SPM vocabulary"
+        )
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [_UNKNOWN, _CONTROL, _CONTROL] + [_BYTE] * 256
     seen = set(tokens)
@@ -121,26 +136,50 @@ def build_spm_vocab(n_vocab: int = 4096) -> Vocab:
             tokens.append(piece)
             types.append(_NORMAL)
     scores = [0.0] * n_fixed + [-float(i) for i in range(len(tokens) - n_fixed)]
-    return Vocab(model="llama", pre="default", tokens=tokens, token_type=types, scores=scores, bos_id=1,
-                 eos_id=2, unk_id=0, add_bos=True, source=f"built:spm-{n_vocab}")
+    return Vocab(
+        model="llama",
+        pre="default",
+        tokens=tokens,
+        token_type=types,
+        scores=scores,
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        add_bos=True,
+        source=f"built:spm-{n_vocab}",
+    )
 
 
 def load_vocab_gguf(path: str | Path) -> Vocab:
     """Copy the tokenizer (model, pre, tokens, types, merges/scores, bos/eos/unk) from a GGUF file."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"vocab_gguf={path}: file not found; pass e.g. "
-                          "vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf from the llama-cpp-python sdist")
+        raise ConfigError(
+            f"vocab_gguf={path}: file not found; pass e.g. "
+            "vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf from the llama-cpp-python sdist"
+        )
     kv = read_header(path).kv
-    missing = [k for k in ("model", "tokens", "token_type", "bos_token_id", "eos_token_id")
-               if f"tokenizer.ggml.{k}" not in kv]
+    missing = [
+        k
+        for k in ("model", "tokens", "token_type", "bos_token_id", "eos_token_id")
+        if f"tokenizer.ggml.{k}" not in kv
+    ]
     if missing:
-        raise ConfigError(f"vocab_gguf={path}: lacks tokenizer.ggml.{{{','.join(missing)}}}; "
-                          "pass a vocab-only GGUF from llama.cpp/models")
+        raise ConfigError(
+            f"vocab_gguf={path}: lacks tokenizer.ggml.{{{','.join(missing)}}}; "
+            "pass a vocab-only GGUF from llama.cpp/models"
+        )
     t = "tokenizer.ggml."
     return Vocab(
-        model=kv[t + "model"], pre=kv.get(t + "pre", "default"), tokens=kv[t + "tokens"],
-        token_type=kv[t + "token_type"], scores=kv.get(t + "scores"), merges=kv.get(t + "merges"),
-        bos_id=kv[t + "bos_token_id"], eos_id=kv[t + "eos_token_id"], unk_id=kv.get(t + "unknown_token_id"),
-        add_bos=bool(kv.get(t + "add_bos_token", True)), source=str(path),
+        model=kv[t + "model"],
+        pre=kv.get(t + "pre", "default"),
+        tokens=kv[t + "tokens"],
+        token_type=kv[t + "token_type"],
+        scores=kv.get(t + "scores"),
+        merges=kv.get(t + "merges"),
+        bos_id=kv[t + "bos_token_id"],
+        eos_id=kv[t + "eos_token_id"],
+        unk_id=kv.get(t + "unknown_token_id"),
+        add_bos=bool(kv.get(t + "add_bos_token", True)),
+        source=str(path),
     )

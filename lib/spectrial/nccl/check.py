@@ -105,8 +105,8 @@ def resolve_world_size(params: NcclCheckParams) -> int:
     except ImportError as exc:
         raise ConfigError(f"backend: nccl needs torch with CUDA ({exc}); use backend: gloo on CPU") from None
     n = torch.cuda.device_count()
-    if not dist.is_nccl_available() or n < 2:
-        raise ConfigError(f"backend: nccl needs torch with NCCL and at least 2 GPUs (found {n} GPU(s), NCCL "
+    if not dist.is_nccl_available() or n < 1:
+        raise ConfigError(f"backend: nccl needs torch with NCCL and a GPU (found {n} GPU(s), NCCL "
                           f"{'available' if dist.is_nccl_available() else 'not available'}); "
                           "use backend: gloo to exercise the same code on CPU")
     ws = params.world_size or n

@@ -105,7 +105,9 @@ class NcclCheckParams(BaseModel):
 
     name: str = Field("nccl-check", description="Name of the check, used in the run id.")
     backend: Backend = Field("nccl", description="nccl (GPUs, one per rank) or gloo (CPU: same code, no NCCL).")
-    world_size: int | None = Field(None, ge=2, description="Ranks; default: number of GPUs (nccl) or 2 (gloo).")
+    world_size: int | None = Field(None, ge=1, description="Ranks; default: number of GPUs (nccl) or 2 (gloo). "
+                                                          "One rank shows visibility and NCCL's own evidence only: "
+                                                          "its all-reduce moves no data between GPUs.")
     env_sets: dict[str, EnvSet] = Field(default_factory=_default_sets,
                                         description="Environment sets, run in this order, each in fresh workers.")
     baseline: str = Field("default", description="The set the others are compared with.")

@@ -76,6 +76,8 @@ def notebook(name: Annotated[str, typer.Argument(help="Notebook path or number p
     typer.echo(f"executed notebook: {out['notebook']}")
     if out.get("run_dir"):
         typer.echo(f"run record: {Path(out['run_dir']) / 'manifest.json'}")
+    if out.get("report"):
+        typer.echo(f"report: {out['report']}")
 
 
 @app.command()

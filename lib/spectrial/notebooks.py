@@ -61,7 +61,12 @@ def run_notebook(name: str, parameters: dict[str, Any] | None = None, *, output_
     if error is not None:
         raise ConfigError(f"notebook {nb.name} failed; executed copy with the error: {out_nb}\n{error}") \
             if not manifest.is_file() else _NotebookFailed(str(error), out_nb)
-    return {"notebook": str(out_nb), "run_dir": str(out_dir) if manifest.is_file() else None}
+    report = None
+    if manifest.is_file():
+        from spectrial.report import write_report
+
+        report = str(write_report(out_dir))
+    return {"notebook": str(out_nb), "run_dir": str(out_dir) if manifest.is_file() else None, "report": report}
 
 
 class _NotebookFailed(ConfigError):

@@ -34,7 +34,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spectrial.logs.core import LIST, NUM, BlockFormat, BlockResult, LineFormat, Window, num, registry
+from spectrial.logs.core import (
+    LIST,
+    NUM,
+    BlockFormat,
+    BlockResult,
+    FastResult,
+    LineFormat,
+    Text,
+    Window,
+    bnum,
+    num,
+    registry,
+)
 
 TS = r"^(?P<timestamp>[0-9]+\.[0-9]{2}\.[0-9]{3}\.[0-9]{3}) "
 TS_JSONL = r'"time"\s*:\s*(?P<timestamp>[0-9]+)'
@@ -320,9 +332,39 @@ def speed_bench(w: Window) -> BlockResult:
     return (recs, k) if recs else ([], 0)
 
 
+_SPEED_BENCH_B = {k.encode(): v for k, v in _SPEED_BENCH.items()}
+
+
+def speed_bench_fast(text: Text, i: int) -> FastResult | None:
+    """:func:`speed_bench` over the plain bytes of the table."""
+    header = text.lines_at(i, 1)[0].split()
+    cols = [_SPEED_BENCH_B.get(h) for h in header]
+    width = len(header)
+    recs: list[tuple[int, dict[str, Any]]] = []
+    k = 1
+    for s in text.iter_lines(i + 1):
+        cells = s.split()
+        if cells and not s.strip().translate(None, b"- "):
+            k += 1
+            continue
+        if len(cells) != width:
+            break
+        rec: dict[str, Any] = {}
+        for col, cell in zip(cols, cells, strict=True):
+            if col == "category":
+                rec[col] = cell.decode()
+            elif col:
+                rec[col] = bnum(cell)
+        recs.append((k, rec))
+        k += 1
+    else:
+        return None  # the table goes on past what was read
+    return (recs, k, k + 1) if recs else ([], 0, k + 1)
+
+
 registry.add(BlockFormat(
     "llamacpp", "speed_bench", ("spec_avg_pred_t/s",), speed_bench,
     {"category": "str", "base_gen_throughput": "float", "gen_throughput": "float", "speedup": "float",
      "base_latency_s": "float", "latency_s": "float", "latency_speedup": "float", "accept_rate": "float"},
-    key_metrics=("gen_throughput", "speedup", "accept_rate"), timestamps=(),
+    key_metrics=("gen_throughput", "speedup", "accept_rate"), timestamps=(), fast=speed_bench_fast,
 ))

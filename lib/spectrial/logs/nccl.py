@@ -21,7 +21,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spectrial.logs.core import NUM, TS_ISO, BlockFormat, BlockResult, LineFormat, Window, num, registry
+from spectrial.logs.core import (
+    NUM,
+    TS_ISO,
+    BlockFormat,
+    BlockResult,
+    FastResult,
+    LineFormat,
+    Rows,
+    Text,
+    Window,
+    num,
+    registry,
+)
 
 HOST = r"(?P<host>[A-Za-z0-9_.-]+):(?P<pid>[0-9]+):[0-9]+ \[[0-9]+\] NCCL"
 RANK = r"\[(?P<rank>[0-9]+)\][^\[\n]*?NCCL (?:INFO|WARN|TRACE|ERROR)"
@@ -164,6 +176,60 @@ def tuning_table(w: Window) -> BlockResult:
     return recs, k
 
 
+def tuning_table_fast(text: Text, i: int) -> FastResult | None:
+    """:func:`tuning_table` over the plain lines of the table, its rows as one :class:`Rows`."""
+    lines = [s.decode() for s in text.lines_at(i, 64)]
+    if len(lines) < 2:
+        return None
+    head = _cells(lines[0])
+    if head is None:
+        return [], 0, 1
+    k = 1
+    if "/" in "".join(head[1]):
+        pairs = [tuple(x.strip() for x in c.split("/", 1)) for c in head[1]]
+        algos, protos = [p[0] for p in pairs], [p[-1] for p in pairs]
+    else:
+        proto = _cells(lines[1])
+        if proto is None or not proto[0].startswith("Protocol") or not head[1]:
+            return [], 0, 2
+        per = max(len(proto[1]) // len(head[1]), 1)
+        protos = proto[1]
+        algos = [head[1][min(j // per, len(head[1]) - 1)] for j in range(len(protos))]
+        k = 2
+    base: list[tuple[str, Any]] = []
+    if (hm := _HOSTPID.search(lines[0])):
+        base += [("host", hm.group("host")), ("pid", float(hm.group("pid")))]
+    if (rm := _RANKPY.search(lines[0])):
+        base.append(("rank", float(rm.group("rank"))))
+    width = len(protos)
+    nthreads: list[float | None] = [None] * width
+    offsets: list[int] = []
+    cells: list[tuple[str, float | None, float | None, int]] = []
+    while True:
+        if k >= len(lines):
+            return None  # the table goes on past what was read
+        row = _cells(lines[k])
+        if row is None or len(row[1]) != width:
+            break
+        name, vals = row
+        if name.lower().startswith("max nthreads"):
+            nthreads = [num(v) for v in vals]
+        else:
+            for j, v in enumerate(vals):
+                lat, _, bw = v.partition("/")
+                offsets.append(k)
+                cells.append((name, num(lat), num(bw), j))
+        k += 1
+    names = tuple(c for c, _ in base)
+    first = tuple(v for _, v in base)
+    if not offsets:  # the table was cut before its collectives: keep the thread counts
+        return Rows([0] * width, (*names, "algorithm", "protocol", "nthreads"),
+                    [(*first, algos[j], protos[j], nthreads[j]) for j in range(width)]), k, k + 1
+    return Rows(offsets, (*names, "collective", "latency_us", "bw_gbs", "algorithm", "protocol", "nthreads"),
+                [(*first, c, lat, bw, algos[j], protos[j], nthreads[j]) for c, lat, bw, j in cells]), k, k + 1
+
+
 registry.add(BlockFormat(
     "nccl", "tuning", ("Algorithm   |", "Latency/AlgBw"), tuning_table, {**_TYPES, **TUNING_COLUMNS},
+    fast=tuning_table_fast,
 ))

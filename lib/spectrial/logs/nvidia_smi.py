@@ -17,7 +17,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from spectrial.logs.core import NUM, BlockFormat, BlockResult, Window, num, register, registry
+from spectrial.logs.core import (
+    NUM,
+    BlockFormat,
+    BlockResult,
+    FastResult,
+    Rows,
+    Text,
+    Window,
+    num,
+    register,
+    registry,
+)
 
 GPU_COLUMNS: dict[str, str] = {
     "index": "float", "name": "str", "driver_version": "str", "cuda_version": "str",
@@ -104,8 +115,53 @@ def smi_table(w: Window) -> BlockResult:
     return (recs, k) if recs else ([], 0)
 
 
+_QUOTE_B = re.compile(_QUOTE.pattern.encode())
+_ROW1_B = re.compile(_ROW1.pattern.encode())
+
+
+def _unquote_b(s: bytes) -> bytes:
+    if s[:1] in (b"|", b"+"):  # the common case: no quote, nothing to strip on the left
+        return s.rstrip()
+    return _QUOTE_B.sub(b"", s).strip()
+
+
+def smi_table_fast(text: Text, i: int) -> FastResult | None:
+    """:func:`smi_table` over the plain bytes of the table."""
+    head = text.line(i)
+    common: dict[str, Any] = {
+        "driver_version": (m.group(1) if (m := _DRIVER.search(head)) else None),
+        "cuda_version": (m.group(1) if (m := _CUDA.search(head)) else None),
+    }
+    for k in (-1, -2, -3):
+        if (d := _DATE.match(text.line(i + k))):
+            common["timestamp"] = d.group("timestamp")
+            break
+    body = text.lines_at(i + 1, 96)
+    recs: list[tuple[int, dict[str, Any]]] = []
+    for j, s in enumerate(body):
+        t = _unquote_b(s)
+        if not t or t[:1] not in (b"|", b"+"):
+            break
+        m = _ROW1_B.match(t) if t[:1] == b"|" else None
+        if m:
+            if j + 1 >= len(body):
+                return None  # the second line of the GPU is past what was read
+            rec = {**common, "index": float(m.group("index")), "name": m.group("name").strip().decode(),
+                   "persistence": None if m.group("persistence") is None else m.group("persistence").decode(),
+                   "bus_id": m.group("bus_id").decode()}
+            row2 = _unquote_b(body[j + 1]).decode()
+            for col, rx in _ROW2.items():
+                if (v := rx.search(row2)):
+                    rec[col] = v.group(1) if col == "pstate" else num(v.group(1))
+            recs.append((j + 1, rec))
+    else:
+        return None  # the table goes on past what was read
+    k = j + 1
+    return (recs, k, k + 1) if recs else ([], 0, k + 1)
+
+
 registry.add(BlockFormat("nvidia-smi", "gpu", ("NVIDIA-SMI ",), smi_table, GPU_COLUMNS,
-                         key_metrics=GPU_METRICS, timestamps=()))
+                         key_metrics=GPU_METRICS, timestamps=(), fast=smi_table_fast, lookback=3))
 
 
 # ---------------------------------------------------------------- --query-gpu CSV
@@ -252,7 +308,39 @@ def topology(w: Window) -> BlockResult:
     return (recs, k) if recs else ([], 0)
 
 
+def topology_fast(text: Text, i: int) -> FastResult | None:
+    """:func:`topology` over the plain bytes of the matrix, its rows as one :class:`Rows`."""
+    head = text.lines_at(i, 1)[0]
+    devices = head[:head.find(b"CPU Affinity")].split()
+    if not devices:
+        return [], 0, 1
+    names = [d.decode() for d in devices]
+    width = len(devices)
+    offsets: list[int] = []
+    values: list[tuple[str, str, str, str | None, str | None]] = []
+    k = 1
+    for s in text.iter_lines(i + 1):
+        toks = s.split()
+        if not toks or toks[0] not in devices or len(toks) < 1 + width:
+            break
+        src = toks[0].decode()
+        rest = toks[1 + width:]
+        cpu = rest[0].decode() if rest else None
+        numa = rest[1].decode() if len(rest) > 1 else None
+        for dst, link in zip(names, toks[1:1 + width], strict=True):
+            if dst != src and link != b"X":
+                offsets.append(k)
+                values.append((src, dst, link.decode(), cpu, numa))
+        k += 1
+    else:
+        return None  # the matrix goes on past what was read
+    if not offsets:
+        return [], 0, k + 1
+    return Rows(offsets, ("src", "dst", "link", "cpu_affinity", "numa_affinity"), values), k, k + 1
+
+
 registry.add(BlockFormat(
     "nvidia-smi", "topology", ("CPU Affinity",), topology,
     {"src": "str", "dst": "str", "link": "str", "cpu_affinity": "str", "numa_affinity": "str"}, timestamps=(),
+    fast=topology_fast,
 ))

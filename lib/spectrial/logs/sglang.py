@@ -26,7 +26,19 @@ import ast
 import re
 from typing import Any
 
-from spectrial.logs.core import NUM, TS_ISO, BlockFormat, BlockResult, LineFormat, Window, num, registry
+from spectrial.logs.core import (
+    NUM,
+    TS_ISO,
+    BlockFormat,
+    BlockResult,
+    FastResult,
+    LineFormat,
+    Text,
+    Window,
+    bnum,
+    num,
+    registry,
+)
 
 TS = (r"\[(?P<timestamp>(?:[0-9]{4}-[0-9]{2}-[0-9]{2}[ T])?[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?)"
       r"(?: [A-Z]{2,3}[0-9]+)*\]")
@@ -150,6 +162,8 @@ def _simple_value(v: str) -> Any:
         return _CONST[v]
     if v[:1] in ("'", '"') and len(v) >= 2:
         return v[1:-1]
+    if v.isascii() and v.isdigit():  # the common number, without the cost of an exception below
+        return int(v)
     try:
         return int(v)
     except ValueError:
@@ -164,19 +178,25 @@ def parse_kwargs(text: str) -> tuple[dict[str, Any], bool]:
     """`a=1, b='x', c=[1, 2]` (a Python repr of keyword arguments) -> (dict, closed by ')')."""
     out: dict[str, Any] = {}
     pos = 0
-    while (m := _ITEM.search(text, pos)) is not None:
-        if m.group(2) is not None:
-            out[m.group(1)] = _simple_value(m.group(2))
+    while True:
+        # simple items follow each other: one finditer (each match starts where the last one ended, as a
+        # search from there would) until a bracketed or escaped value, which _scan_value reads
+        m = None
+        for m in _ITEM.finditer(text, pos):
+            value = m.group(2)
+            if value is None:
+                break
+            out[m.group(1)] = _simple_value(value)
             pos = m.end()
-            if _PAREN.match(text, pos):
+            if text[pos:pos + 1] != "," and _PAREN.match(text, pos):
                 return out, True
-            continue
+        else:
+            return out, False
         value, end, closed = _scan_value(text, m.end())
         out[m.group(1)] = _literal(value)
         if closed:
             return out, True
         pos = max(end, m.end() + 1)
-    return out, False
 
 
 def server_args(w: Window) -> BlockResult:
@@ -287,8 +307,50 @@ def bench_serving(w: Window) -> BlockResult:
     return [(0, {"engine": engine, **rec})], k
 
 
+_CLOSE_B = re.compile(_CLOSE.pattern.encode())
+_SECTION_B = re.compile(_SECTION.pattern.encode())
+_BLABEL: dict[bytes, str | None] = {}
+
+
+def bench_serving_fast(text: Text, i: int) -> FastResult | None:
+    """:func:`bench_serving` over the plain bytes of the block."""
+    rec: dict[str, Any] = {}
+    k = 1
+    labels = _BLABEL
+    for s in text.iter_lines(i + 1, 24):
+        if s[:1] in (b" ", b"=", b"-"):
+            head = s.lstrip()[:1]
+            if head == b"=" and _CLOSE_B.match(s):
+                k += 1
+                examined = k
+                break
+            if head == b"-" and _SECTION_B.match(s):
+                k += 1
+                continue
+        label, sep, rest = s.partition(b":")
+        value = rest.strip()
+        if not sep or not value or len(label) > 80 or len(s) - len(rest.lstrip()) < 30:
+            examined = k + 1
+            break
+        col = labels.get(label, "")
+        if col == "":
+            col = labels[label] = _bench_label(label.decode())
+        if col == "backend":
+            rec[col] = value.decode()
+        elif col is not None:
+            v = bnum(value)
+            rec[col] = v / 100 if (col == "accept_rate" and v is not None) else v
+        k += 1
+    else:
+        return None  # the block goes on past what was read
+    if not any(v is not None for c, v in rec.items() if c != "backend"):
+        return [], 0, examined
+    engine = "vllm" if "backend" not in rec and "failed_requests" in rec else "sglang"
+    return [(0, {"engine": engine, **rec})], k, examined
+
+
 registry.add(BlockFormat(
-    "sglang", "bench_serving", ("Serving Benchmark Result",), bench_serving, BENCH_COLUMNS,
+    "sglang", "bench_serving", ("Serving Benchmark Result",), bench_serving, BENCH_COLUMNS, fast=bench_serving_fast,
     key_metrics=("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "accept_len"),
 ))
 
@@ -345,8 +407,22 @@ def bench_mtbench(w: Window) -> BlockResult:
     return [(0, rec)], 1
 
 
+def bench_mtbench_fast(text: Text, i: int) -> FastResult | None:
+    """:func:`bench_mtbench` on the chunk's own (plain) lines."""
+    s = text.line(i)
+    rec: dict[str, Any] = {c: num(m.group(1)) for c, rx in _MT.items() if (m := rx.search(s))}
+    if not rec.get("gen_throughput") and not rec.get("accept_len"):
+        return [], 0, 1
+    for k in (-1, -2):
+        prev = text.line(i + k).strip()
+        if prev:
+            rec["label"] = prev[:-1].strip() if prev.endswith(":") else None
+            break
+    return [(0, rec)], 1, 1
+
+
 registry.add(BlockFormat(
     "sglang", "bench_mtbench", ("#questions:",), bench_mtbench,
     {"label": "str", "questions": "float", "gen_throughput": "float", "accept_len": "float"},
-    key_metrics=("gen_throughput", "accept_len"),
+    key_metrics=("gen_throughput", "accept_len"), fast=bench_mtbench_fast, lookback=2,
 ))

@@ -10,10 +10,11 @@ method, max_concurrency, mean/median/p99 ttft and tpot in ms, per_user_throughpu
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Any
 
-from spectrial.logs.core import BlockFormat, BlockResult, Window, num, registry
+from spectrial.logs.core import BlockFormat, BlockResult, FastResult, Rows, Text, Window, num, registry
 
 TABLE_COLUMNS: dict[str, str] = {
     "batch_size": "float", "tp_size": "float", "ep_size": "float", "steps": "float", "topk": "float",
@@ -92,7 +93,86 @@ def results_table(w: Window) -> BlockResult:
     return ([(off, {**r, "engine": engine}) for off, r in recs], k) if recs else ([], 0)
 
 
+_BORDER_B = re.compile(_BORDER.pattern.encode())
+_HEADERS: dict[bytes, tuple[int, Any, list[str], list[tuple[int, str]], bool] | None] = {}
+
+
+def _header_plan(header: bytes) -> tuple[int, Any, list[str], list[tuple[int, str]], bool] | None:
+    """What a header line says, cached by its text: cell count, a getter of the number cells and their
+    columns, the text cells (index, column), and whether it names vLLM; None for other tables."""
+    try:
+        return _HEADERS[header]
+    except KeyError:
+        pass
+    if len(_HEADERS) > 1024:
+        _HEADERS.clear()
+    text = header.decode()
+    names = [ALIASES.get(re.sub(r"\s+", " ", c.lower())) for c in _cells(text)]
+    plan = None
+    if sum(1 for n in names if n) >= 2 and any(n in _RESULT for n in names):
+        nums = [(j, n) for j, n in enumerate(names) if n and TABLE_COLUMNS[n] != "str"]
+        strs = [(j, n) for j, n in enumerate(names) if n and TABLE_COLUMNS[n] == "str"]
+        getter = (lambda cells: ()) if not nums else (
+            (lambda cells, j=nums[0][0]: (cells[j],)) if len(nums) == 1 else operator.itemgetter(*(j for j, _ in nums)))
+        plan = (len(names), getter, [n for _, n in nums], strs, "vllm" in text.lower())
+    _HEADERS[header] = plan
+    return plan
+
+
+def results_table_fast(text: Text, i: int) -> FastResult | None:
+    """:func:`results_table` over the plain bytes of the table."""
+    above = text.lines_at(i - 2, 2)
+    header = next((h for h in (above[1], above[0]) if h.strip() and b"|" in h), None)
+    if header is None:
+        return [], 0, 1
+    plan = _header_plan(header)
+    if plan is None:
+        return [], 0, 1
+    ncells, getter, num_n, strs, vllm = plan
+    engine = "vllm" if vllm else "sglang"
+    offsets: list[int] = []
+    values: list[list[Any]] = []
+    k = 1
+    for s in text.iter_lines(i + 1):
+        if b"|" not in s:
+            if _BORDER_B.match(s):
+                k += 1
+                continue
+            break
+        t = s.strip()
+        if t[:1] == b"+" and _BORDER_B.match(s):
+            k += 1
+            continue
+        if t[:1] == b"|":
+            t = t[1:]
+        if t[-1:] == b"|":
+            t = t[:-1]
+        cells = t.split(b"|")
+        if len(cells) != ncells:
+            break
+        if engine == "sglang" and b"vllm" in s.lower():
+            engine = "vllm"
+        vals = getter(cells)
+        try:
+            row = list(map(float, vals))  # float() ignores the spaces around a cell
+        except ValueError:
+            row = [_cell_value(v.strip().decode()) for v in vals]
+        for j, _ in strs:
+            row.append(cells[j].strip().decode())
+        offsets.append(k)
+        values.append(row)
+        k += 1
+    else:
+        return None  # the table goes on past what was read
+    if not offsets:
+        return [], 0, k + 1
+    for row in values:
+        row.append(engine)
+    return Rows(offsets, (*num_n, *(n for _, n in strs), "engine"), values), k, k + 1
+
+
 registry.add(BlockFormat(
     "sglang", "results_table", ("-|-", "- | -", ":|-", "-|:", ":|:", "- | :", ": | -", "+====", "+:==="),
     results_table, TABLE_COLUMNS, key_metrics=("gen_throughput", "output_throughput", "accept_len"), timestamps=(),
+    fast=results_table_fast, lookback=2,
 ))

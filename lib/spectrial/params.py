@@ -292,20 +292,25 @@ def repo_root() -> Path:
     return here if (here / "pyproject.toml").is_file() else Path.cwd()
 
 
+def read_params_yaml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+    """A params file's top-level mapping and its resolved path (clear errors for missing/invalid YAML)."""
+    f = find_params_file(path)
+    try:
+        loaded = yaml.safe_load(f.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{f}: not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{f}: the top level must be a mapping of parameter names")
+    return loaded, str(f)
+
+
 def load_params(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None,
                 data: dict[str, Any] | None = None) -> TrialParams:
     """Load YAML (or a given mapping), apply dotted overrides, validate."""
     source = "params"
     raw: dict[str, Any] = dict(data or {})
     if path is not None:
-        f = find_params_file(path)
-        source = str(f)
-        try:
-            loaded = yaml.safe_load(f.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{f}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{f}: the top level must be a mapping of parameter names")
+        loaded, source = read_params_yaml(path)
         raw = {**loaded, **raw}
     for name, value in (overrides or {}).items():
         top = name.split(".")[0]

@@ -9,15 +9,13 @@ variables, lower-case keys are settings (so `-p env_sets.tuned.NCCL_PROTO=Simple
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from spectrial.errors import ConfigError
 from spectrial.host import check_env_names
-from spectrial.params import apply_override, find_params_file
+from spectrial.params import apply_override, read_params_yaml
 
 How = Literal["launch", "in_worker", "after_init"]
 Backend = Literal["nccl", "gloo"]
@@ -185,14 +183,7 @@ def load_nccl_params(path: str | os.PathLike[str] | None = None, overrides: dict
     raw: dict[str, Any] = dict(data or {})
     source = "params"
     if path is not None:
-        f = find_params_file(path)
-        source = str(f)
-        try:
-            loaded = yaml.safe_load(Path(f).read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{f}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{f}: the top level must be a mapping of parameter names")
+        loaded, source = read_params_yaml(path)
         raw = {**loaded, **raw}
     for name, value in (overrides or {}).items():
         if name == "env_sets" or name.startswith("env_sets."):

@@ -19,10 +19,8 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from spectrial.errors import ConfigError
@@ -31,8 +29,8 @@ from spectrial.params import (
     Method,
     TrialParams,
     apply_override,
-    find_params_file,
     format_validation_error,
+    read_params_yaml,
 )
 from spectrial.params import validate as validate_trial
 
@@ -248,14 +246,7 @@ def load_sweep_params(path: str | os.PathLike[str] | None = None, overrides: dic
     """Load a sweep params YAML (or a mapping), apply dotted overrides, validate."""
     source, raw = "sweep params", dict(data or {})
     if path is not None:
-        f = find_params_file(path)
-        source = str(f)
-        try:
-            loaded = yaml.safe_load(Path(f).read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{f}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{f}: the top level must be a mapping of parameter names")
+        loaded, source = read_params_yaml(path)
         raw = {**loaded, **raw}
     norm = _normalise(raw, source)
     for name, value in (overrides or {}).items():

@@ -297,6 +297,9 @@ def log_rows(logs_dir: str | Path) -> tuple[list[dict[str, Any]], pd.DataFrame, 
 
 
 # ------------------------------------------------------------------ the table
+NOT_ARM_RECORDS = frozenset({"nccl_check"})  # run records without speculative arms: not part of this table
+
+
 def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path | None = None) -> History:
     """Every run record under ``runs_dir`` (recursively) and every log file under ``logs_dir``, tidy."""
     rows: list[dict[str, Any]] = []
@@ -317,6 +320,8 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
                         raise ValueError("not a JSON object")
                 except (OSError, ValueError) as exc:
                     issues.append((run, "", f"manifest.json unreadable: {exc}"))
+                    continue
+                if manifest.get("kind") in NOT_ARM_RECORDS:  # e.g. an NCCL check: notebook 00 reads those
                     continue
                 r, i = record_rows(manifest, run)
                 rows += r

@@ -10,7 +10,8 @@ reported beside it, and the DataFrame's size is ``df.memory_usage(deep=True).sum
     python benchmarks/bench_logs.py --mb 100 --parse-runs 2
     python benchmarks/bench_logs.py --mix server   # only a running server's own log lines
 
-Targets (from the issue): parse within 10x of grep's wall time; peak memory under 2x the DataFrame's size.
+Targets (from the issue): parse within 10x of grep's time (wall and CPU: the machine may be shared, so both are
+printed; CPU time is user + system from getrusage); peak memory under 2x the DataFrame's size.
 """
 
 from __future__ import annotations
@@ -30,17 +31,20 @@ from pathlib import Path
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "public_logs.jsonl"
 CHILD = r"""
 import json, resource, sys, time
-t0 = time.perf_counter()
-from spectrial.logs import parse
+from spectrial.logs import core, parse
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 rss_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-w0, c0 = time.perf_counter(), time.process_time()
+w0, c0 = time.perf_counter(), cpu()
 df = parse(sys.argv[1])
-wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-print(json.dumps({"wall_s": wall, "cpu_s": cpu, "rows": len(df), "columns": df.shape[1],
+wall, used = time.perf_counter() - w0, cpu() - c0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"wall_s": wall, "cpu_s": used, "rows": len(df), "columns": df.shape[1],
                   "unparsed_lines": df.attrs["unparsed_lines"], "lines": df.attrs["lines"],
-                  "errors": len(df.attrs["parser_errors"]),
+                  "errors": len(df.attrs["parser_errors"]), "automaton": getattr(core, "ahocorasick_rs", None) is not None,
                   "df_bytes": int(df.memory_usage(deep=True).sum()), "rss_after_import": rss_import,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "peak_rss": peak}))
 """
 
 
@@ -82,8 +86,14 @@ def time_grep(path: Path, pattern: str) -> dict:
 
 
 def time_parse(path: Path) -> dict:
+    """parse in a child process: its own wall and CPU time around the call, and the child's whole CPU time
+    (interpreter start and imports too) from getrusage(RUSAGE_CHILDREN)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["process_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return res
 
 
 def main() -> None:
@@ -117,12 +127,14 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"grep -c -E ({len(pattern)} chars, {greps[0]['count']:,} matching lines): "
           f"{g_wall:.2f} s wall = {mb / g_wall:.0f} MB/s, {g_cpu:.2f} s CPU = {mb / max(g_cpu, 1e-9):.0f} MB/s")
+    p_proc = statistics.median(p["process_cpu_s"] for p in parses)
     print(f"parse: {p['rows']:,} records x {p['columns']} columns, {p['unparsed_lines']:,} lines unparsed, "
           f"{p['errors']} parser errors: {p_wall:.2f} s wall = {mb / p_wall:.1f} MB/s, "
-          f"{p_cpu:.2f} s CPU = {mb / p_cpu:.1f} MB/s")
-    ratio = p_wall / g_wall
-    print(f"ratio parse/grep: {ratio:.1f}x wall, {p_cpu / max(g_cpu, 1e-9):.1f}x CPU "
-          f"(target <= 10x wall: {'met' if ratio <= 10 else 'NOT met'})")
+          f"{p_cpu:.2f} s CPU = {mb / p_cpu:.1f} MB/s (child process with start and imports: {p_proc:.2f} s CPU; "
+          f"marker search: {'Aho-Corasick' if p['automaton'] else 'RE2 union'})")
+    ratio, cpu_ratio = p_wall / g_wall, p_cpu / max(g_cpu, 1e-9)
+    print(f"ratio parse/grep: {ratio:.1f}x wall, {cpu_ratio:.1f}x CPU "
+          f"(target <= 10x: wall {'met' if ratio <= 10 else 'NOT met'}, CPU {'met' if cpu_ratio <= 10 else 'NOT met'})")
     mem = p["peak_rss"] / p["df_bytes"]
     print(f"memory: peak RSS {p['peak_rss'] / 2**20:.0f} MiB (after imports {p['rss_after_import'] / 2**20:.0f} MiB), "
           f"DataFrame {p['df_bytes'] / 2**20:.0f} MiB deep: peak/DataFrame {mem:.2f}x "

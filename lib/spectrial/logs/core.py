@@ -13,17 +13,22 @@ Output schema of :func:`parse` (one row per recognised record, in input order):
 - ``df.attrs``: ``lines`` (lines read), ``unparsed_lines`` (non-blank lines that no format recognised),
   ``parser_errors`` (at most 20 ``(line, format, error)`` tuples; a bug, never a crash), ``read_error``.
 
-How it is fast: the input is read in large blocks of bytes; one RE2 pass (pyarrow) over a block's lines
-selects the lines that contain a format's fixed marker; each *line format* then extracts its columns
-from its own lines with one vectorised regex per pattern; *block formats* (multi-line records: tables,
-benchmark blocks, dumps) run a small Python function on the few lines they claim. Columns are assembled
-once at the end.
+How it is fast: the input is read in large blocks of bytes; one Aho-Corasick pass over a block's bytes
+(ahocorasick_rs, optional; else one RE2 union pass, pyarrow) finds each line's leftmost marker and so its
+format; each *line format* then extracts its columns from its own lines with one vectorised regex per
+pattern, run only on the lines that hold the pattern's fixed text and still lack its columns; *block
+formats* (multi-line records: tables, benchmark blocks, dumps) run a small Python function on the lines
+they claim: a fast reader over the raw bytes where the format has one and the lines are plain, else the
+Window function on the chunk's own lines (or through the stream when the block leaves its chunk). Records
+are kept as value tuples and turned into columns once, at the end. During a parse the cyclic GC and
+numpy's huge-page hint are off (see :func:`_madvise_hugepage`).
 
 A new format is one small function: see :meth:`Registry.register`.
 """
 
 from __future__ import annotations
 
+import gc
 import gzip
 import importlib
 import itertools
@@ -588,15 +593,20 @@ def _line_blocks(raw: Iterator[bytes], size: int) -> Iterator[bytes]:
     rest = b""
     longest = max(4 * size, MAX_LINE_BYTES)
     for block in raw:
-        data = rest + block if rest else block
-        cut = data.rfind(b"\n")
-        if cut < 0 and len(data) < longest:
-            rest = data
+        cut = block.rfind(b"\n")  # `rest` has no newline: the block's last one ends the lines
+        if cut < 0:
+            data = rest + block if rest else block
+            if len(data) < longest:
+                rest = data
+                continue
+            yield data  # no newline in 64 MiB (binary data): split it, the line count is off by one then
+            rest = b""
             continue
-        if cut < 0:  # no newline in 64 MiB (binary data): split it, the line count is off by one then
-            cut = len(data) - 1
-        yield data[:cut + 1]
-        rest = data[cut + 1:]
+        if rest:
+            yield b"".join((rest, memoryview(block)[:cut + 1]))  # one copy
+        else:
+            yield block if cut == len(block) - 1 else block[:cut + 1]
+        rest = block[cut + 1:]
     if rest:
         yield rest
 
@@ -1103,7 +1113,7 @@ class _Plan:
         fcols = [c for c, t in schema.items() if t == "float"]
         ocols = ["engine", "kind", *(c for c, t in schema.items() if t != "float")]
         fblock = np.full((len(fcols), n), np.nan)
-        oblock = np.full((len(ocols), n), None, object)
+        oblock = np.empty((len(ocols), n), object)  # numpy fills object arrays with None
         for fr, a in zip(frames, starts[:-1], strict=True):
             where = pos[a:a + len(fr.lines)]
             oblock[0, where] = fr.engine
@@ -1202,7 +1212,7 @@ class _Sink:
                 for at, v in pieces:
                     arr[at] = _floats(v)
             else:
-                arr = np.full(n, None, object)
+                arr = np.empty(n, object)  # None-filled
                 for at, v in pieces:
                     arr[at] = _objects(v)
             cols[c] = arr
@@ -1268,11 +1278,15 @@ def parse(source: Any, kinds: str | Iterable[str] | None = None, *, registry: Re
     errors: list[str] = []
     stream = _Stream(_line_blocks(_raw_blocks(source, block_bytes, errors), block_bytes))
     huge = _madvise_hugepage(False)
+    collect = gc.isenabled()
+    gc.disable()  # parse makes millions of objects and no cycles: the cyclic GC would only rescan them
     try:
         for ch in stream:
             plan.process(ch, stream)
         df = plan.result(wanted)
     finally:
+        if collect:
+            gc.enable()
         if huge is not None:
             _madvise_hugepage(huge)
     df.attrs["read_error"] = errors[0] if errors else None

@@ -19,15 +19,19 @@
 # (`strategy = "grid"`) or search the grid with a model (`strategy = "guided"`):
 #
 # 1. **baseline**: the server without speculation, once per host fingerprint, every concurrency level;
-# 2. **probes**: a few informative settings (the deepest and the shallowest depth, one per acceptance
-#    scenario), each server start measuring every concurrency level in turn (the concurrency level is only
-#    how many requests the client sends at once: it needs no restart);
-# 3. **model**: a cycle-cost model `cycle_ms(k) = fixed + per_draft x k` per concurrency level, and the
-#    acceptance curve per scenario (from per-position acceptance where the engine reports it), predict
-#    the tok/s of every setting not measured yet;
-# 4. **confirm**: measure the setting whose prediction, widened by the model's own error, exceeds the upper
-#    CI bound of the best measured one by most; refit; stop when no unmeasured setting could beat the best
-#    beyond its noise, or the budget ends.
+# 2. **probes**: one setting per acceptance scenario, since one cycle-cost model serves them all (a cycle
+#    drafts k tokens and verifies k + 1: its cost follows k, not the acceptance). The real draft's deepest
+#    setting first (its per-position acceptance gives the whole curve), then a second depth for the cycle
+#    model where acceptance is lowest, then for each synthetic rate a the depth predicted best with a^i as
+#    its acceptance. Each server start measures every concurrency level in turn (the concurrency level is
+#    only how many requests the client sends at once: it needs no restart);
+# 3. **model**: the cycle-cost model `cycle_ms(k) = fixed + per_draft x k` per concurrency level, the
+#    acceptance curve per scenario (from per-position acceptance where the engine reports it) and a level
+#    offset per scenario predict the tok/s of every setting not measured yet;
+# 4. **confirm**: measure the setting that, at the top of its predicted range (the model's own error, from
+#    leave-one-out predictions), would hold the best measured tok/s below its CI, then the model's predicted
+#    best if unmeasured; refit; stop when nothing left could change the answer beyond the noise (the issue's
+#    yardstick: within the best's CI), or the budget ends.
 #
 # The same code runs from the shell: `spectrial sweep params/sweep-local.yaml -p strategy=grid`.
 
@@ -89,8 +93,8 @@ steps_table(result.manifest).groupby("ok").size().rename("protocol steps by outc
 
 # %% [markdown]
 # ## Why each setting was measured
-# The guided search's decisions in order: the probes, then each setting whose prediction could beat the best
-# measured one (with the prediction that chose it), then the reason it stopped.
+# The guided search's decisions in order: the probes (and why each one), then each setting whose prediction
+# could beat the best measured one beyond the noise (with the prediction that chose it), then why it stopped.
 
 # %%
 dec = result.decisions()

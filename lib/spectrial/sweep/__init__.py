@@ -7,7 +7,7 @@
 `spectrial sweep PARAMS [-p NAME=VALUE]` runs the same from the shell (`spectrial.sweep.cli.sweep_command`).
 Parameters: `spectrial.sweep.params`; what is measured and when: `spectrial.sweep.run`; the model:
 `spectrial.sweep.model`; figures and the verdict: `spectrial.sweep.figures`; replays of finished grids:
-`spectrial.sweep.replayer`. Names are imported on first use, so the command line stays quick to start.
+`spectrial.sweep.replayer`; known worlds to judge a search against the truth: `spectrial.sweep.world`. Names are imported on first use, so the command line stays quick to start.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _EXPORTS = {
     "Setting": "params", "SweepGrid": "params", "SweepParams": "params", "load_sweep_params": "params",
     "SweepFailed": "result", "SweepResult": "result", "points_table": "result", "probe_settings": "guided",
     "run_sweep": "run",
-    "replay": "replayer", "sweep_command": "cli",
+    "replay": "replayer", "judge": "replayer", "sweep_command": "cli", "World": "world", "simulate": "world",
 }
 
 __all__ = sorted(_EXPORTS)

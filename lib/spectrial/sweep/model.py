@@ -16,6 +16,11 @@ Two fitted parts, combined per grid point (Leviathan et al.'s relations, `spectr
 the server's per-request rate) to tau / cycle_ms of the same points: the two throughputs differ a little
 (per-request medians vs window totals), and the ratio carries that over to unmeasured points.
 One acceptance curve per (scenario, topk): a scenario is a synthetic rate, or the draft's real acceptance.
+One cycle model serves every scenario (the cost of a cycle follows k, not the acceptance), so a scenario
+needs one measured setting for its curve. What the shared model does not carry about a scenario (its cycles
+run a little longer when more tokens are accepted: KV writes, sampling) is its `offset` per (scenario, topk,
+level): the median ratio of its measured tok/s to the model's, which anchors the scenario's predictions on
+its own measurements (1 where it has none).
 """
 
 from __future__ import annotations
@@ -107,11 +112,13 @@ def fit_acceptance(points: list[dict[str, Any]]) -> AcceptanceCurve | None:
 
 @dataclass
 class SweepModel:
-    """Cycle models per concurrency level, acceptance curves per (scenario, topk), calibration factors."""
+    """Cycle models per concurrency level, acceptance curves per (scenario, topk), calibration factors per
+    level, offsets per (scenario, topk, level)."""
 
     cycle: dict[int, CycleModel] = field(default_factory=dict)
     acceptance: dict[tuple[float | None, int], AcceptanceCurve] = field(default_factory=dict)
     calibration: dict[int, float] = field(default_factory=dict)
+    offsets: dict[tuple[float | None, int, int], float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def predict(self, steps: int, topk: int, k: int, scenario: float | None, concurrency: int
@@ -121,12 +128,13 @@ class SweepModel:
         cyc = self.cycle.get(concurrency)
         if curve is None or cyc is None:
             return None
+        tau = min(curve.accept_len(steps), k + 1.0)
         try:
             cycle_ms = cyc.cycle_ms(k)
         except ConfigError:
             return None
-        tau = min(curve.accept_len(steps), k + 1.0)
-        tok_s = tau / cycle_ms * 1000.0 * self.calibration.get(concurrency, 1.0)
+        tok_s = tau / cycle_ms * 1000.0 * self.calibration.get(concurrency, 1.0) \
+            * self.offsets.get((scenario, topk, concurrency), 1.0)
         return {"accept_len": tau, "cycle_ms": cycle_ms, "tok_s": tok_s}
 
     def as_dict(self) -> dict[str, Any]:
@@ -137,6 +145,8 @@ class SweepModel:
                       for c, m in sorted(self.cycle.items())},
             "acceptance": [{"scenario": s, "topk": t, **c.as_dict()} for (s, t), c in self.acceptance.items()],
             "calibration": {str(c): v for c, v in sorted(self.calibration.items())},
+            "offsets": [{"scenario": s, "topk": t, "concurrency": c, "offset": v}
+                        for (s, t, c), v in self.offsets.items()],
             "notes": list(self.notes),
         }
 
@@ -166,6 +176,12 @@ def fit_sweep_model(points: list[dict[str, Any]]) -> SweepModel:
         curve = fit_acceptance(mine)
         if curve is not None:
             model.acceptance[key] = curve
+    offsets: dict[tuple[float | None, int, int], list[float]] = {}
+    for p in ok:
+        pred = model.predict(p["steps"], p["topk"], p["k"], p["scenario"], p["concurrency"])
+        if pred is not None:
+            offsets.setdefault((p["scenario"], p["topk"], p["concurrency"]), []).append(p["tok_s"] / pred["tok_s"])
+    model.offsets = {g: statistics.median(v) for g, v in offsets.items()}
     return model
 
 

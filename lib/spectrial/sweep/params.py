@@ -95,10 +95,10 @@ class SweepParams(BaseModel):
     budget_restarts: int | None = Field(None, ge=2, description="Most server starts (the baseline's included).")
     confirm_level: float = Field(0.9, gt=0.5, lt=1, description="Confidence level of the comparison between "
                                                                 "the best setting and the runner-up.")
-    margin_floor: float = Field(0.03, ge=0, lt=1, description="Guided: smallest relative prediction error "
-                                                              "assumed; an unmeasured setting whose prediction "
-                                                              "x (1 + margin) beats the best measured one is "
-                                                              "measured next.")
+    margin_floor: float = Field(0.03, ge=0, lt=1, description="Guided: smallest relative prediction error e "
+                                                              "assumed; an unmeasured setting is measured when "
+                                                              "its prediction x (1 + e), measured, would hold "
+                                                              "the best measured tok/s below its CI.")
 
     @field_validator("method")
     @classmethod

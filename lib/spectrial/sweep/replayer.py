@@ -140,10 +140,33 @@ def replay(run_dir: str | Path, overrides: dict[str, Any] | None = None, *, outp
     requests = pd.read_csv(csv)
     if src.get("kind") == "trial":
         data, src, requests = _from_trial(src, requests)
-    elif src.get("kind") == "sweep":
+    elif src.get("kind") in ("sweep", "sweep-world"):
         data = json.loads(json.dumps(src["params"]))
     else:
-        raise ConfigError(f"{run_dir}: a replay needs a sweep or trial record, this one is {src.get('kind')!r}")
+        raise ConfigError(f"{run_dir}: a replay needs a sweep, sweep-world or trial record, this one is "
+                          f"{src.get('kind')!r}")
     params = load_sweep_params(data=data, overrides={"strategy": "guided", **(overrides or {})})
     record = new_record(params, kind="sweep-replay", output_dir=output_dir or run_dir / "replays")
     return execute(_Replay(params, record, src, requests), raise_on_failure, drift=False)
+
+
+def judge(grid: dict[str, Any], other: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per scenario and concurrency: the best setting of `other` (a guided replay, say), as measured in the grid
+    record, against the grid's best: the gap, and whether it lies within the grid-best's CI (at or above its
+    lower bound: the issue's yardstick). Both manifests must be of the same measurements (a replay)."""
+    rows = []
+    gb = {(b["scenario"], b["concurrency"]): b for b in grid.get("best") or [] if b.get("best")}
+    for ob in other.get("best") or []:
+        key = (ob["scenario"], ob["concurrency"])
+        g = gb.get(key)
+        if g is None or not ob.get("best"):
+            continue
+        same = next((p for p in grid["points"] if p["setting"] == ob["best"] and p["concurrency"] == key[1]
+                     and p["status"] == "ok"), None)
+        in_grid = same["tok_s"] if same else None
+        rows.append({"scenario": key[0], "c": key[1], "grid_best": g["best"], "grid_tok_s": g["tok_s"],
+                     "grid_ci": (g.get("tok_s_ci_low"), g.get("tok_s_ci_high")), "found": ob["best"],
+                     "found_own_tok_s": ob["tok_s"], "found_in_grid_tok_s": in_grid,
+                     "gap": None if in_grid is None else (g["tok_s"] - in_grid) / g["tok_s"],
+                     "within_ci": in_grid is not None and in_grid >= (g.get("tok_s_ci_low") or g["tok_s"])})
+    return rows

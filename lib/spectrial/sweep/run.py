@@ -2,11 +2,11 @@
 
     prepare (engine, models, every arm's argv) -> kill old server -> GPUs free -> fingerprint
     grid:   baseline + every setting, `restarts` starts each, interleaved (trial.schedule)
-    guided: baseline + probes (deepest setting of the first scenario, shallowest of the second, middle of the
-            others) -> fit (sweep.model) -> predict every unmeasured setting -> measure the one whose prediction,
-            widened by the model's own error (median |in-sample error|, at least margin_floor), exceeds the
-            upper CI bound of the best measured setting by most -> refit -> ... until no unmeasured setting
-            could beat the best beyond its noise, or the budget ends
+    guided: baseline + probes (the deepest setting of each scenario of unknown acceptance, a second depth for the
+            cycle model, the predicted best of each synthetic rate) -> fit (sweep.model: one cycle model for
+            every scenario) -> measure the unmeasured setting that, at the top of the model's error, would hold
+            the best measured tok/s outside its CI, then the model's predicted best -> refit -> ... until
+            nothing is left that could change the answer beyond the noise, or the budget ends (sweep.guided)
     -> figures per point (trial.arm_figures), speed-up against the baseline of the same host fingerprint and
        concurrency (trial.add_comparisons), best setting per scenario and concurrency against the runner-up
        (analysis.compare_arms at confirm_level), the final model's prediction for every point.
@@ -42,7 +42,7 @@ from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
 from spectrial.secrets import mask_argv, mask_env, secret_values
 from spectrial.server import Server, stop_previous
-from spectrial.sweep.guided import margin, run_guided
+from spectrial.sweep.guided import cv_errors, margin, noise, run_guided
 from spectrial.sweep.model import SweepModel, fit_sweep_model, relative_errors
 from spectrial.sweep.params import Setting, SweepParams, load_sweep_params
 from spectrial.sweep.result import WINDOW_COUNTERS, SweepFailed, SweepResult
@@ -422,6 +422,10 @@ class _Sweep:
         rec.manifest["model"] = model.as_dict()
         errs = relative_errors(model, self.model_points())
         rec.manifest["model"]["margin"] = self.margin(model)
+        rec.manifest["model"]["noise"] = {str(c): noise(self, c) for c in self.levels}
+        cv = [abs(e) for e in cv_errors(self.model_points())]
+        rec.manifest["model"]["cv_rel_error"] = {"median_abs": statistics.median(cv) if cv else None,
+                                                 "max_abs": max(cv) if cv else None, "n": len(cv)}
         rec.manifest["model"]["in_sample_rel_error"] = {"median_abs": statistics.median(map(abs, errs)) if errs
                                                         else None, "max_abs": max(map(abs, errs)) if errs else None}
         rec.manifest["best"] = self._best(points)
@@ -436,7 +440,8 @@ class _Sweep:
 
     def _why_unmeasured(self, pt: _Point) -> str:
         if self.sweep.strategy == "guided" and self.stopped_by and self.stopped_by.startswith("confirmed"):
-            return "not needed: predicted below the best measured setting"
+            return ("not needed: even at the top of its predicted range, the best measured setting would lie "
+                    "within its CI")
         return f"not measured: {self.stopped_by}" if self.stopped_by else "not measured"
 
     def _compare_with_baselines(self, points: list[dict[str, Any]]) -> None:

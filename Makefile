@@ -33,7 +33,7 @@ demo: llama-server
 	$(BIN)/spectrial notebook 02 -p params_file=params/local.yaml -p steps=2
 
 test: llama-server sshd chromium
-	$(BIN)/ruff check lib tests benchmarks
+	$(BIN)/ruff check lib tests benchmarks notebooks
 	$(BIN)/pytest $(PYTEST_ARGS) tests $(NBVAL_NOTEBOOKS) $(NBVAL_ARGS)
 
 # Re-execute the nbval notebooks in place after adding a record under outputs/examples/.
@@ -42,7 +42,7 @@ nb-outputs: setup
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False $(NBVAL_NOTEBOOKS)
 
 lint: setup
-	$(BIN)/ruff check lib tests benchmarks
+	$(BIN)/ruff check lib tests benchmarks notebooks
 
 lab: setup
 	$(BIN)/python -m pip install -q -e '.[lab]'

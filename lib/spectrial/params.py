@@ -132,6 +132,8 @@ class TrialParams(BaseModel):
                                    "shuffled with `seed` (random).")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence level of intervals and verdicts.")
     sample_gpu_ms: int = Field(500, ge=100, le=1000, description="GPU sampling interval during benchmarks (ms).")
+    drift_tolerance: float = Field(0.10, ge=0, lt=1, description="Start-to-start spread allowed before a "
+                                                                   "baseline counts as drifted (fraction).")
     drift_dir: str | None = Field(None, description="Folder of earlier run records to check baseline drift "
                                                     "against (default: output_dir).")
     warmup: int = Field(1, ge=0, description="Warm-up requests per arm, not measured.")

@@ -417,7 +417,8 @@ def run_trial(params: TrialParams | str | Path, overrides: dict[str, Any] | None
             summarise_arms(params, record, all_reqs, stats_by_arm)
             from spectrial.drift import check_drift
 
-            record.manifest["drift"] = check_drift(record.manifest, params.drift_dir or params.output_dir)
+            record.manifest["drift"] = check_drift(record.manifest, params.drift_dir or params.output_dir,
+                                                   params.drift_tolerance)
     except BaseException as exc:
         failures.append(f"{type(exc).__name__}: {exc}")
         for a in record.manifest["arms"]:

@@ -560,7 +560,8 @@ def execute(sw: _Sweep, raise_on_failure: bool = True, drift: bool = True) -> Sw
                 from spectrial.drift import check_drift
 
                 record.manifest["drift"] = check_drift(record.manifest,
-                                                       params.trial.drift_dir or params.trial.output_dir)
+                                                       params.trial.drift_dir or params.trial.output_dir,
+                                                       params.trial.drift_tolerance)
     except BaseException as exc:
         sw.failures.append(f"{type(exc).__name__}: {exc}")
         try:

@@ -38,6 +38,7 @@ import plotly.graph_objects as go
 
 from spectrial import analysis
 from spectrial.errors import ConfigError, SpectrialError
+from spectrial.records import finite
 
 __all__ = ["Explanation", "RooflineInputs", "Section", "explain", "figure_bundle", "show_figure"]
 
@@ -152,13 +153,8 @@ def show_figure(fig: go.Figure) -> None:
 # ------------------------------------------------------------------ small helpers
 def _pos(x: Any) -> float | None:
     """x as a finite float > 0, else None."""
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) and v > 0 else None
+    v = finite(x)
+    return v if v is not None and v > 0 else None
 
 
 def _r(x: float | None, nd: int = _ROUND) -> float | None:

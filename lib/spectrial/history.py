@@ -19,7 +19,6 @@ Row fields beyond the manifest's (see ``spectrial.trial`` for the per-arm fields
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import plotly.graph_objects as go
 from spectrial import analysis
 from spectrial.errors import SpectrialError
 from spectrial.params import repo_root
+from spectrial.records import finite
 
 __all__ = ["HISTORY_COLUMNS", "History", "baseline_figure", "baseline_over_time", "fill_derived",
            "incomparability", "load_history", "matrix", "matrix_figure", "resolve_dir"]
@@ -72,16 +72,6 @@ def resolve_dir(path: str | Path) -> Path:
     return alt if alt.exists() else p
 
 
-def _num(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def fill_derived(arm: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of an arm with what its recorded figures imply filled in, and a ``derived`` note per field.
 
@@ -93,22 +83,22 @@ def fill_derived(arm: Mapping[str, Any]) -> dict[str, Any]:
     """
     out = dict(arm)
     notes: dict[str, str] = dict(arm.get("derived") or {})
-    tok_s = _num(arm.get("tok_s"))
+    tok_s = finite(arm.get("tok_s"))
     tok_s = tok_s if tok_s and tok_s > 0 else None
     if str(arm.get("method") or "none") == "none":
-        if _num(arm.get("ms_per_token")) is None and tok_s:
+        if finite(arm.get("ms_per_token")) is None and tok_s:
             out["ms_per_token"] = analysis.ms_per_token(tok_s)
             notes["ms_per_token"] = "1000 / tok_s"
-        if _num(arm.get("cycle_ms")) is None and out.get("ms_per_token"):
+        if finite(arm.get("cycle_ms")) is None and out.get("ms_per_token"):
             out["cycle_ms"] = out["ms_per_token"]
         out.setdefault("accept_len", 1.0)
         if out.get("accept_len") is None:
             out["accept_len"] = 1.0
         out["derived"] = notes
         return out
-    verify, share, accept = _num(arm.get("verify_ms")), _num(arm.get("verify_share")), _num(arm.get("accept_len"))
+    verify, share, accept = finite(arm.get("verify_ms")), finite(arm.get("verify_share")), finite(arm.get("accept_len"))
     lower_bound = False
-    if _num(arm.get("cycle_ms")) is None:
+    if finite(arm.get("cycle_ms")) is None:
         if verify and share and 0 < share <= 1:
             out["cycle_ms"] = verify / share
             notes["cycle_ms"] = "verify_ms / verify_share"
@@ -119,7 +109,7 @@ def fill_derived(arm: Mapping[str, Any]) -> dict[str, Any]:
             out["cycle_ms"] = verify
             notes["cycle_ms"] = "verify_ms only (share unrecorded): a lower bound"
             lower_bound = True
-    cycle = _num(out.get("cycle_ms"))
+    cycle = finite(out.get("cycle_ms"))
     if accept is None and tok_s and cycle and not lower_bound:
         out["accept_len"] = tok_s * cycle / 1000.0
         notes["accept_len"] = "tok_s x cycle_ms / 1000"
@@ -164,7 +154,7 @@ def _config(arm: Mapping[str, Any]) -> str:
     if method == "none":
         return "baseline"
     label = f"{method} k={arm.get('steps') if arm.get('steps') is not None else '?'}"
-    syn = _num(arm.get("synthetic_accept"))
+    syn = finite(arm.get("synthetic_accept"))
     return label + (f" (synthetic a={syn:g})" if syn is not None else "")
 
 
@@ -177,12 +167,12 @@ def _arm_issues(run: str, arm: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         return out
     speculative = str(arm.get("method") or "none") != "none"
     steps = arm.get("verify_steps")
-    if speculative and steps is not None and not (_num(steps) or 0) > 0:
+    if speculative and steps is not None and not (finite(steps) or 0) > 0:
         out.append((run, name, f"{steps} verify steps: no speculative cycle measured (cycle and accept length undefined)"))
-    al = _num(arm.get("accept_len"))
+    al = finite(arm.get("accept_len"))
     if speculative and al is not None and al < 1:
         out.append((run, name, f"accept length {al:g} < 1: impossible (each cycle commits >= 1 token); counters wrong"))
-    if _num(arm.get("tok_s")) is None and _num(arm.get("verify_ms")) is None:
+    if finite(arm.get("tok_s")) is None and finite(arm.get("verify_ms")) is None:
         out.append((run, name, "no throughput and no verify time recorded"))
     return out
 
@@ -205,7 +195,7 @@ def record_rows(manifest: Mapping[str, Any], run: str) -> tuple[list[dict[str, A
     for i, raw in enumerate(a for a in arms if isinstance(a, Mapping)):
         issues += _arm_issues(run, raw)
         arm = fill_derived(raw) if raw.get("status") == "ok" else dict(raw)
-        values = [v for v in (arm.get("tok_s_values") or []) if _num(v)]
+        values = [v for v in (arm.get("tok_s_values") or []) if finite(v)]
         rows.append({
             "source": "record", "run": run, "kind": manifest.get("kind"), "run_status": status,
             "host": host.get("name"), "gpu": _gpu(host), "engine": engine.get("name"),
@@ -215,10 +205,10 @@ def record_rows(manifest: Mapping[str, Any], run: str) -> tuple[list[dict[str, A
             "reason": arm.get("reason"), "config": _config(arm), "k": arm.get("steps"),
             "synthetic_accept": arm.get("synthetic_accept"),
             "launch": arm.get("launch") or ("spectrial" if arm.get("argv") else None), "nccl_env": _nccl_env(arm),
-            "tok_s": _num(arm.get("tok_s")), "tok_s_min": _num(arm.get("tok_s_min")),
-            "tok_s_max": _num(arm.get("tok_s_max")),
-            "n_values": len(values) if values else (1 if _num(arm.get("tok_s")) else 0),
-            **{c: _num(arm.get(c)) for c in ("ms_per_token", "accept_len", "accept_rate", "cycle_ms", "verify_ms",
+            "tok_s": finite(arm.get("tok_s")), "tok_s_min": finite(arm.get("tok_s_min")),
+            "tok_s_max": finite(arm.get("tok_s_max")),
+            "n_values": len(values) if values else (1 if finite(arm.get("tok_s")) else 0),
+            **{c: finite(arm.get(c)) for c in ("ms_per_token", "accept_len", "accept_rate", "cycle_ms", "verify_ms",
                                               "verify_share", "draft_ms_per_cycle", "verify_steps",
                                               "break_even_accept_len", "speedup")},
             "derived": "; ".join(f"{k} = {v}" for k, v in (arm.get("derived") or {}).items()) or None,
@@ -416,7 +406,7 @@ def matrix_figure(m: pd.DataFrame, title: str, fmt: str = ".1f") -> go.Figure:
 
 
 def _k_text(k: Any) -> str:
-    v = _num(k)
+    v = finite(k)
     return "none" if v is None else f"{v:g}"
 
 

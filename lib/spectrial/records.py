@@ -13,13 +13,17 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import re
 import secrets as _rnd
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from spectrial import __version__
 from spectrial.secrets import mask_mapping, redact
@@ -148,3 +152,27 @@ def list_runs(output_dir: str | Path) -> list[Path]:
     """Run folders (those with a manifest) under `output_dir`, recursively, oldest first."""
     root = Path(output_dir)
     return sorted((p.parent for p in root.rglob("manifest.json")), key=lambda p: p.name)
+
+
+@dataclass
+class RunResult:
+    """What a run produced: its folder, its manifest and the per-request rows (trials and sweeps)."""
+
+    run_dir: Path
+    manifest: dict[str, Any]
+    requests: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def status(self) -> str:
+        return self.manifest["status"]
+
+
+def finite(x: Any) -> float | None:
+    """A manifest value as a finite float, else None (None, bools, text, NaN and inf give None)."""
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None

@@ -19,7 +19,6 @@ import math
 import random
 import secrets as _rnd
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from spectrial.gpu import GpuSampler
 from spectrial.group import HostGroup
 from spectrial.host import Host, get_host
 from spectrial.params import Arm, TrialParams, load_params
-from spectrial.records import RunRecord
+from spectrial.records import RunRecord, RunResult
 from spectrial.secrets import mask_argv, mask_env, secret_values
 from spectrial.server import Server, stop_previous
 
@@ -49,17 +48,8 @@ class TrialFailed(SpectrialError):
         self.result = result
 
 
-@dataclass
-class TrialResult:
+class TrialResult(RunResult):
     """What a trial produced: the run folder, its manifest, per-arm results and per-request rows."""
-
-    run_dir: Path
-    manifest: dict[str, Any]
-    requests: pd.DataFrame = field(default_factory=pd.DataFrame)
-
-    @property
-    def status(self) -> str:
-        return self.manifest["status"]
 
     @property
     def arms(self) -> list[dict[str, Any]]:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from spectrial.errors import SpectrialError
+from spectrial.records import RunResult
 
 
 class SweepFailed(SpectrialError):
@@ -26,17 +25,8 @@ POINT_COLUMNS = ["point", "setting", "scenario", "steps", "topk", "draft_tokens"
                  "predicted_tok_s", "prediction_error", "final_predicted_tok_s", "starts"]
 
 
-@dataclass
-class SweepResult:
+class SweepResult(RunResult):
     """What a sweep produced: the run folder, its manifest and the per-request rows."""
-
-    run_dir: Path
-    manifest: dict[str, Any]
-    requests: pd.DataFrame = field(default_factory=pd.DataFrame)
-
-    @property
-    def status(self) -> str:
-        return self.manifest["status"]
 
     def points(self) -> pd.DataFrame:
         """One row per grid point (setting x concurrency, baselines first); unmeasured points included."""

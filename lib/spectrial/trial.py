@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import pandas as pd
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from spectrial import analysis
 from spectrial.bench import load_prompts, run_requests
@@ -210,6 +211,14 @@ def add_comparisons(arms: list[dict[str, Any]], requests: list[dict[str, Any]], 
 
 
 # --- one server start ------------------------------------------------------------------------------------
+@retry(retry=retry_if_exception_type(httpx.TransportError), stop=stop_after_attempt(3),
+       wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
+def _snapshot(engine: Engine, client: httpx.Client, url: str) -> dict[str, float]:
+    """Cumulative counters; retried on transport errors (a dropped SSH tunnel reconnects meanwhile),
+    which cannot skew them since they are cumulative."""
+    return engine.snapshot(client, url)
+
+
 def _benchmark(engine: Engine, server: Server, params: TrialParams, arm: Arm, restart: int,
                prompts: list[dict[str, str]], progress: bool) -> tuple[list[dict[str, Any]], ArmStats]:
     label = arm.name if params.restarts == 1 else f"{arm.name}#{restart + 1}"
@@ -221,10 +230,10 @@ def _benchmark(engine: Engine, server: Server, params: TrialParams, arm: Arm, re
         run_requests(server.base_url, prompts, n=params.warmup, phase="warmup", seed=params.seed + 1000 + restart,
                      **common)
     with httpx.Client(timeout=10) as client:
-        before = engine.snapshot(client, server.base_url)
+        before = _snapshot(engine, client, server.base_url)
         before["_log_lines"] = float(len(server.host.read_text(server.log_path).splitlines()))
         reqs = run_requests(server.base_url, prompts, n=params.repeats, seed=params.seed + restart, **common)
-        after = engine.snapshot(client, server.base_url)
+        after = _snapshot(engine, client, server.base_url)
     log_text = server.host.read_text(server.log_path)
     return reqs, engine.window_stats(before, after, reqs, log_text)
 

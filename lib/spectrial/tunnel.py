@@ -136,7 +136,8 @@ class PortForward:
                 self.stats["broken"] += 1
                 self._on_event("forward_broken", f"a stream to {self.remote_host}:{self.remote_port} was cut "
                                                  "when the SSH connection dropped")
-            chan.close()
+            with contextlib.suppress(Exception):  # closing a channel on a dead transport raises EOFError
+                chan.close()
             with contextlib.suppress(OSError):
                 conn.close()
 

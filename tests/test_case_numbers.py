@@ -37,16 +37,17 @@ def test_key_numbers_hand_worked() -> None:
 
 def test_record_holds_the_seed_figures() -> None:
     case = load_case()
-    assert case["kind"] == "case" and case["status"] == "ok" and len(case["arms"]) == 8
-    arms = {a["name"]: a for a in case["arms"]}
-    assert [a["order"] for a in case["arms"]] == list(range(1, 9))
-    assert arms["baseline-restart"]["tok_s"] == 82.2 and arms["eagle3-k2-interactive"]["accept_len"] == 2.1
-    assert arms["eagle3-k2-restart"]["verify_ms"] == pytest.approx(28.95)
+    assert case.kind == "case" and case.status == "ok" and len(case.arms) == 8
+    arms = {a.name: a for a in case.arms}
+    assert [a.order for a in case.arms] == list(range(1, 9))
+    assert arms["baseline-restart"].tok_s == 82.2 and arms["eagle3-k2-interactive"].accept_len == 2.1
+    assert arms["eagle3-k2-restart"].verify_ms == pytest.approx(28.95)
     if not SEED.is_file():
         pytest.skip(f"{SEED} not present: the per-row check against SEED_CASE.md needs it")
     table = [ln for ln in SEED.read_text().splitlines() if ln.startswith("| earlier") or ln.startswith("| later")]
     assert len(table) == 8
-    for row, arm in zip(table, case["arms"], strict=True):
+    for row, record in zip(table, case.arms, strict=True):
+        arm = record.model_dump(exclude_none=True)
         assert row.split("|")[1].strip() == arm["session"]
         numbers = {float(x) for x in re.findall(r"\d+(?:\.\d+)?", row)}
         for key in ("tok_s", "tok_s_min", "tok_s_max", "verify_ms", "verify_ms_min", "verify_ms_max"):

@@ -10,16 +10,14 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import nbformat
-import pandas as pd
 import pytest
 
-from spectrial.engines import ArmStats
+from spectrial.figures import add_comparisons, arm_figures
 from spectrial.params import load_params
 from spectrial.records import RunRecord
-from spectrial.trial import add_comparisons, arm_figures
+from spectrial.schema import ArmRecord, RequestRecord, WindowStats
 
 REPO = Path(__file__).resolve().parents[1]
 PREPARE = REPO / "scripts" / "device_prepare.sh"
@@ -43,9 +41,9 @@ FINER_SWEEP = [
 BASELINE_TOK_S, BASELINE_MS = 187.1, 5.32
 
 
-def _requests(arm: str, rates: list[float]) -> list[dict[str, Any]]:
-    return [{"arm": arm, "restart": 0, "error": None, "server_predicted_per_second": r, "client_tok_s": r,
-             "tokens": 256, "server_prompt_n": 40} for r in rates]
+def _requests(arm: str, rates: list[float]) -> list[RequestRecord]:
+    return [RequestRecord(arm=arm, restart=0, server_predicted_per_second=r, client_tok_s=r, tokens=256,
+                          server_prompt_n=40) for r in rates]
 
 
 def build_finer_sweep_record(output_dir: Path) -> Path:
@@ -54,27 +52,27 @@ def build_finer_sweep_record(output_dir: Path) -> Path:
     cycle times and drafting times."""
     params = load_params(PARAMS, {"output_dir": str(output_dir)})
     rec = RunRecord(output_dir, "h200-8b-synthetic-finer-sweep", params=params)
-    arms: list[dict[str, Any]] = []
-    reqs: list[dict[str, Any]] = []
-    base_stats = ArmStats(source="synthetic", tokens=TOKENS, decode_ms=BASELINE_MS * TOKENS)
+    arms: list[ArmRecord] = []
+    reqs: list[RequestRecord] = []
+    base_stats = WindowStats(source="synthetic", tokens=TOKENS, decode_ms=BASELINE_MS * TOKENS)
     base_reqs = _requests("baseline", [186.4, BASELINE_TOK_S, 187.9])
-    arms.append({"name": "baseline", "method": "none", "status": "ok", "steps": None, "synthetic": False,
-                 "synthetic_accept": None, **arm_figures(base_reqs, base_stats, speculative=False)})
+    arms.append(ArmRecord(name="baseline", method="none", status="ok", steps=None, synthetic=False,
+                          synthetic_accept=None, **arm_figures(base_reqs, base_stats, speculative=False)))
     reqs += base_reqs
     for k, a, med, lo, hi, length, cycle, draft in FINER_SWEEP:
         name = f"eagle3-a{a}-k{k}" if a else f"eagle3-random-k{k}"
         steps = TOKENS / length
-        stats = ArmStats(source="synthetic", verify_steps=steps, drafted=k * steps, accepted=steps * (length - 1),
+        stats = WindowStats(source="synthetic", verify_steps=steps, drafted=k * steps, accepted=steps * (length - 1),
                          tokens=TOKENS, decode_ms=cycle * steps, draft_ms=draft * steps)
         r = _requests(name, [lo, med, max(hi, med)])  # the doc rounds a0.9-k1 (210.2, max 210)
-        arms.append({"name": name, "method": "eagle3", "status": "ok", "steps": k, "synthetic": bool(a),
-                     "synthetic_accept": a or None, **arm_figures(r, stats, speculative=True)})
+        arms.append(ArmRecord(name=name, method="eagle3", status="ok", steps=k, synthetic=bool(a),
+                              synthetic_accept=a or None, **arm_figures(r, stats, speculative=True)))
         reqs += r
     add_comparisons(arms, reqs)
-    rec.manifest["arms"] = arms
-    rec.manifest["host"] = {"name": "local", "fingerprint": {"gpus": [{"name": "NVIDIA H200 (synthetic record)"}]}}
-    rec.manifest["engine"] = {"name": "llamacpp", "version": "synthetic: LLAMACPP.md finer H200 sweep"}
-    pd.DataFrame(reqs).to_csv(rec.add_file("requests.csv"), index=False)
+    rec.manifest.arms = arms
+    rec.manifest.host = {"name": "local", "fingerprint": {"gpus": [{"name": "NVIDIA H200 (synthetic record)"}]}}
+    rec.manifest.engine = {"name": "llamacpp", "version": "synthetic: LLAMACPP.md finer H200 sweep"}
+    rec.write_table("requests.csv", reqs)
     rec.finish("ok")
     return rec.dir
 
@@ -125,7 +123,7 @@ def test_notebook_05_on_the_finer_sweep(tmp_path: Path) -> None:
     assert len(table) == 1 + len(FINER_SWEEP)
     nb = nbformat.read(tmp_path / "05.ipynb", as_version=4)
     text = "\n".join(json.dumps(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
-    assert "application/vnd.plotly.v1+json" in text and "median **2.7%**" in text
+    assert "application/vnd.plotly.v1+json" in text and "off by 2.7 % (median), 10.8 % at worst" in text
 
 
 @pytest.mark.notebook

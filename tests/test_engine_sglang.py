@@ -17,20 +17,23 @@ from typing import Any
 import httpx
 import pytest
 
-from spectrial.engines import get_engine
+from spectrial.engines import Window, get_engine
 from spectrial.engines.sglang import (
     check_version_flags,
     cuda_graph_flag,
     parse_version,
+    probe,
     server_info_snapshot,
     sglang_window_stats,
     speculative_args,
 )
 from spectrial.errors import ConfigError, ResourceBusyError
 from spectrial.host import LocalHost
-from spectrial.params import load_params
-from spectrial.records import load_manifest
-from spectrial.server import Server
+from spectrial.params import Arm, load_params
+from spectrial.records import manifest_json
+from spectrial.schema import RequestRecord
+from spectrial.server import LaunchSpec, Server
+from spectrial.serverlog import ServerLog
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standin"
@@ -250,7 +253,7 @@ def test_port_in_use_is_refused_before_any_launch(tmp_path, port):
         with pytest.raises(ResourceBusyError, match=f"port {port} on local is held by a process"):
             run_trial(load_params(data=params_data(tmp_path, port=port)), progress=False)
     runs = [p for p in (tmp_path / "out").iterdir() if (p / "manifest.json").is_file()]
-    m = load_manifest(runs[0])
+    m = manifest_json(runs[0])
     assert m["status"] == "failed" and not any(s["name"].startswith("launch") for s in m["steps"])
 
 
@@ -282,18 +285,26 @@ def test_generate_meta_info_and_legacy_server_info_from_a_running_server(tmp_pat
 
 
 # --- window statistics: each source, best first -----------------------------------------------------------
-def _reqs(n: int, tokens: int, tok_s: float) -> list[dict[str, Any]]:
-    return [{"error": None, "tokens": tokens, "client_tok_s": tok_s} for _ in range(n)]
+def _reqs(n: int, tokens: int, tok_s: float) -> list[RequestRecord]:
+    return [RequestRecord(tokens=tokens, client_tok_s=tok_s) for _ in range(n)]
+
+
+def _window(before: dict[str, float], after: dict[str, float], reqs: list[RequestRecord], log: str,
+            first_line: int = 1) -> Window:
+    """A window of the EAGLE-3 arm of the stand-in params: counters, requests, the log from `first_line`."""
+    arm = Arm(name="eagle3", method="eagle3")
+    spec = LaunchSpec(argv=["python3"], env={}, port=1, probe=probe)
+    return Window(arm, spec, before, after, reqs, ServerLog(log), first_line, max(first_line, len(log.splitlines())))
 
 
 def test_window_stats_prefer_metrics_counters():
     before = {"sglang:spec_verify_calls_total{model_name=m}": 100.0,
               "sglang:generation_tokens_total{is_streaming=true,model_name=m}": 300.0,
-              "sglang:num_requests_total{model_name=m}": 4.0, "_log_lines": 10.0}
+              "sglang:num_requests_total{model_name=m}": 4.0}
     after = {"sglang:spec_verify_calls_total{model_name=m}": 160.0,
              "sglang:generation_tokens_total{is_streaming=true,model_name=m}": 429.0,
              "sglang:num_requests_total{model_name=m}": 7.0, "server_info:avg_spec_accept_length": 2.0}
-    st = sglang_window_stats(before, after, _reqs(3, 43, 100.0), "", speculative=True, draft_tokens=3)
+    st = sglang_window_stats(_window(before, after, _reqs(3, 43, 100.0), ""), draft_tokens=3)
     assert st.source.startswith("metrics") and st.scoped
     assert st.verify_steps == 60 and st.accepted == 129 - 3 - 60 and st.drafted == 120
     assert st.tokens == 126 and st.decode_ms == pytest.approx(3 * 42 / 100.0 * 1000)
@@ -303,9 +314,9 @@ def test_window_stats_fall_back_to_decode_lines_then_to_the_unscoped_mean():
     log = "\n".join(["[2026-01-01 00:00:00 TP0] Decode batch, #running-req: 1, #token: 9, token usage: 0.00, "
                      f"accept len: {x}, accept rate: 0.60, cuda graph: True, gen throughput (token/s): 1.00, "
                      "#queue-req: 0" for x in ("3.00", "2.00", "2.50")])
-    st = sglang_window_stats({"_log_lines": 1.0}, {}, _reqs(2, 41, 50.0), log, speculative=True, draft_tokens=3)
+    st = sglang_window_stats(_window({}, {}, _reqs(2, 41, 50.0), log, first_line=2), draft_tokens=3)
     assert st.source.startswith("log (2") and st.accept_len == pytest.approx(2.25)
     assert st.verify_steps == pytest.approx(80 / 2.25)
-    st2 = sglang_window_stats({"_log_lines": 3.0}, {"server_info:avg_spec_accept_length": 2.4},
-                              _reqs(2, 41, 50.0), log, speculative=True, draft_tokens=3)
+    st2 = sglang_window_stats(_window({}, {"server_info:avg_spec_accept_length": 2.4}, _reqs(2, 41, 50.0), log,
+                                      first_line=4), draft_tokens=3)
     assert st2.scoped is False and st2.accept_len == 2.4 and "not scoped" in " ".join(st2.notes)

@@ -11,13 +11,15 @@ from typing import Any
 import httpx
 import pytest
 
-from spectrial.engines import get_engine
+from spectrial.engines import Window, get_engine
 from spectrial.engines.vllm import probe
 from spectrial.errors import ConfigError
+from spectrial.figures import arm_figures
 from spectrial.host import LocalHost
 from spectrial.params import load_params
 from spectrial.plan import dry_run
-from spectrial.trial import arm_figures
+from spectrial.schema import RequestRecord
+from spectrial.serverlog import ServerLog
 
 
 def vdata(tmp_path: Path, **over: Any) -> dict[str, Any]:
@@ -100,11 +102,11 @@ def test_window_counters_from_metrics_deltas(tmp_path):
     transport = httpx.MockTransport(lambda req: httpx.Response(200, text=next(pages)))
     eng = get_engine("vllm", load_params(data=vdata(tmp_path)), LocalHost())
     eng.resolve_dry()
-    eng.launch_spec(eng.params.arms[1])
     with httpx.Client(transport=transport) as client:
         before, after = eng.snapshot(client, "http://x"), eng.snapshot(client, "http://x")
-    reqs = [{"error": None, "tokens": 101, "client_tok_s": 100.0} for _ in range(3)]
-    st = eng.window_stats(before, after, reqs, "")
+    reqs = [RequestRecord(tokens=101, client_tok_s=100.0) for _ in range(3)]
+    arm = eng.params.arms[1]
+    st = eng.window_stats(Window(arm, eng.launch_spec(arm), before, after, reqs, ServerLog(""), 1, 0))
     assert (st.verify_steps, st.drafted, st.accepted) == (100, 300, 180)
     assert st.per_position == pytest.approx([0.8, 0.6, 0.4])
     fig = arm_figures(reqs, st, speculative=True)

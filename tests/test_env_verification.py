@@ -23,12 +23,12 @@ def test_planted_variable_found_and_missing_one_reported(tiny_params, tmp_path):
     with srv:
         srv.wait_ready(60, progress=False)
         ok = srv.verify_env()
-        assert ok.ok, ok.missing
+        assert ok.ok, ok.problems
         server_rows = [r for r in ok.processes if any("llama-server" in a for a in r["cmdline"][:1])]
         assert server_rows and set(server_rows[0]["present"]) == {"SPECTRIAL_PLANTED", "NCCL_ALGO"}
         bad = srv.verify_env({"SPECTRIAL_PLANTED": "41", "NCCL_PROTO": "LL"})
         assert not bad.ok
-        text = " | ".join(bad.missing)
+        text = " | ".join(bad.problems)
         assert "NCCL_PROTO missing from pid" in text and "llama-server" in text
         assert "SPECTRIAL_PLANTED='42' instead of '41'" in text
 
@@ -43,5 +43,5 @@ def test_secret_env_is_masked_in_the_check(tiny_params, tmp_path):
     with srv:
         srv.wait_ready(60, progress=False)
         chk = srv.verify_env({"HF_TOKEN": "wrong-value-1234"})
-    assert not chk.ok and "HF_TOKEN has another value" in " ".join(chk.missing)
-    assert "hf_supersecret_value" not in repr(chk.processes) + repr(chk.requested) + repr(chk.missing)
+    assert not chk.ok and "HF_TOKEN has another value" in " ".join(chk.problems)
+    assert "hf_supersecret_value" not in repr(chk.processes) + repr(chk.requested) + repr(chk.problems)

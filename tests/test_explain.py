@@ -77,7 +77,7 @@ def test_model_on_h200_sweep_matches_recorded_fit() -> None:
     arms += [spec(f"k{k}-a{a}", k, c, m, t, synthetic=True, synthetic_accept=a, draft_ms_per_cycle=d)
              for k, a, t, m, c, d in H200_SWEEP]
     e = explain(arms)
-    fit = e.numbers["models"]["eagle3"]
+    fit = e.numbers["models"]["eagle3 synthetic"]
     assert fit["fixed_ms"] == pytest.approx(8.23, abs=0.01) and fit["per_draft_ms"] == pytest.approx(0.95, abs=0.005)
     err = e.section("Cycle-cost model").table["rel_error"].abs()
     assert err.median() == pytest.approx(0.027, abs=0.001) and err.max() == pytest.approx(0.108, abs=0.001)
@@ -92,15 +92,15 @@ def test_fitted_model_reproduces_the_arms_it_was_fitted_on() -> None:
                           synthetic=True, synthetic_accept=0.8) for k in (1, 2, 3, 5)]
     e = explain(arms)
     t = e.section("Cycle-cost model").table
-    assert e.numbers["models"]["eagle3"]["fixed_ms"] == pytest.approx(6.0)
+    assert e.numbers["models"]["eagle3 synthetic"]["fixed_ms"] == pytest.approx(6.0)
     assert t["residual_ms"].abs().max() < 1e-6 and t["rel_error"].abs().max() < 1e-6
     assert t["predicted_tok_s"].tolist() == pytest.approx(t["tok_s"].tolist(), abs=0.01)
 
 
 def test_roofline_from_the_case_record() -> None:
     case = load_case()
-    later = [a for a in case["arms"] if a["session"] == "later"]
-    e = explain({**case, "arms": later})
+    later = [a for a in case.arms if a.session == "later"]
+    e = explain(case.model_copy(update={"arms": later}))
     # 8 GPUs x 1792 GB/s = 14336 GB/s over 32e9 params x 4 bits / 8 = 16e9 bytes per token -> 896 tok/s
     assert e.numbers["roofline_tok_s"] == pytest.approx(896.0)
     assert e.numbers["baseline_roofline_fraction"] == pytest.approx(82.2 / 896.0)

@@ -19,11 +19,12 @@ import pytest
 from sshd_plugin import SshdServer
 from test_ssh_trial import ssh_params
 
-from spectrial.errors import ConfigError, HostCommandError
-from spectrial.host import DiskFullError, LocalHost
+from spectrial.errors import ConfigError, HostError, ResourceBusyError, RunFailed
+from spectrial.host import LocalHost
 from spectrial.params import load_params
+from spectrial.records import manifest_json
 from spectrial.ssh import SSHHost
-from spectrial.trial import TrialFailed, run_trial
+from spectrial.trial import run_trial
 
 pytestmark = pytest.mark.ssh
 
@@ -48,14 +49,14 @@ def test_full_work_dir_fails_every_arm_before_launch(sshd: SshdServer, tiny_para
                                                      full_disk: Path) -> None:
     params = load_params(data=ssh_params(tiny_params, sshd, work_dir=str(full_disk / "runs"),
                                          arms=[{"name": "baseline"}, {"name": "draft", "method": "draft"}]))
-    with pytest.raises(TrialFailed) as info:
+    with pytest.raises(RunFailed) as info:
         run_trial(params, progress=False)
-    m = info.value.result.manifest
+    m = manifest_json(info.value.result.run_dir)
     assert m["status"] == "failed"
     assert [a["status"] for a in m["arms"]] == ["failed", "failed"]
     print("reason:", m["starts"][0]["reason"])
     for start in m["starts"]:
-        assert start["status"] == "failed" and "DiskFullError" in start["reason"]
+        assert start["status"] == "failed" and "ResourceBusyError" in start["reason"]
         assert f"{full_disk}/runs" in start["reason"] and "MiB free" in start["reason"]
         assert "work_dir" in start["reason"] and start["server"]["pid"] is None
     launches = [s for s in m["steps"] if s["name"].startswith("launch:")]
@@ -68,7 +69,7 @@ def test_full_work_dir_fails_every_arm_before_launch(sshd: SshdServer, tiny_para
 def test_full_cache_dir_refuses_the_upload(sshd: SshdServer, tiny_params: dict[str, Any], full_disk: Path) -> None:
     data = ssh_params(tiny_params, sshd, engine_bin="auto")
     data["ssh"]["cache_dir"] = str(full_disk / "cache")
-    with pytest.raises(DiskFullError) as info:
+    with pytest.raises(ResourceBusyError) as info:
         run_trial(load_params(data=data), progress=False)
     msg = str(info.value)
     print("error:", msg)
@@ -83,7 +84,7 @@ def test_upload_that_does_not_fit_leaves_nothing_half_written(ssh_host: SSHHost,
     big = tmp_path / "big.bin"
     big.write_bytes(b"\0" * (3 * 2**20))
     target = full_disk / "big.bin"
-    with pytest.raises(HostCommandError) as info:
+    with pytest.raises(HostError) as info:
         ssh_host.put(big, str(target))
     print("error:", info.value)
     assert "MiB free" in str(info.value) and str(target) in str(info.value)

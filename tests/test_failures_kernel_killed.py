@@ -24,7 +24,7 @@ from test_ssh_trial import ssh_params
 
 from spectrial.host import LocalHost
 from spectrial.params import load_params
-from spectrial.records import load_manifest
+from spectrial.records import manifest_json
 from spectrial.server import TAG_VAR, read_state, state_path
 from spectrial.trial import run_trial
 
@@ -55,7 +55,7 @@ def test_orphan_of_a_killed_kernel_is_stopped_by_the_next_trial(sshd: SshdServer
             proc.wait(10)
     assert orphan and psutil.pid_exists(orphan), "the remote server outlives the killed client"
     (run1,) = [p.parent for p in first_out.glob("*/manifest.json")]
-    m1 = load_manifest(run1)
+    m1 = manifest_json(run1)
     assert m1["status"] == "running" and m1["finished_at"] is None  # never marked complete
     # the state file on the host names the orphan's group, with user-only permissions
     state_dir = tiny_params["state_dir"]
@@ -67,7 +67,7 @@ def test_orphan_of_a_killed_kernel_is_stopped_by_the_next_trial(sshd: SshdServer
 
     second = run_trial(load_params(data={**data, "repeats": 1, "output_dir": str(tmp_path / "second")}),
                        progress=False)
-    m2 = second.manifest
+    m2 = manifest_json(second.run_dir)
     assert m2["status"] == "ok", m2["reason"]
     kill = next(s for s in m2["steps"] if s["name"] == "kill_old_server")["report"]
     print("second trial's kill step:", kill)

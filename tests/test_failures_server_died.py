@@ -19,10 +19,12 @@ from sshd_plugin import SshdServer
 from test_failures_ssh_drop import requests_in_flight, step_done, wait_for
 from test_ssh_trial import ssh_params
 
+from spectrial.errors import RunFailed
 from spectrial.host import LocalHost
 from spectrial.params import load_params
+from spectrial.records import manifest_json
 from spectrial.server import TAG_VAR
-from spectrial.trial import TrialFailed, run_trial
+from spectrial.trial import run_trial
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -56,11 +58,11 @@ def test_server_killed_mid_benchmark_fails_only_its_arm(sshd: SshdServer, tiny_p
 
     watcher = threading.Thread(target=kill_draft_when_streaming, daemon=True)
     watcher.start()
-    with pytest.raises(TrialFailed) as info:
+    with pytest.raises(RunFailed) as info:
         run_trial(params, progress=False)
     watcher.join(5)
     assert killed, "the watcher never killed the draft server"
-    m = info.value.result.manifest
+    m = manifest_json(info.value.result.run_dir)
     assert m["status"] == "failed" and "draft" in m["reason"]
     arms = {a["name"]: a for a in m["arms"]}
     base, draft = arms["baseline"], arms["draft"]
@@ -71,7 +73,7 @@ def test_server_killed_mid_benchmark_fails_only_its_arm(sshd: SshdServer, tiny_p
     (start,) = [s for s in m["starts"] if s["arm"] == "draft"]
     assert start["status"] == "failed" and start["server"]["stop"]["how"] == "gone"
     bench = next(s for s in m["steps"] if s["name"] == "benchmark:draft")
-    assert bench["ok"] is False and "ServerLostError" in bench["error"]
+    assert bench["ok"] is False and "ServerError" in bench["error"] and "died during the run" in bench["error"]
     log = (Path(info.value.result.run_dir) / "logs" / "llama-server-draft.log").read_text()
     assert "model loaded" in log  # the log was fetched back from the host although the arm failed
     assert not psutil.pid_exists(killed["pid"]) or psutil.Process(killed["pid"]).status() == psutil.STATUS_ZOMBIE

@@ -24,7 +24,7 @@ from test_ssh_trial import ssh_params
 
 from spectrial.host import LocalHost
 from spectrial.params import load_params
-from spectrial.records import load_manifest
+from spectrial.records import manifest_json
 from spectrial.trial import TrialResult, run_trial
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -46,7 +46,7 @@ def step_done(outputs: Path, name: str) -> bool:
     if not runs:
         return False
     try:
-        steps = load_manifest(runs[0].parent)["steps"]
+        steps = manifest_json(runs[0].parent)["steps"]
     except ValueError:  # caught mid-rename
         return False
     return any(s["name"] == name and s["ok"] for s in steps)
@@ -113,7 +113,7 @@ def test_ssh_drop_mid_benchmark_reconnects_and_finishes(sshd_factory: Callable[[
         t.join(300)
     assert not t.is_alive() and "error" not in box, box.get("error")
     result: TrialResult = box["result"]
-    m = result.manifest
+    m = manifest_json(result.run_dir)
     assert m["status"] == "ok", m["reason"]
     (start,) = m["starts"]
     print("connection events:", *(f"{e['event']}: {e['detail']}" for e in start["connection_events"]), sep="\n  ")

@@ -79,7 +79,7 @@ def test_fill_derived_hand_worked() -> None:
 def test_bad_records_become_issues(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     write_manifest(runs / "a-failed", trial_manifest("a-failed", [
-        BASE, {"name": "e3", "method": "eagle3", "status": "failed", "reason": "ServerStartError: exited 1"}],
+        BASE, {"name": "e3", "method": "eagle3", "status": "failed", "reason": "ServerError: exited 1"}],
         status="failed", reason="arm e3: exited 1"))
     write_manifest(runs / "b-empty", trial_manifest("b-empty", []))
     write_manifest(runs / "c-counters", trial_manifest("c-counters", [
@@ -90,7 +90,7 @@ def test_bad_records_become_issues(tmp_path: Path) -> None:
     h = history.load_history(runs)
     problems = "\n".join(f"{s} {i} {p}" for s, i, p in h.issues.itertuples(index=False))
     assert "a-failed  run failed: arm e3: exited 1" in problems
-    assert "a-failed e3 arm did not complete" in problems and "ServerStartError" in problems
+    assert "a-failed e3 arm did not complete" in problems and "ServerError" in problems
     assert "b-empty  no arms recorded" in problems
     assert "c-counters zero 0 verify steps" in problems
     assert "c-counters low accept length 0.5 < 1" in problems

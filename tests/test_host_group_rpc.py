@@ -19,6 +19,7 @@ from spectrial.errors import ConfigError
 from spectrial.group import HostGroup, sglang_rank_argv
 from spectrial.host import LocalHost
 from spectrial.params import load_params, validate
+from spectrial.records import manifest_json
 from spectrial.server import Server, read_state
 from spectrial.trial import run_trial
 
@@ -106,7 +107,7 @@ def test_two_host_rpc_trial(two_sshd: tuple[SshdServer, SshdServer], tiny_params
     data = group_params(tiny_params, head, worker, arms=[{"name": "baseline"}, {"name": "draft", "method": "draft"}])
     rpc_port = data["engine_config"]["rpc_port"]
     result = run_trial(load_params(data=data), progress=False)
-    m = result.manifest
+    m = manifest_json(result.run_dir)
     assert m["status"] == "ok", m["reason"]
     endpoint = f"{worker.address}:{rpc_port}"
     assert [(n["node"], n["rank"], n["addr"]) for n in m["nodes"]] == [(head.spec, 0, "127.0.0.1"),

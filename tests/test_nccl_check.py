@@ -21,6 +21,7 @@ from spectrial.nccl import evidence as ev
 from spectrial.nccl.check import nccl_effect, parent_env
 from spectrial.nccl.params import MULTICAST_OFF
 from spectrial.nccl.worker import MARK_PREFIX
+from spectrial.records import manifest_json
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [8192, 14336]
@@ -120,7 +121,7 @@ def cpu_run(tmp_path_factory):
 
 
 def _workers(result, set_name):
-    s = next(s for s in result.manifest["sets"] if s["name"] == set_name)
+    s = next(s for s in manifest_json(result.run_dir)["sets"] if s["name"] == set_name)
     return {w["rank"]: w for w in s["workers"]}, s
 
 
@@ -176,8 +177,8 @@ def test_record_is_written(cpu_run):
 def test_a_set_that_times_out_fails_the_record_not_the_caller(tmp_path):
     params = load_nccl_params(data=_tiny(tmp_path, timeout_s=0.3, env_sets={"default": {}}))
     result = run_nccl_check(params, progress=False)
-    assert result.status == "failed" and "default" in result.manifest["reason"]
-    assert "timeout_s=0.3 s passed" in result.manifest["sets"][0]["error"]
+    assert result.status == "failed" and "default" in manifest_json(result.run_dir)["reason"]
+    assert "timeout_s=0.3 s passed" in manifest_json(result.run_dir)["sets"][0]["error"]
     assert result.latency.empty
 
 
@@ -279,7 +280,7 @@ def test_nccl_backend_on_two_gpus(tmp_path):
         "default": {}, "tuned": {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}}})
     result = run_nccl_check(params, progress=False)
     assert result.status == "ok"
-    tuned = next(s for s in result.manifest["sets"] if s["name"] == "tuned")
+    tuned = next(s for s in manifest_json(result.run_dir)["sets"] if s["name"] == "tuned")
     assert tuned["effect"]["status"].startswith("took effect on every rank")
     assert all(w["seen_in_proc"] for w in tuned["workers"])
     assert not result.settings_table().empty

@@ -23,7 +23,13 @@ def test_papermill_notebook_02(tiny_params, write_params, tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     nb = nbformat.read(out, as_version=4)
     text = "\n".join(json.dumps(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
-    assert "The baseline decoded at" in text and "application/vnd.plotly.v1+json" in text
+    assert "application/vnd.plotly.v1+json" in text and "IProgress" not in text
+    # one cell per protocol step, each with its output; one verdict (the break-even section), not two
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    for step in ("trial.kill_old_server()", "trial.verify_gpus_free()", "trial.run_arm(name)", "trial.compare()",
+                 "trial.explain("):
+        assert sum(step in src for src in code) >= 1, step
+    assert text.count("### Break-even") == 1 and "speculation **" in text
     runs = [p for p in Path(tiny_params["output_dir"]).iterdir() if (p / "manifest.json").is_file()]
     assert len(runs) == 1
     m = json.loads((runs[0] / "manifest.json").read_text())

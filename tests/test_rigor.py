@@ -15,7 +15,7 @@ import pytest
 
 from spectrial.diff import diff_runs, format_findings
 from spectrial.params import Arm, load_params
-from spectrial.records import load_manifest
+from spectrial.records import manifest_json
 from spectrial.trial import run_trial, schedule
 
 
@@ -37,7 +37,7 @@ def test_interleaved_restarts_followed_and_spread_reported(tiny_params):
     p = {**tiny_params, "restarts": 2, "repeats": 3, "max_tokens": 16,
          "arms": [{"name": "baseline"}, {"name": "draft", "method": "draft"}]}
     res = run_trial(load_params(data=p), progress=False)
-    m = res.manifest
+    m = manifest_json(res.run_dir)
     launches = [(s["arm"], s["restart"]) for s in sorted(m["steps"], key=lambda s: s["started_at"])
                 if s["name"].startswith("launch:")]
     assert launches == [("baseline", 0), ("draft", 0), ("baseline", 1), ("draft", 1)]
@@ -91,7 +91,7 @@ def test_drift_flagged_for_planted_slowdown(tiny_params):
     the band of the earlier ones and the drift check flags it (nothing in argv or env explains it)."""
     for _ in range(2):
         r = run_trial(_baseline_only(tiny_params), progress=False)
-        assert not r.manifest["drift"]["flagged"], r.manifest["drift"]
+        assert not manifest_json(r.run_dir)["drift"]["flagged"], manifest_json(r.run_dir)["drift"]
     throttle = Throttle(Path(tiny_params["state_dir"]), tiny_params["port"])
     throttle.start()
     try:
@@ -100,7 +100,7 @@ def test_drift_flagged_for_planted_slowdown(tiny_params):
         throttle.done.set()
         throttle.join(5)
     assert throttle.pgids, "the throttle never found the server"
-    d = r.manifest["drift"]
+    d = manifest_json(r.run_dir)["drift"]
     assert d["n_earlier"] == 2
     assert d["flagged"], d
     assert d["shift_pct"] < -30 and "baseline drift" in d["message"]
@@ -123,4 +123,4 @@ def test_diff_names_changed_env_and_binary(tiny_params, llama_server, tmp_path):
     assert "engine binary changed" in text
     assert findings[0].severity == 0, "environment differences come first"
     assert text.index("[environment]") < text.index("[engine/model]") < text.index("[results]")
-    assert load_manifest(r2.run_dir)["engine"]["binary"] == str(other_bin)
+    assert manifest_json(r2.run_dir)["engine"]["binary"] == str(other_bin)

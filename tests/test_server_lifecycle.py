@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from spectrial.engines import get_engine
-from spectrial.errors import ResourceBusyError, ServerStartError
+from spectrial.errors import ResourceBusyError, ServerError
 from spectrial.host import LocalHost
 from spectrial.params import Arm, load_params
 from spectrial.server import Server, read_state, stop_previous
@@ -51,7 +51,7 @@ def test_crash_during_load_fails_fast_with_log_tail(tiny_params, tmp_path):
     bad.write_bytes(b"GGUF" + b"\x00" * 64)
     srv = make_server(tiny_params, tmp_path, model=str(bad))
     t0 = time.monotonic()
-    with pytest.raises(ServerStartError) as e, srv:
+    with pytest.raises(ServerError) as e, srv:
         srv.wait_ready(60, progress=False)
     assert time.monotonic() - t0 < 30, "a dead server must be noticed long before the timeout"
     msg = str(e.value)

@@ -18,7 +18,7 @@ import yaml
 from spectrial.errors import ConfigError
 from spectrial.host import LocalHost
 from spectrial.params import load_params
-from spectrial.records import load_manifest
+from spectrial.records import manifest_json
 from spectrial.trial import run_trial
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_cli_trial_against_the_standin(tmp_path, port, write_params):
                          cwd=REPO)
     assert res.returncode == 0, res.stderr[-3000:]
     run = only_run(tmp_path / "out")
-    m = load_manifest(run)
+    m = manifest_json(run)
     assert m["status"] == "ok" and m["engine"]["sglang_version"] == "0.5.20+standin"
     arms = {a["name"]: a for a in m["arms"]}
     base, eagle = arms["baseline"], arms["eagle3"]
@@ -97,7 +97,7 @@ def test_env_check_fails_naming_the_variable_and_the_worker(tmp_path, port):
         "nccl_debug": False, "extra_args": ["--standin-drop-worker-env", "NCCL_PROTO"]})
     with pytest.raises(ConfigError, match=r"NCCL_PROTO missing from pid \d+") as e:
         run_trial(load_params(data=data), progress=False)
-    m = load_manifest(only_run(tmp_path / "out"))
+    m = manifest_json(only_run(tmp_path / "out"))
     assert m["status"] == "failed" and "NCCL_PROTO missing" in m["reason"]
     procs = m["starts"][0]["env_check"]["processes"]
     launcher = [p for p in procs if "sglang.launch_server" in p["cmdline"]]
@@ -117,7 +117,7 @@ def test_nccl_evidence_sees_what_proc_cannot(tmp_path, port):
     result = run_trial(load_params(data=data), progress=False)
     arm = result.arms[0]
     assert result.status == "ok"
-    start = result.manifest["starts"][0]
+    start = manifest_json(result.run_dir)["starts"][0]
     assert not start["env_check"]["ok"] and "NCCL_PROTO missing from pid" in " ".join(start["env_check"]["problems"])
     assert "NCCL_PROTO=LL confirmed by NCCL in 2/2 rank(s)" in " ".join(arm["stats_notes"])
 
@@ -140,7 +140,7 @@ def test_notebook_02_runs_against_the_standin(tmp_path, port, write_params):
     nb = nbformat.read(out, as_version=4)
     text = "\n".join(json.dumps(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
     assert "engine `sglang`" in text and "all 5 requested variables present" in text
-    m = load_manifest(only_run(tmp_path / "out"))
+    m = manifest_json(only_run(tmp_path / "out"))
     assert m["status"] == "ok" and [a["name"] for a in m["arms"]] == ["baseline", "eagle3"]
     assert all(a["status"] == "ok" for a in m["arms"])
 

@@ -16,8 +16,9 @@ import psutil
 import pytest
 from sshd_plugin import Reaper, SshdServer, free_port
 
-from spectrial.errors import ConfigError, HostCommandError
-from spectrial.host import Host, LocalHost, get_host
+from spectrial.connect import get_host
+from spectrial.errors import ConfigError, HostError
+from spectrial.host import Host, LocalHost
 from spectrial.ssh import HostKeyError, SSHHost, parse_spec
 
 pytest_plugins = ["sshd_plugin"]  # fixtures; harmless once tests/conftest.py registers the plugin too
@@ -67,7 +68,7 @@ def test_run_gives_identical_results_locally_and_over_ssh(ssh_host: SSHHost, cmd
 
 
 def test_run_raises_with_the_result_on_failure(any_host: Host) -> None:
-    with pytest.raises(HostCommandError) as info:
+    with pytest.raises(HostError) as info:
         any_host.run("echo doomed >&2; exit 7", hint="look here")
     assert info.value.exit_code == 7 and "doomed" in info.value.stderr
     assert any_host.name in str(info.value) and "look here" in str(info.value)
@@ -77,7 +78,7 @@ def test_timeout_raises(any_host: Host) -> None:
     argv = ["sleep", "3.14159"]  # distinctive, to find what the timeout left behind
     t0 = time.monotonic()
     try:
-        with pytest.raises(HostCommandError, match="timed out"):
+        with pytest.raises(HostError, match="timed out"):
             any_host.run(argv, timeout=0.5)
         assert time.monotonic() - t0 < 2.5
         assert any_host.run(["echo", "after"]).stdout == "after\n"  # the host is usable afterwards
@@ -189,9 +190,9 @@ def test_ssh_get_creates_a_user_only_file(ssh_host: SSHHost, tmp_path: Path) -> 
 @pytest.mark.ssh
 def test_ssh_file_errors_name_the_path(ssh_host: SSHHost, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir" / "f.txt"
-    with pytest.raises(HostCommandError, match="no-such-dir"):
+    with pytest.raises(HostError, match="no-such-dir"):
         ssh_host.write_text(str(missing), "x")
-    with pytest.raises(HostCommandError, match="f.txt"):
+    with pytest.raises(HostError, match="f.txt"):
         ssh_host.get(str(missing), tmp_path / "out.txt")
     assert not (tmp_path / "out.txt").exists() and list(tmp_path.iterdir()) == []
 
@@ -285,7 +286,7 @@ def test_closed_port_fails_after_the_retries(sshd: SshdServer) -> None:
     host = SSHHost.from_spec(f"ssh://root@127.0.0.1:{port}", key_filename=sshd.key_filename,
                              known_hosts=sshd.known_hosts, retries=2, backoff_s=0.1)
     t0 = time.monotonic()
-    with pytest.raises(HostCommandError) as info:
+    with pytest.raises(HostError) as info:
         host.run(["true"])
     elapsed = time.monotonic() - t0
     assert 0.3 <= elapsed < 5  # waited 0.1 + 0.2 s between three attempts
@@ -302,7 +303,7 @@ def test_silent_server_times_out(sshd: SshdServer) -> None:
         host = SSHHost.from_spec(f"ssh://root@127.0.0.1:{port}", key_filename=sshd.key_filename,
                                  known_hosts=sshd.known_hosts, connect_timeout=0.5, retries=1, backoff_s=0.05)
         t0 = time.monotonic()
-        with pytest.raises(HostCommandError, match=r"2 attempt\(s\)"):
+        with pytest.raises(HostError, match=r"2 attempt\(s\)"):
             host.connect()
         assert 1.0 <= time.monotonic() - t0 < 4
 
@@ -326,7 +327,7 @@ def test_several_servers_are_independent(sshd_factory: Callable[[int], list[Sshd
     assert seen == [[s.address, str(s.port)] for s in servers]
     assert len({s.address for s in servers}) == 2
     servers[0].stop()
-    with pytest.raises(HostCommandError):
+    with pytest.raises(HostError):
         SSHHost.from_spec(servers[0].spec, key_filename=servers[0].key_filename,
                           known_hosts=servers[0].known_hosts, retries=0).connect()
     assert hosts[1].run(["echo", "still"]).stdout == "still\n"

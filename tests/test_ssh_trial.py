@@ -25,7 +25,7 @@ from spectrial.engines import get_engine
 from spectrial.engines.llamacpp import ready_offset_s
 from spectrial.host import LocalHost
 from spectrial.params import load_params
-from spectrial.records import load_manifest
+from spectrial.records import manifest_json
 from spectrial.server import Server
 from spectrial.ssh import SSHHost
 
@@ -75,7 +75,7 @@ def test_cli_runs_params_local_through_ssh(sshd: SshdServer, tmp_path: Path, por
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     run = only_run(tmp_path / "outputs")
-    m = load_manifest(run)
+    m = manifest_json(run)
     assert m["status"] == "ok" and m["host"]["name"] == sshd.spec
     assert [(a["name"], a["status"]) for a in m["arms"]] == [("baseline", "ok"), ("draft-simple", "ok"),
                                                             ("eagle3-synthetic", "ok")]
@@ -150,7 +150,7 @@ def test_notebook_02_through_ssh_masks_secrets(sshd: SshdServer, tiny_params: di
     text = "\n".join(json.dumps(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
     assert sshd.spec in text and "The baseline decoded at" in text
     run = only_run(Path(tiny_params["output_dir"]))
-    m = load_manifest(run)
+    m = manifest_json(run)
     assert m["status"] == "ok" and m["host"]["name"] == sshd.spec
     assert m["params"]["env"] == {"API_TOKEN": "***", "SPECTRIAL_PLAIN": "visible"}
     assert all(s["env_check"]["ok"] for s in m["starts"])  # the real value reached the server

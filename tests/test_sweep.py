@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from spectrial.analysis import expected_accept_len
 from spectrial.errors import ConfigError
 from spectrial.host import LocalHost
-from spectrial.records import load_manifest
+from spectrial.records import manifest_json
 from spectrial.sweep import (
     SweepParams,
     World,
@@ -201,7 +201,7 @@ def check_stop_rule(m: dict[str, Any]) -> None:
 def test_a_simulated_grid_is_a_grid_record(tmp_path):
     p = world_sweep(steps=[1, 3, 6], synthetic_accept=[0.7], concurrency=[1, 2])
     grid = simulate(p, QUIET, seed=3, output_dir=tmp_path)
-    m = grid.manifest
+    m = manifest_json(grid.run_dir)
     assert m["kind"] == "sweep-world" and m["status"] == "ok" and len(m["starts"]) == 4
     for pt in m["points"]:
         s = next((s for s in p.settings() if p.arm(s).name == pt["setting"]), None)
@@ -210,7 +210,7 @@ def test_a_simulated_grid_is_a_grid_record(tmp_path):
             assert pt["accept_len"] == pytest.approx(QUIET.accept_len(s), abs=0.2)
     assert m["model"]["cycle"]["1"]["per_draft_ms"] == pytest.approx(QUIET.per_draft_ms, rel=0.25)
     again = replay(grid.run_dir, {"strategy": "grid"}, output_dir=tmp_path / "again")
-    for a, b in zip(m["points"], again.manifest["points"], strict=True):
+    for a, b in zip(m["points"], manifest_json(again.run_dir)["points"], strict=True):
         assert (a["id"], a["tok_s"], a["tok_s_ci_low"], a.get("accept_len")) == \
                (b["id"], b["tok_s"], b["tok_s_ci_low"], b.get("accept_len"))
 
@@ -222,7 +222,8 @@ def test_guided_probes_each_scenario_once_and_finds_the_best(seed, tmp_path):
     grid's starts while its best is within the grid-best's CI (same measurements) and near the true best."""
     p = world_sweep(steps=[1, 2, 3, 4, 5, 6], synthetic_accept=[None, 0.6, 0.75, 0.9])
     grid = simulate(p, QUIET, seed=seed, output_dir=tmp_path)
-    m = replay(grid.run_dir, output_dir=tmp_path / "guided").manifest
+    guided = replay(grid.run_dir, output_dir=tmp_path / "guided")
+    m = manifest_json(guided.run_dir)
     setting = {p.arm(s).name: s for s in p.settings()}
     starts = m["starts"]
     assert [s["phase"] for s in starts[:5]] == ["baseline", "probe", "probe", "probe", "probe"]
@@ -230,8 +231,8 @@ def test_guided_probes_each_scenario_once_and_finds_the_best(seed, tmp_path):
     assert starts[1]["arm"] == "eagle3-s6"  # the real draft's acceptance is unknown: its deepest setting
     assert starts[2]["arm"].endswith("-a0.6")  # the second k: where acceptance is lowest (0.6 < real 0.7)
     assert {setting[s["arm"]].synthetic_accept for s in starts[1:5]} == {None, 0.6, 0.75, 0.9}
-    assert len(starts) <= 0.4 * len(grid.manifest["starts"])
-    rows = judge(grid.manifest, m)
+    assert len(starts) <= 0.4 * len(manifest_json(grid.run_dir)["starts"])
+    rows = judge(grid.manifest, guided.manifest)
     assert len(rows) == 4 and all(r["within_ci"] for r in rows), rows
     truth = QUIET.best(p)
     for b in m["best"]:
@@ -249,7 +250,7 @@ def test_the_model_error_follows_the_data(tmp_path):
         world = World(fixed_ms=10, per_draft_ms=2.5, fixed_growth=0.5, draft_growth=1.0, request_sigma=sigma,
                       start_sigma=sigma / 2)
         grid = simulate(p, world, seed=4, output_dir=tmp_path / name)
-        out[name] = replay(grid.run_dir, output_dir=tmp_path / name).manifest
+        out[name] = manifest_json(replay(grid.run_dir, output_dir=tmp_path / name).run_dir)
     q, n = out["quiet"]["model"], out["noisy"]["model"]
     assert n["margin"] > 2 * q["margin"] and min(n["noise"].values()) > 2 * max(q["noise"].values())
     check_stop_rule(out["quiet"])
@@ -300,7 +301,7 @@ def test_llamacpp_ignores_per_request_draft_depth(llama_server, tiny_models, por
 
 def _check_record(run: Path, levels: list[int]) -> dict[str, Any]:
     """What every sweep record must hold; returns the manifest."""
-    m = load_manifest(run)
+    m = manifest_json(run)
     assert m["kind"] == "sweep" and m["status"] == "ok", m["reason"]
     starts = m["starts"]
     # one start measures every concurrency level: the restart economy of per-request settings
@@ -383,15 +384,15 @@ def test_replays_of_a_grid_record_and_of_a_trial(tiny_params):
                                        overrides={"strategy": "grid"}), progress=False)
     # the grid replayed on its own record reproduces every figure: same requests, same counters, same seed
     again = replay(grid.run_dir, {"strategy": "grid"})
-    assert again.manifest["kind"] == "sweep-replay" and again.run_dir.parent == grid.run_dir / "replays"
-    for a, b in zip(grid.manifest["points"], again.manifest["points"], strict=True):
+    assert manifest_json(again.run_dir)["kind"] == "sweep-replay" and again.run_dir.parent == grid.run_dir / "replays"
+    for a, b in zip(manifest_json(grid.run_dir)["points"], manifest_json(again.run_dir)["points"], strict=True):
         assert (a["id"], a.get("tok_s"), a.get("tok_s_ci_low"), a.get("accept_len"), a.get("cycle_ms")) == \
                (b["id"], b.get("tok_s"), b.get("tok_s_ci_low"), b.get("accept_len"), b.get("cycle_ms"))
     guided = replay(grid.run_dir, {"budget_restarts": 3})
-    starts = guided.manifest["starts"]
+    starts = manifest_json(guided.run_dir)["starts"]
     assert [s["arm"] for s in starts[:2]] == ["baseline", "eagle3-s4-a0.8"] and len(starts) == 3
     assert starts[2]["arm"] in ("eagle3-s1-a0.8", "eagle3-s2-a0.8") and starts[2]["phase"] == "probe"
-    assert all(s["replayed_from"] is not None for s in starts) and guided.manifest["budget"]["restarts"] == 3
+    assert all(s["replayed_from"] is not None for s in starts) and manifest_json(guided.run_dir)["budget"]["restarts"] == 3
     # a trial whose arms form a grid replays too (a depth x acceptance trial from a GPU host, say)
     trial = {**{k: v for k, v in tiny_params.items() if k != "steps"}, "draft": "tiny:eagle3", "repeats": 2,
              "max_tokens": 16, "arms": [{"name": "baseline"}] + [
@@ -401,11 +402,11 @@ def test_replays_of_a_grid_record_and_of_a_trial(tiny_params):
 
     tr = run_trial(load_params(data=trial), progress=False)
     rep = replay(tr.run_dir)
-    names = {a["name"]: a for a in tr.manifest["arms"]}
-    pts = {p["id"]: p for p in rep.manifest["points"]}
-    assert rep.manifest["starts"][0]["arm"] == "baseline"
+    names = {a["name"]: a for a in manifest_json(tr.run_dir)["arms"]}
+    pts = {p["id"]: p for p in manifest_json(rep.run_dir)["points"]}
+    assert manifest_json(rep.run_dir)["starts"][0]["arm"] == "baseline"
     assert pts["baseline@c1"]["tok_s"] == pytest.approx(names["baseline"]["tok_s"])
-    for s in rep.manifest["starts"][1:]:
+    for s in manifest_json(rep.run_dir)["starts"][1:]:
         k = int(s["arm"].split("-s")[1].split("-")[0])
         assert pts[f"{s['arm']}@c1"]["tok_s"] == pytest.approx(names[f"e-k{k}"]["tok_s"])
         assert pts[f"{s['arm']}@c1"]["accept_len"] == pytest.approx(names[f"e-k{k}"]["accept_len"])

@@ -11,7 +11,7 @@ import pytest
 
 from spectrial.errors import ConfigError
 from spectrial.host import LocalHost
-from spectrial.records import load_manifest
+from spectrial.records import manifest_json
 from spectrial.trial import run_trial
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def test_cli_trial_writes_complete_record(tiny_params, write_params, tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     run = only_run(Path(tiny_params["output_dir"]))
-    m = load_manifest(run)
+    m = manifest_json(run)
     assert m["status"] == "ok" and m["reason"] is None
     assert m["params"]["steps"] == 3
     arms = {a["name"]: a for a in m["arms"]}
@@ -62,7 +62,7 @@ def test_cli_trial_writes_complete_record(tiny_params, write_params, tmp_path):
 def test_missing_model_fails_before_launch_with_record(tiny_params, tmp_path):
     with pytest.raises(ConfigError, match="model file .* not found"):
         run_trial(None or _params(tiny_params, model=str(tmp_path / "nope.gguf")), progress=False)
-    m = load_manifest(only_run(Path(tiny_params["output_dir"])))
+    m = manifest_json(only_run(Path(tiny_params["output_dir"])))
     assert m["status"] == "failed" and "not found" in m["reason"]
     assert not any(s["name"].startswith("launch") for s in m["steps"])
 
@@ -71,11 +71,11 @@ def test_server_crash_marks_arm_failed_and_keeps_others(tiny_params, tmp_path):
     bad = tmp_path / "bad-draft.gguf"
     bad.write_bytes(b"GGUF" + b"\x01" * 100)
     p = _params(tiny_params, arms=[{"name": "baseline"}, {"name": "broken", "method": "draft", "draft": str(bad)}])
-    from spectrial.trial import TrialFailed
+    from spectrial.errors import RunFailed
 
-    with pytest.raises(TrialFailed) as e:
+    with pytest.raises(RunFailed) as e:
         run_trial(p, progress=False)
-    m = e.value.result.manifest
+    m = manifest_json(e.value.result.run_dir)
     assert m["status"] == "failed" and "broken" in m["reason"]
     arms = {a["name"]: a for a in m["arms"]}
     assert arms["baseline"]["status"] == "ok" and arms["broken"]["status"] == "failed"

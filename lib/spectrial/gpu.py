@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from spectrial.errors import ConfigError, ResourceBusyError
+from spectrial.fingerprint import SAMPLE_QUERY, gpu_rows, throttle_reasons
 from spectrial.host import Host
 
 GPU_FIELDS = ("index", "name", "uuid", "memory.used", "memory.total", "utilization.gpu")
@@ -123,8 +124,6 @@ class GpuSampler:
         self.reason = ""
 
     def start(self) -> GpuSampler:
-        from spectrial.fingerprint import SAMPLE_QUERY
-
         if not self.host.which("nvidia-smi"):
             self.reason = "no nvidia-smi on the host: no GPU samples"
             return self
@@ -135,13 +134,9 @@ class GpuSampler:
 
     def stop(self) -> list[dict[str, object]]:
         """Stop sampling; returns the samples (with decoded throttle reasons)."""
-        from spectrial.fingerprint import SAMPLE_QUERY, gpu_rows, throttle_reasons
-
         if self.pgid is None:
             return []
-        from spectrial.server import stop_group
-
-        stop_group(self.host, self.pgid, 2)
+        self.host.stop_group(self.pgid, 2)
         self.pgid = None
         text = self.host.read_text(self.log_path) if self.host.exists(self.log_path) else ""
         rows = gpu_rows(text.splitlines(), SAMPLE_QUERY)

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from spectrial.connect import get_host
 from spectrial.engines.base import Engine
 from spectrial.errors import ConfigError
 from spectrial.fingerprint import host_fingerprint
 from spectrial.gpu import GpuStatus, wait_gpus_free
-from spectrial.host import Host, get_host
+from spectrial.host import Host
 from spectrial.params import Arm, TrialParams
 from spectrial.server import Companion, LaunchSpec, Probe, Server, on_each, stop_previous
 

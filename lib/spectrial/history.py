@@ -18,7 +18,6 @@ Row fields beyond the manifest's (see ``spectrial.trial`` for the per-arm fields
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,10 +27,11 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from spectrial import analysis
+from spectrial import analysis, figures
 from spectrial.errors import SpectrialError
 from spectrial.params import repo_root
 from spectrial.records import finite
+from spectrial.schema import ArmRecord, Manifest, as_manifest, load_record
 
 __all__ = ["HISTORY_COLUMNS", "History", "baseline_figure", "baseline_over_time", "fill_derived",
            "incomparability", "load_history", "matrix", "matrix_figure", "resolve_dir"]
@@ -168,7 +168,7 @@ def _arm_issues(run: str, arm: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     speculative = str(arm.get("method") or "none") != "none"
     steps = arm.get("verify_steps")
     if speculative and steps is not None and not (finite(steps) or 0) > 0:
-        out.append((run, name, f"{steps} verify steps: no speculative cycle measured (cycle and accept length undefined)"))
+        out.append((run, name, f"{float(steps):g} verify steps: no speculative cycle measured (cycle and accept length undefined)"))
     al = finite(arm.get("accept_len"))
     if speculative and al is not None and al < 1:
         out.append((run, name, f"accept length {al:g} < 1: impossible (each cycle commits >= 1 token); counters wrong"))
@@ -177,30 +177,30 @@ def _arm_issues(run: str, arm: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
-def record_rows(manifest: Mapping[str, Any], run: str) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
-    """Rows (one per arm) and issues of one manifest; ``run`` labels it (its folder, relative)."""
+def record_rows(source: Manifest | Mapping[str, Any], run: str
+                ) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
+    """Rows (one per arm) and issues of one run record; ``run`` labels it (its folder, relative)."""
+    manifest = as_manifest(source)
     issues: list[tuple[str, str, str]] = []
-    status = manifest.get("status")
+    status = manifest.status
     if status == "failed":
-        issues.append((run, "", f"run failed: {manifest.get('reason') or 'no reason recorded'}"))
+        issues.append((run, "", f"run failed: {manifest.reason or 'no reason recorded'}"))
     elif status != "ok":
         issues.append((run, "", f"run status {status!r}: never finished (interrupted?)"))
-    arms = manifest.get("arms")
-    if not isinstance(arms, list) or not arms:
+    if not manifest.arms:
         issues.append((run, "", "no arms recorded"))
-        arms = []
-    host = manifest.get("host") if isinstance(manifest.get("host"), Mapping) else {}
-    engine = manifest.get("engine") if isinstance(manifest.get("engine"), Mapping) else {}
+    host, engine = manifest.host, manifest.engine
     rows = []
-    for i, raw in enumerate(a for a in arms if isinstance(a, Mapping)):
+    for i, raw in enumerate(a.model_dump() for a in manifest.arms):
         issues += _arm_issues(run, raw)
         arm = fill_derived(raw) if raw.get("status") == "ok" else dict(raw)
         values = [v for v in (arm.get("tok_s_values") or []) if finite(v)]
         rows.append({
-            "source": "record", "run": run, "kind": manifest.get("kind"), "run_status": status,
+            "source": "record", "run": run, "kind": manifest.kind, "run_status": status,
             "host": host.get("name"), "gpu": _gpu(host), "engine": engine.get("name"),
-            "engine_version": _engine_version(engine), "started_at": manifest.get("started_at"),
-            "session": arm.get("session") or manifest.get("run_id") or run, "order": arm.get("order") or i + 1,
+            "engine_version": _engine_version(engine), "started_at": manifest.started_at,
+            "session": arm.get("session") or (manifest.run_id if manifest.run_id != "?" else None) or run,
+            "order": arm.get("order") or i + 1,
             "arm": arm.get("name"), "method": arm.get("method") or "none", "status": arm.get("status"),
             "reason": arm.get("reason"), "config": _config(arm), "k": arm.get("steps"),
             "synthetic_accept": arm.get("synthetic_accept"),
@@ -228,11 +228,12 @@ def _against_baseline(rows: list[dict[str, Any]]) -> None:
         if base is None:
             continue
         r["baseline_arm"] = base["arm"]
-        base_ms = base["ms_per_token"] or analysis.ms_per_token(base["tok_s"])
-        if r["break_even_accept_len"] is None and r["cycle_ms"]:
-            r["break_even_accept_len"] = analysis.break_even_accept_len(r["cycle_ms"], base_ms)
-        if r["speedup"] is None and r["tok_s"]:
-            r["speedup"] = r["tok_s"] / base["tok_s"]
+        arm = ArmRecord(name=r["arm"], method=r["method"], tok_s=r["tok_s"], cycle_ms=r["cycle_ms"])
+        ref = ArmRecord(name=base["arm"], tok_s=base["tok_s"], ms_per_token=base["ms_per_token"])
+        if r["break_even_accept_len"] is None:
+            r["break_even_accept_len"] = figures.break_even(arm, ref)
+        if r["speedup"] is None:
+            r["speedup"] = figures.speedup(arm, ref)
 
 
 # ------------------------------------------------------------------ plain logs
@@ -305,13 +306,11 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
             for path in paths:
                 run = path.parent.relative_to(root).as_posix()
                 try:
-                    manifest = json.loads(path.read_text(encoding="utf-8"))
-                    if not isinstance(manifest, Mapping):
-                        raise ValueError("not a JSON object")
-                except (OSError, ValueError) as exc:
+                    manifest = load_record(path.parent)
+                except (OSError, ValueError, TypeError) as exc:
                     issues.append((run, "", f"manifest.json unreadable: {exc}"))
                     continue
-                if manifest.get("kind") in NOT_ARM_RECORDS:  # e.g. an NCCL check: notebook 00 reads those
+                if manifest.kind in NOT_ARM_RECORDS:  # e.g. an NCCL check: notebook 00 reads those
                     continue
                 r, i = record_rows(manifest, run)
                 rows += r

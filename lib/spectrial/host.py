@@ -27,7 +27,7 @@ import psutil
 from invoke import Context
 from invoke.exceptions import CommandTimedOut
 
-from spectrial.errors import ConfigError, HostCommandError, ResourceBusyError
+from spectrial.errors import ConfigError, HostError, ResourceBusyError
 from spectrial.records import utc_now
 
 _PID_RE = re.compile(r"pid=(\d+)")
@@ -53,25 +53,23 @@ class CommandResult:
 
 @dataclass
 class ProcInfo:
-    """One process as seen on its host: ids, command line and exec-time environment (None: unreadable)."""
+    """One process as seen on its host: ids, command line and exec-time environment (None: unreadable).
+
+    `sid` is its session, `start_ticks` its start time in clock ticks after boot (/proc/<pid>/stat field 22):
+    with the pid it names one process for the life of the machine (a recycled pid starts later).
+    """
 
     pid: int
     ppid: int
     pgid: int
     cmdline: list[str] = field(default_factory=list)
     environ: dict[str, str] | None = None
+    sid: int = 0
+    start_ticks: int = 0
 
     @property
     def command(self) -> str:
         return shlex.join(self.cmdline) if self.cmdline else f"[pid {self.pid}]"
-
-
-class ConnectionLostError(HostCommandError):
-    """The transport to the host dropped while a command was sent or ran; it may or may not have run."""
-
-
-class DiskFullError(ResourceBusyError):
-    """A folder on the host lacks the free space spectrial needs (names the folder, its mount and the fix)."""
 
 
 def check_env_names(env: Mapping[str, str]) -> None:
@@ -98,6 +96,12 @@ def to_shell(cmd: Sequence[str] | str, env: Mapping[str, str] | None = None, cwd
     if cwd:
         line = f"cd {shlex.quote(str(cwd))} && {line}"
     return line
+
+
+def stat_start_ticks(stat: str) -> int:
+    """Start time (clock ticks after boot) from the text of /proc/<pid>/stat (0 when unreadable)."""
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
 
 
 def parse_environ(raw: bytes) -> dict[str, str]:
@@ -168,20 +172,20 @@ class Host(ABC):
         """Run `cmd` (argv list, quoted for you; or shell code you quoted) with `env` on the command line.
 
         `rerun_if_lost`: the command only reads, so when the connection drops under it, run it once more
-        (on the new connection) instead of raising ConnectionLostError.
+        (on the new connection) instead of raising HostError(lost=True).
         """
         line = to_shell(cmd, env, cwd)
         try:
             res = self._exec(line, timeout)
-        except ConnectionLostError:
-            if not rerun_if_lost:
+        except HostError as exc:
+            if not (exc.lost and rerun_if_lost):
                 raise
             res = self._exec(line, timeout)
         counters = self.counters
         counters["commands"] += 1
         counters["command_s"] += res.elapsed_s
         if check and res.exit_code != 0:
-            raise HostCommandError(self.name, line, res.exit_code, res.stdout, res.stderr, hint)
+            raise HostError(self.name, line, res.exit_code, res.stdout, res.stderr, hint)
         return res
 
     def which(self, program: str) -> str | None:
@@ -222,7 +226,7 @@ class Host(ABC):
         return out
 
     def require_free_space(self, needs: Mapping[str, int], what: str) -> None:
-        """Raise DiskFullError when a path's filesystem has less than the bytes `needs` gives for it.
+        """Raise ResourceBusyError (resource "disk") when a path's filesystem has less than the bytes `needs` gives for it.
 
         `needs` maps a path to the bytes needed there; `what` names the parameter(s) to point elsewhere.
         """
@@ -230,13 +234,19 @@ class Host(ABC):
         for path, need in needs.items():
             if path in have and have[path][0] < need:
                 free, mount = have[path]
-                raise DiskFullError(
+                raise ResourceBusyError(
                     f"no space left on {self.name}: {path} (filesystem {mount}) has {free / 2**20:.1f} MiB free, "
-                    f"{need / 2**20:.1f} MiB needed; free space there or point {what} at a bigger disk")
+                    f"{need / 2**20:.1f} MiB needed; free space there or point {what} at a bigger disk",
+                    resource="disk")
 
     def read_text(self, path: str, *, max_bytes: int | None = None) -> str:
         res = self.run(["tail", "-c", str(max_bytes), path] if max_bytes else ["cat", path], rerun_if_lost=True)
         return res.stdout
+
+    def line_count(self, path: str) -> int:
+        """Complete lines in a file so far (0 when it does not exist yet)."""
+        res = self.run(f"wc -l < {shlex.quote(path)}", check=False, rerun_if_lost=True)
+        return int(res.stdout.strip()) if res.ok and res.stdout.strip().isdigit() else 0
 
     def write_text(self, path: str, text: str, mode: int = 0o600) -> None:
         """Write a file atomically (temp file then rename) with user-only permissions by default."""
@@ -263,7 +273,7 @@ class Host(ABC):
         try:
             pid = int(res.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError) as exc:
-            raise HostCommandError(self.name, line, res.exit_code, res.stdout, res.stderr,
+            raise HostError(self.name, line, res.exit_code, res.stdout, res.stderr,
                                    "could not read the started pid") from exc
         return pid
 
@@ -271,6 +281,43 @@ class Host(ABC):
         """Send `sig` to every process of group `pgid`; False when the group no longer exists."""
         name = signal.Signals(sig).name.removeprefix("SIG")  # `kill -s NAME -- -PGID`: dash refuses `-15 --`
         return self.run(["kill", "-s", name, "--", f"-{int(pgid)}"], check=False).ok
+
+    def signal_pid(self, pid: int, sig: int = signal.SIGTERM) -> bool:
+        """Send `sig` to one process; False when it no longer exists."""
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        return self.run(["kill", "-s", name, "--", str(int(pid))], check=False).ok
+
+    def stop_group(self, pgid: int, grace_s: float, first: int | None = None) -> str:
+        """Stop process group `pgid`: SIGTERM to `first` (the engine, so it shuts down in its own way: drains,
+        stops its workers) and, once it is gone, to the rest of the group (or to the whole group at once
+        without `first`); SIGKILL to the group after `grace_s`. Returns 'gone', 'TERM' or 'KILL'.
+
+        Zombies do not count as alive (an engine that SIGKILLs its own tree leaves them to its reaper)."""
+        if not self.processes(pgid):
+            return "gone"
+        deadline = time.monotonic() + grace_s
+        if first is not None and self.alive(first):
+            self.signal_pid(first, signal.SIGTERM)
+            while time.monotonic() < deadline and self.alive(first):
+                time.sleep(0.1)
+        self.signal_group(pgid, signal.SIGTERM)
+        while time.monotonic() < deadline:
+            if not self.processes(pgid):
+                return "TERM"
+            time.sleep(0.1)
+        if not self.processes(pgid):
+            return "TERM"
+        self.signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self.processes(pgid):
+            time.sleep(0.1)
+        if self.processes(pgid):
+            survivors = [(p.pid, p.command) for p in self.processes(pgid)]
+            raise ResourceBusyError(f"process group {pgid} on {self.name} survived SIGKILL:\n"
+                                    + "\n".join(f"  pid {pid}: {cmd}" for pid, cmd in survivors),
+                                    resource="process", holders=survivors,
+                                    hint="a process stuck in the kernel (D state) or owned by another user")
+        return "KILL"
 
     def alive(self, pid: int) -> bool:
         """True while `pid` exists and is not a zombie."""
@@ -333,11 +380,11 @@ class LocalHost(Host):
         try:
             r = self._ctx.run(line, hide=True, warn=True, timeout=timeout, in_stream=False)
         except OSError as exc:
-            raise HostCommandError(self.name, line[:2000], None, stderr=str(exc),
+            raise HostError(self.name, line[:2000], None, stderr=str(exc),
                                    hint="the shell could not be started") from exc
         except CommandTimedOut as exc:
             r = exc.result
-            raise HostCommandError(self.name, line, None, r.stdout, r.stderr,
+            raise HostError(self.name, line, None, r.stdout, r.stderr,
                                    f"timed out after {timeout} s") from exc
         return CommandResult(line, r.exited, r.stdout, r.stderr, time.monotonic() - t0)
 
@@ -396,7 +443,11 @@ class LocalHost(Host):
                     env = p.environ()
                 except psutil.AccessDenied:
                     env = None
-                out.append(ProcInfo(p.pid, p.info["ppid"] or 0, g, p.cmdline(), env))
+                try:
+                    ticks = stat_start_ticks(Path(f"/proc/{p.pid}/stat").read_text())
+                except OSError:
+                    ticks = 0
+                out.append(ProcInfo(p.pid, p.info["ppid"] or 0, g, p.cmdline(), env, os.getsid(p.pid), ticks))
             except (psutil.Error, ProcessLookupError, OSError):
                 continue
         return out
@@ -408,7 +459,7 @@ class LocalHost(Host):
         for pid in sorted(pids):
             try:
                 p = psutil.Process(pid)
-                out.append(ProcInfo(pid, p.ppid(), os.getpgid(pid), p.cmdline(), None))
+                out.append(ProcInfo(pid, p.ppid(), os.getpgid(pid), p.cmdline(), None, os.getsid(pid)))
             except (psutil.Error, OSError):
                 continue
         if not out and any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
@@ -418,9 +469,10 @@ class LocalHost(Host):
 
 
 _PROC_LIST = (
-    "ps {select} -o pid=,ppid=,pgid=,stat= | while read -r pid ppid pgid stat; do "
+    "ps {select} -o pid=,ppid=,pgid=,sid=,stat= | while read -r pid ppid pgid sid stat; do "
     "case \"$stat\" in Z*) continue;; esac; {filt}"
-    "printf '%s %s %s %s %s\\n' \"$pid\" \"$ppid\" \"$pgid\" "
+    "st=$(cat /proc/$pid/stat 2>/dev/null); st=${{st##*) }}; set -- $st; "
+    "printf '%s %s %s %s %s %s %s\\n' \"$pid\" \"$ppid\" \"$pgid\" \"$sid\" \"${{20:-0}}\" "
     "\"$(base64 -w0 /proc/$pid/cmdline 2>/dev/null)\" \"$(base64 -w0 /proc/$pid/environ 2>/dev/null)\"; done"
 )
 
@@ -430,13 +482,13 @@ def parse_proc_list(text: str) -> list[ProcInfo]:
     out = []
     for line in text.splitlines():
         parts = line.split(" ")
-        if len(parts) < 3 or not all(x.isdigit() for x in parts[:3]):
+        if len(parts) < 5 or not all(x.isdigit() for x in parts[:5]):
             continue
-        cmd = base64.b64decode(parts[3]) if len(parts) > 3 and parts[3] else b""
-        env_b = base64.b64decode(parts[4]) if len(parts) > 4 and parts[4] else None
+        cmd = base64.b64decode(parts[5]) if len(parts) > 5 and parts[5] else b""
+        env_b = base64.b64decode(parts[6]) if len(parts) > 6 and parts[6] else None
         argv = [a.decode("utf-8", "replace") for a in cmd.split(b"\0") if a]
         out.append(ProcInfo(int(parts[0]), int(parts[1]), int(parts[2]), argv,
-                            parse_environ(env_b) if env_b is not None else None))
+                            parse_environ(env_b) if env_b is not None else None, int(parts[3]), int(parts[4])))
     return out
 
 
@@ -463,7 +515,7 @@ class RemoteShellHost(Host):
     def port_holders(self, port: int) -> list[ProcInfo]:
         res = self.run(f"ss -Htlnp 'sport = :{int(port)}'", check=False, rerun_if_lost=True)
         if not res.ok:
-            raise HostCommandError(self.name, res.command, res.exit_code, res.stdout, res.stderr,
+            raise HostError(self.name, res.command, res.exit_code, res.stdout, res.stderr,
                                    "spectrial needs `ss` (iproute2) on the host to check ports")
         if not res.stdout.strip():
             return []
@@ -474,15 +526,3 @@ class RemoteShellHost(Host):
                            rerun_if_lost=True)
         procs = {p.pid: p for p in parse_proc_list(listing.stdout)}  # only the holders, not every process
         return [procs.get(pid, ProcInfo(pid, 0, 0, [])) for pid in pids]
-
-
-
-def get_host(spec: str, **ssh_options: object) -> Host:
-    """A Host from a spec: `local`, `ssh://[user@]host[:port]` or `ssh:ALIAS` (from ~/.ssh/config)."""
-    if spec in ("local", "localhost-local", ""):
-        return LocalHost()
-    if spec.startswith("ssh:"):
-        from spectrial.ssh import SSHHost
-
-        return SSHHost.from_spec(spec, **ssh_options)
-    raise ConfigError(f"host: {spec!r} is not a host spec; use 'local', 'ssh://user@host:port' or 'ssh:ALIAS'")

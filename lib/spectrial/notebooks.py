@@ -16,7 +16,8 @@ import psutil
 
 from spectrial.errors import ConfigError
 from spectrial.params import repo_root
-from spectrial.records import load_manifest, new_run_id
+from spectrial.records import new_run_id, update_manifest
+from spectrial.schema import Manifest, load_record
 
 
 def find_notebook(name: str) -> Path:
@@ -51,27 +52,19 @@ def run_notebook(name: str, parameters: dict[str, Any] | None = None, *, output_
         error = exc
     manifest = out_dir / "manifest.json"
     if manifest.is_file():
-        from spectrial.records import dump_json
-
-        data = load_manifest(out_dir)
-        data["notebook"] = out_nb.name
-        if out_nb.name not in data.get("files", []):
-            data.setdefault("files", []).append(out_nb.name)
-        dump_json(manifest, data)
+        files = load_record(out_dir).files
+        update_manifest(out_dir, notebook=out_nb.name, files=[*files, *([out_nb.name] if out_nb.name not in files
+                                                                         else [])])
     if error is not None:
-        raise ConfigError(f"notebook {nb.name} failed; executed copy with the error: {out_nb}\n{error}") \
-            if not manifest.is_file() else _NotebookFailed(str(error), out_nb)
+        where = (f"executed copy and run record in {out_dir}" if manifest.is_file()
+                 else f"executed copy with the error: {out_nb}")
+        raise ConfigError(f"notebook {nb.name} failed; {where}\n{error}", parameter="notebook")
     report = None
     if manifest.is_file():
         from spectrial.report import write_report
 
         report = str(write_report(out_dir))
     return {"notebook": str(out_nb), "run_dir": str(out_dir) if manifest.is_file() else None, "report": report}
-
-
-class _NotebookFailed(ConfigError):
-    def __init__(self, message: str, path: Path) -> None:
-        super().__init__(f"notebook failed; executed copy and run record in {path.parent}\n{message}")
 
 
 def papermill_output_path() -> Path | None:
@@ -101,14 +94,9 @@ def attach_notebook(run_dir: str | Path) -> str | None:
         return out.name if out is not None and out.parent.resolve() == run_dir.resolve() else None
     dest = run_dir / out.name
     shutil.copyfile(out, dest)
-    from spectrial.records import dump_json
-
-    data = load_manifest(run_dir)
-    data["notebook"] = out.name
-    data["notebook_source"] = str(out)
-    if out.name not in data.get("files", []):
-        data.setdefault("files", []).append(out.name)
-    dump_json(run_dir / "manifest.json", data)
+    files = load_record(run_dir).files
+    update_manifest(run_dir, notebook=out.name, notebook_source=str(out),
+                    files=[*files, *([out.name] if out.name not in files else [])])
     return out.name
 
 
@@ -121,23 +109,22 @@ def params_from_notebook(params_file: str, overrides: dict[str, Any] | None = No
     return load_params(params_file, merged)
 
 
-def steps_table(manifest: dict[str, Any]):  # noqa: ANN201
+def steps_table(manifest: Manifest):  # noqa: ANN201
     """The protocol steps of a run as a table (name, ok, seconds, error)."""
     import pandas as pd
 
-    rows = [{"step": s["name"], "ok": s.get("ok"), "seconds": s.get("elapsed_s"), "error": s.get("error")}
-            for s in manifest.get("steps", [])]
-    return pd.DataFrame(rows)
+    rows = [{"step": s.name, "ok": s.ok, "seconds": s.elapsed_s, "error": s.error} for s in manifest.steps]
+    return pd.DataFrame(rows, columns=["step", "ok", "seconds", "error"])
 
 
-def log_table(manifest: dict[str, Any]):  # noqa: ANN201
+def log_table(manifest: Manifest):  # noqa: ANN201
     """Per server start, the medians spectrial's log parser read from the server's own log."""
     import pandas as pd
 
     rows = []
-    for st in manifest.get("starts", []):
-        for m in (st.get("log_summary") or {}).get("metrics", []):
-            rows.append({"arm": st["arm"], "start": st["restart"] + 1, **m})
+    for st in manifest.live_starts():
+        for m in (st.log_summary or {}).get("metrics", []):
+            rows.append({"arm": st.arm, "start": st.restart + 1, **m})
     if not rows:
         return pd.DataFrame(columns=["arm", "start", "engine", "kind", "metric", "n", "median"])
     return pd.DataFrame(rows).pivot_table(index=["arm", "start"], columns=["kind", "metric"], values="median",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
-from spectrial.errors import HostCommandError
+from spectrial.errors import HostError
+from spectrial.progress import Progress
+
+_NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]")
+_MAKE_RE = re.compile(r"^\[\s*(\d+)%\]")
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 TARGETS = ("llama-server", "ggml-rpc-server")  # the RPC worker binary is installed as `rpc-server`
@@ -83,7 +89,7 @@ def sdist(dest: Path | None = None) -> Path:
            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(dest)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0 or not path.is_file():
-        raise HostCommandError("local", " ".join(cmd), res.returncode, res.stdout, res.stderr,
+        raise HostError("local", " ".join(cmd), res.returncode, res.stdout, res.stderr,
                                "the package index must be reachable; or set engine_bin to your own llama-server")
     return path
 
@@ -139,11 +145,10 @@ def ensure_llama_server(cuda: bool = False, cuda_arch: str = "90", jobs: int | N
                         ["cmake", "--build", str(build), "--target", *TARGETS, f"-j{jobs}"]):
                 fh.write(f"$ {' '.join(cmd)}\n")
                 fh.flush()
-                res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
-                if res.returncode != 0:
+                code = _run_with_progress(cmd, fh, "compiling" if "--build" in cmd else "configuring")
+                if code != 0:
                     tail = "\n".join(log.read_text().splitlines()[-30:])
-                    raise HostCommandError("local", " ".join(cmd), res.returncode, tail, "",
-                                           f"full build log: {log}")
+                    raise HostError("local", " ".join(cmd), code, tail, "", f"full build log: {log}")
         binary.parent.mkdir(parents=True, exist_ok=True)
         for target, name in INSTALLED.items():
             shutil.copy2(build / "bin" / target, binary.parent / f".{name}.tmp")
@@ -152,8 +157,24 @@ def ensure_llama_server(cuda: bool = False, cuda_arch: str = "90", jobs: int | N
     return binary
 
 
-def server_version(binary: str | Path) -> str:
-    """What `llama-server --version` prints (e.g. 'version: 1 (0c1e570)')."""
-    res = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
-    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("version")]
-    return lines[0].strip() if lines else (res.stdout + res.stderr).strip()[:200]
+def _run_with_progress(cmd: list[str], log: TextIO, what: str) -> int:
+    """Run a build step, its output into `log`, showing the build tool's progress (ninja `[n/m]`, make
+    `[ nn%]`) as a bar in a terminal, as a line every 10 % elsewhere; returns the exit code."""
+    bar = Progress(f"llama.cpp: {what}", total=100, unit="%")
+    shown = 0
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            m = _NINJA_RE.match(line) or _MAKE_RE.match(line)
+            if not m:
+                continue
+            pct = int(int(m[1]) * 100 / max(1, int(m[2]))) if m.lastindex == 2 else int(m[1])
+            if pct > shown:
+                bar.update(pct - shown)
+                if bar.mode == "line" and pct // 10 > shown // 10:
+                    _say(f"{what}: {pct} %")
+                shown = pct
+        code = proc.wait()
+    bar.close(f"done (exit {code})")
+    return code

@@ -1,11 +1,8 @@
 """Run records: one folder per run under `outputs/<run-id>/` with `manifest.json` and the artifacts.
 
-manifest.json schema (keys always present):
-    run_id, status ("running" | "ok" | "failed"), reason (None or why it failed), name, kind ("trial"...),
-    started_at, finished_at (ISO 8601, UTC), params (secrets masked), host (name + fingerprint basics),
-    engine (name, version), steps (list of {name, started_at, elapsed_s, ok, error}), arms (list of dicts),
-    files (relative paths of artifacts), notebook (relative path or None), spectrial_version.
-The manifest is rewritten atomically after every step, so an interrupted run still leaves a readable record.
+The manifest is a `spectrial.schema.Manifest` (typed; `spectrial schema` prints its JSON Schema), rewritten
+atomically after every step, so an interrupted run still leaves a readable record. Secrets are masked by
+name on entry and redacted by value from the whole text on every write.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from spectrial import __version__
+from spectrial.schema import Manifest, StepRecord
 from spectrial.secrets import mask_mapping, redact
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -76,7 +74,7 @@ def dump_json(path: Path, data: Any, redact_values: list[str] | None = None) -> 
 
 
 class RunRecord:
-    """A run folder and its manifest; every change is written through immediately."""
+    """A run folder and its typed manifest; every change is written through immediately."""
 
     def __init__(self, output_dir: str | Path, name: str, kind: str = "trial", run_id: str | None = None,
                  params: Any = None) -> None:
@@ -84,12 +82,9 @@ class RunRecord:
         self.dir = Path(output_dir).expanduser().resolve() / self.run_id
         self.dir.mkdir(parents=True, exist_ok=True)
         self.secrets: list[str] = []
-        self.manifest: dict[str, Any] = {
-            "run_id": self.run_id, "status": "running", "reason": None, "name": name, "kind": kind,
-            "started_at": utc_now(), "finished_at": None, "spectrial_version": __version__,
-            "params": mask_mapping(params.model_dump(mode="json") if hasattr(params, "model_dump") else params),
-            "host": {}, "engine": {}, "steps": [], "arms": [], "files": [], "notebook": None,
-        }
+        self.manifest = Manifest(
+            run_id=self.run_id, name=name, kind=kind, started_at=utc_now(), spectrial_version=__version__,
+            params=mask_mapping(params.model_dump(mode="json") if hasattr(params, "model_dump") else params or {}))
         self.save()
 
     @property
@@ -99,33 +94,39 @@ class RunRecord:
     def save(self) -> None:
         """Write the manifest; user-supplied parts were masked by name on entry, and every known secret
         value is redacted from the whole text here (so a secret can leak through no field)."""
-        dump_json(self.manifest_path, self.manifest, redact_values=self.secrets)
+        dump_json(self.manifest_path, self.manifest.model_dump(mode="python", serialize_as_any=True),
+                  redact_values=self.secrets)
 
     def set(self, **fields: Any) -> None:
-        self.manifest.update(fields)
+        """Set top-level manifest fields (declared or not) and write."""
+        for k, v in fields.items():
+            setattr(self.manifest, k, v)
         self.save()
 
+    def add_secrets(self, values: list[str]) -> None:
+        self.secrets = sorted(set(self.secrets) | set(values))
+
     @contextlib.contextmanager
-    def step(self, name: str, **info: Any) -> Iterator[dict[str, Any]]:
+    def step(self, name: str, **info: Any) -> Iterator[StepRecord]:
         """Time a protocol step; the step is recorded (ok or with its error) even when it raises."""
-        entry: dict[str, Any] = {"name": name, "started_at": utc_now(), "elapsed_s": None, "ok": None, **info}
-        self.manifest["steps"].append(entry)
+        entry = StepRecord(name=name, started_at=utc_now(), **info)
+        self.manifest.steps.append(entry)
         t0 = time.monotonic()
         try:
             yield entry
-            entry["ok"] = True
+            entry.ok = True
         except BaseException as exc:
-            entry["ok"] = False
-            entry["error"] = f"{type(exc).__name__}: {redact(str(exc), self.secrets)}"[:4000]
+            entry.ok = False
+            entry.error = f"{type(exc).__name__}: {redact(str(exc), self.secrets)}"[:4000]
             raise
         finally:
-            entry["elapsed_s"] = round(time.monotonic() - t0, 4)
+            entry.elapsed_s = round(time.monotonic() - t0, 4)
             self.save()
 
     def add_file(self, rel: str | Path) -> Path:
         rel = str(rel)
-        if rel not in self.manifest["files"]:
-            self.manifest["files"].append(rel)
+        if rel not in self.manifest.files:
+            self.manifest.files.append(rel)
         return self.dir / rel
 
     def write_text(self, rel: str, text: str) -> Path:
@@ -136,16 +137,35 @@ class RunRecord:
         self.save()
         return path
 
+    def write_table(self, rel: str, rows: list[Any]) -> Path | None:
+        """Write records (pydantic models or mappings) as a CSV artifact; nothing when there are none."""
+        if not rows:
+            return None
+        path = self.add_file(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame([r.model_dump() if hasattr(r, "model_dump") else dict(r) for r in rows]).to_csv(path, index=False)
+        self.save()
+        return path
+
     def finish(self, status: str, reason: str | None = None) -> None:
-        self.manifest["status"] = status
-        self.manifest["reason"] = redact(reason, self.secrets) if reason else None
-        self.manifest["finished_at"] = utc_now()
+        self.manifest.status = status
+        self.manifest.reason = redact(reason, self.secrets) if reason else None
+        self.manifest.finished_at = utc_now()
         self.save()
 
 
-def load_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """Read a run folder's manifest.json."""
+def manifest_json(run_dir: str | Path) -> dict[str, Any]:
+    """A run folder's manifest.json as written (a plain mapping, for tools outside spectrial; spectrial's own
+    readers take the typed record, `spectrial.schema.load_record`)."""
     return json.loads((Path(run_dir) / "manifest.json").read_text())
+
+
+def update_manifest(run_dir: str | Path, **fields: Any) -> None:
+    """Set top-level fields of a finished run's manifest.json (e.g. the notebook or report it gained), leaving
+    every other byte of meaning as it was written."""
+    data = manifest_json(run_dir)
+    data.update(fields)
+    dump_json(Path(run_dir) / "manifest.json", data)
 
 
 def list_runs(output_dir: str | Path) -> list[Path]:
@@ -159,12 +179,12 @@ class RunResult:
     """What a run produced: its folder, its manifest and the per-request rows (trials and sweeps)."""
 
     run_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     requests: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def status(self) -> str:
-        return self.manifest["status"]
+        return self.manifest.status
 
 
 def finite(x: Any) -> float | None:

@@ -1,6 +1,6 @@
 """``spectrial report RUN_DIR``: one self-contained ``report.html`` per run record, readable offline.
 
-The report is the run's executed notebook (``manifest["notebook"]``) converted with nbconvert's
+The report is the run's executed notebook (``manifest.notebook``) converted with nbconvert's
 ``HTMLExporter`` (lab template, code hidden by default); a run without one (a CLI trial, the case
 record) gets a notebook built from its manifest: a header, the arms table and the analysis sections
 of :func:`spectrial.explain.explain`.
@@ -19,13 +19,15 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
 from spectrial.errors import ConfigError
-from spectrial.records import dump_json, list_runs, load_manifest
+from spectrial.records import list_runs, update_manifest
+from spectrial.schema import ArmRecord, Manifest, as_manifest, load_record
 
 __all__ = ["REPORT_NAME", "build_notebook", "latest_run", "prepare_notebook", "render_html", "write_report"]
 
@@ -122,7 +124,7 @@ def render_html(nb: Any, title: str, show_code: bool = False) -> str:
     return body
 
 
-def build_notebook(manifest: dict[str, Any]) -> Any:
+def build_notebook(source: Manifest | Mapping[str, Any]) -> Any:
     """A notebook with outputs built from a manifest: header, arms table, the explain sections."""
     import nbformat.v4 as nbf
     import pandas as pd
@@ -130,35 +132,35 @@ def build_notebook(manifest: dict[str, Any]) -> Any:
     from spectrial.explain import explain
     from spectrial.history import fill_derived, record_rows
 
-    host, engine = manifest.get("host") or {}, manifest.get("engine") or {}
-    head = [f"# Run `{manifest.get('run_id')}`: {manifest.get('name')}", "",
-            f"- kind: {manifest.get('kind')}; status: **{manifest.get('status')}**"
-            + (f" ({manifest['reason']})" if manifest.get("reason") else ""),
+    manifest = as_manifest(source)
+    host, engine = manifest.host, manifest.engine
+    head = [f"# Run `{manifest.run_id}`: {manifest.name}", "",
+            f"- kind: {manifest.kind}; status: **{manifest.status}**"
+            + (f" ({manifest.reason})" if manifest.reason else ""),
             f"- host: {host.get('name', 'n/a')}; engine: {engine.get('name', 'n/a')} {engine.get('version') or ''}",
-            f"- started: {manifest.get('started_at') or 'not recorded'}; finished: "
-            f"{manifest.get('finished_at') or 'not recorded'}"]
+            f"- started: {manifest.started_at or 'not recorded'}; finished: "
+            f"{manifest.finished_at or 'not recorded'}"]
     if manifest.get("description"):
-        head += ["", str(manifest["description"])]
+        head += ["", str(manifest.get("description"))]
     cells = [nbf.new_markdown_cell("\n".join(head))]
-    arms = [fill_derived(a) if a.get("status") == "ok" else a for a in manifest.get("arms") or []
-            if isinstance(a, dict)]
+    arms = [ArmRecord.model_validate(fill_derived(a.model_dump())) if a.status == "ok" else a for a in manifest.arms]
     if arms:
-        rows, _ = record_rows(manifest, str(manifest.get("run_id")))
+        rows, _ = record_rows(manifest, str(manifest.run_id))
         table = pd.DataFrame(rows)[[c for c in _ARM_COLUMNS if c in rows[0]]].dropna(axis=1, how="all").round(3)
         cells.append(nbf.new_markdown_cell("## Arms"))
         cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
             "display_data", data={"text/html": table.to_html(index=False, na_rep="—"),
                                   "text/plain": table.to_string(index=False)})]))
-    sessions = list(dict.fromkeys(a["session"] for a in arms if a.get("session") is not None))
+    sessions = list(dict.fromkeys(a.session for a in arms if a.session is not None))
     if len(sessions) > 1:
         for session in sessions:
             cells.append(nbf.new_markdown_cell(f"## Analysis: session {session}"))
-            cells += explain({**manifest, "arms": [a for a in arms if a.get("session") == session]}).cells()
+            cells += explain(manifest.model_copy(update={"arms": [a for a in arms if a.session == session]})).cells()
     else:
         cells.append(nbf.new_markdown_cell("## Analysis"))
-        cells += explain({**manifest, "arms": arms}).cells()
+        cells += explain(manifest.model_copy(update={"arms": arms})).cells()
     nb = nbf.new_notebook(cells=cells)
-    nb.metadata["title"] = f"spectrial report: {manifest.get('run_id')}"
+    nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
     return nb
 
 
@@ -171,8 +173,8 @@ def latest_run(output_dir: str | Path = "outputs") -> Path:
 
     def started(run: Path) -> str:
         try:
-            return str(load_manifest(run).get("started_at") or "")
-        except ValueError:
+            return str(load_record(run).started_at or "")
+        except (ValueError, TypeError):
             return ""
 
     return max(runs, key=lambda r: (started(r), r.name))
@@ -185,25 +187,24 @@ def write_report(run_dir: str | Path, *, show_code: bool = False) -> Path:
     if not (run / "manifest.json").is_file():
         raise ConfigError(f"RUN_DIR {run} holds no manifest.json: pass a run folder, e.g. outputs/<run-id>")
     try:
-        manifest = load_manifest(run)
-    except ValueError as exc:
+        manifest = load_record(run)
+    except json.JSONDecodeError as exc:
         raise ConfigError(f"{run / 'manifest.json'} is not valid JSON: {exc}") from exc
-    nb_name = manifest.get("notebook")
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{run / 'manifest.json'} is not a readable run record: {exc}") from exc
+    nb_name = manifest.notebook
     nb_path = run / nb_name if nb_name else None
     if nb_path is not None and nb_path.is_file():
         nb = nbformat.read(nb_path, as_version=4)
-        nb.metadata["title"] = f"spectrial report: {manifest.get('run_id')}"
+        nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
         source = nb_path.name
     else:
         nb, source = build_notebook(manifest), "manifest"
-    body = render_html(nb, title=f"spectrial report: {manifest.get('run_id')}", show_code=show_code)
+    body = render_html(nb, title=f"spectrial report: {manifest.run_id}", show_code=show_code)
     out = run / REPORT_NAME
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(body, encoding="utf-8")
     tmp.replace(out)
-    manifest["report"] = REPORT_NAME
-    manifest["report_source"] = source
-    if REPORT_NAME not in manifest.setdefault("files", []):
-        manifest["files"].append(REPORT_NAME)
-    dump_json(run / "manifest.json", manifest)
+    update_manifest(run, report=REPORT_NAME, report_source=source,
+                    files=[*manifest.files, *([REPORT_NAME] if REPORT_NAME not in manifest.files else [])])
     return out

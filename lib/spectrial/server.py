@@ -15,37 +15,28 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from tqdm.auto import tqdm
 
-from spectrial.errors import (
-    ConfigError,
-    ResourceBusyError,
-    ServerNotReadyError,
-    ServerStartError,
-    SpectrialError,
-)
+from spectrial.envcheck import check_env, summarize_check
+from spectrial.errors import ConfigError, ResourceBusyError, ServerError
 from spectrial.gpu import query as gpu_query
 from spectrial.host import Host, ProcInfo
+from spectrial.progress import Progress
 from spectrial.records import utc_now
-from spectrial.secrets import is_secret_name, mask_argv, mask_env
+from spectrial.schema import EnvCheckRecord
+from spectrial.secrets import mask_argv, mask_env
 
 TAG_VAR = "SPECTRIAL_TAG"
 LOG_TAIL_LINES = 40
 MIN_FREE_WORK_BYTES = 16 * 2**20  # server logs grow during a run; refuse to start below this
 MIN_FREE_STATE_BYTES = 256 * 2**10
 _SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,119}$")
-
-
-class ServerLostError(SpectrialError):
-    """A server that was ready stopped answering mid-run: it died (exit code, log tail) or became unreachable."""
 
 
 @dataclass
@@ -70,6 +61,9 @@ class LaunchSpec:
     name: str = "server"
     bind: str = "127.0.0.1"
     http: bool = True  # reached over HTTP (through `Host.client_url`); False for e.g. rpc-server workers
+    notes: list[str] = field(default_factory=list)  # what the adapter adjusted or could not check
+    probe_timeout_s: float = 2.0  # one readiness probe (SGLang's /health runs a generation: ~1 s)
+    poll_s: float = 0.1  # between probes
 
     def __post_init__(self) -> None:
         if not _SAFE_NAME_RE.match(self.name):
@@ -88,51 +82,6 @@ class Companion:
     ready_timeout_s: float = 120
 
 
-@dataclass
-class EnvCheck:
-    """Per process of the server tree: which requested variables it carries with the requested value."""
-
-    ok: bool
-    requested: dict[str, str]
-    processes: list[dict[str, Any]] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        if self.ok:
-            return (f"all {len(self.requested)} requested variables present in "
-                    f"{len(self.processes)} process(es)")
-        return "; ".join(self.missing)
-
-
-def check_env(procs: list[ProcInfo], requested: Mapping[str, str]) -> EnvCheck:
-    """Compare each process's exec-time environment with the requested variables."""
-    rows, problems = [], []
-    for p in procs:
-        row: dict[str, Any] = {"pid": p.pid, "cmdline": mask_argv(p.cmdline), "present": [], "missing": [],
-                               "wrong": {}, "readable": p.environ is not None}
-        if p.environ is None:
-            problems.append(f"pid {p.pid}: environment not readable")
-        else:
-            for k, v in requested.items():
-                if k not in p.environ:
-                    row["missing"].append(k)
-                elif p.environ[k] != v:
-                    row["wrong"][k] = p.environ[k]
-                else:
-                    row["present"].append(k)
-            for k in row["missing"]:
-                problems.append(f"{k} missing from pid {p.pid} ({shlex.join(p.cmdline)[:120]})")
-            for k, got in row["wrong"].items():
-                if is_secret_name(k):
-                    problems.append(f"{k} has another value than requested (masked) in pid {p.pid}")
-                else:
-                    problems.append(f"{k}={got!r} instead of {requested[k]!r} in pid {p.pid}")
-        row["wrong"] = mask_env(row["wrong"])
-        rows.append(row)
-    return EnvCheck(ok=not problems and bool(procs), requested=mask_env(dict(requested)), processes=rows,
-                    missing=problems or ([] if procs else ["no server process found"]))
-
-
 def state_path(state_dir: str, port: int) -> str:
     return f"{state_dir.rstrip('/')}/server-{int(port)}.json"
 
@@ -148,45 +97,59 @@ def read_state(host: Host, state_dir: str, port: int) -> dict[str, Any] | None:
         return {"corrupt": True, "path": path}
 
 
-def _group_alive(host: Host, pgid: int) -> list[ProcInfo]:
-    return host.processes(pgid)
+def boot_id(host: Host) -> str:
+    """The host's boot id: process ids and start times only name the same processes within one boot."""
+    res = host.run(["cat", "/proc/sys/kernel/random/boot_id"], check=False, rerun_if_lost=True)
+    return res.stdout.strip()
 
 
-def stop_group(host: Host, pgid: int, grace_s: float) -> str:
-    """SIGTERM the group, SIGKILL after `grace_s`; returns 'gone', 'TERM' or 'KILL'."""
-    if not _group_alive(host, pgid):
-        return "gone"
-    host.signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _group_alive(host, pgid):
-            return "TERM"
-        time.sleep(0.1)
-    host.signal_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _group_alive(host, pgid):
-        time.sleep(0.1)
-    if _group_alive(host, pgid):
-        raise ResourceBusyError(f"process group {pgid} on {host.name} survived SIGKILL")
-    return "KILL"
+def server_processes(host: Host, state: dict[str, Any]) -> tuple[list[ProcInfo], list[ProcInfo]]:
+    """(ours, others): the live processes of a recorded server, told apart from strangers in its group.
+
+    A process is the recorded server's when its (pid, start time) is one the state file recorded (the
+    launched process, and every member seen once it was ready), or when its environment carries the
+    recorded tag, or when it is in the recorded process group and session and started after the launched
+    process did while that process, if alive, is the recorded one (children of a launched process that was
+    killed alone keep its group and session, and renamed children have no readable tag). Nothing matches
+    after a reboot (another boot id).
+    """
+    pgid = int(state.get("pgid") or 0)
+    procs = host.processes(pgid) if pgid else []
+    if not procs:
+        return [], []
+    if state.get("boot_id") and state["boot_id"] != boot_id(host):
+        return [], procs
+    members = {(int(m["pid"]), int(m.get("start_ticks") or 0)) for m in state.get("members") or []}
+    members.add((int(state.get("pid") or 0), int(state.get("start_ticks") or 0)))
+    start = int(state.get("start_ticks") or 0)
+    leader = next((p for p in procs if p.pid == pgid), None)
+    leader_ok = leader is None or not start or leader.start_ticks == start
+    ours, others = [], []
+    for p in procs:
+        tagged = p.environ is not None and p.environ.get(TAG_VAR) == state.get("tag")
+        known = (p.pid, p.start_ticks) in members
+        grouped = leader_ok and bool(start) and p.sid == int(state.get("sid") or pgid) and p.start_ticks >= start
+        (ours if tagged or known or grouped else others).append(p)
+    return ours, others
 
 
 def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15) -> dict[str, Any]:
     """The protocol's "kill old server" step.
 
-    Stops the server that spectrial's state file records for `port` (only if its processes still carry
-    the recorded tag), then refuses, naming pid and command line, if anything else holds the port.
+    Stops the server that spectrial's state file records for `port` (its process group, once its processes
+    are shown to be that server's: `server_processes`), then refuses, naming pid and command line, if anything
+    else holds the port.
     """
     report: dict[str, Any] = {"port": port, "previous": None, "action": "none"}
     st = read_state(host, state_dir, port)
     if st and not st.get("corrupt"):
         report["previous"] = {k: st.get(k) for k in ("pid", "pgid", "tag", "started_at", "run_id", "arm")}
-        procs = _group_alive(host, int(st["pgid"]))
-        ours = [p for p in procs if p.environ is not None and p.environ.get(TAG_VAR) == st.get("tag")]
+        ours, others = server_processes(host, st)
         if ours:
-            report["action"] = f"stopped previous spectrial server (pgid {st['pgid']}): " + \
-                               stop_group(host, int(st["pgid"]), grace_s)
-        elif procs:
+            report["stopped"] = [{"pid": p.pid, "command": shlex.join(mask_argv(p.cmdline))[:200]} for p in ours]
+            how = host.stop_group(int(st["pgid"]), grace_s)
+            report["action"] = f"stopped previous spectrial server (pgid {st['pgid']}): {how}, {len(ours)} process(es)"
+        elif others:
             report["action"] = f"state file pgid {st['pgid']} now belongs to other processes: left alone"
         else:
             report["action"] = "previous server already gone"
@@ -198,9 +161,9 @@ def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15) ->
     if holders:
         raise ResourceBusyError(
             f"port {port} on {host.name} is held by a process spectrial did not start:\n"
-            + "\n".join(f"  pid {p.pid}: {p.command}" for p in holders)
-            + "\nStop it yourself, or choose another port (-p port=...)."
-        )
+            + "\n".join(f"  pid {p.pid}: {p.command}" for p in holders),
+            resource="port", holders=[(p.pid, p.command) for p in holders],
+            hint="stop it yourself, or choose another port (-p port=...)")
     return report
 
 
@@ -220,6 +183,7 @@ class Server:
         self.ready_s: float | None = None
         self.stop_report: dict[str, Any] = {}
         self.companions: list[Companion] = []
+        self.state: dict[str, Any] = {}
         self._t0 = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -249,22 +213,40 @@ class Server:
         self.host.mkdir(self.work_dir)
         self.host.mkdir(self.state_dir)
         self.host.remove(self.exit_path)
-        wrapped = ["sh", "-c", '"$@"; echo $? > "$0"', self.exit_path, *self.spec.argv]
+        # the wrapper records the engine's exit status; its TERM trap keeps it alive until the engine is gone
+        # (a trap, unlike an ignored signal, is not inherited by the engine)
+        wrapped = ["sh", "-c", 'trap : TERM INT; "$@"; echo $? > "$0"', self.exit_path, *self.spec.argv]
         self._t0 = time.monotonic()
         self.started_at = utc_now()
         self.pid = self.host.start_detached(wrapped, env=self.launch_env, log_path=self.log_path,
                                             cwd=self.work_dir)
-        state = {"pid": self.pid, "pgid": self.pid, "tag": self.tag, "port": self.spec.port,
-                 "argv": mask_argv(self.spec.argv), "env": mask_env(self.spec.env), "log": self.log_path,
-                 "started_at": self.started_at, "run_id": self.run_id, "arm": self.arm}
+        self.state = {"pid": self.pid, "pgid": self.pid, "sid": self.pid, "tag": self.tag, "port": self.spec.port,
+                      "argv": mask_argv(self.spec.argv), "env": mask_env(self.spec.env), "log": self.log_path,
+                      "started_at": self.started_at, "run_id": self.run_id, "arm": self.arm, "members": []}
         try:
-            self.host.write_text(state_path(self.state_dir, self.spec.port), json.dumps(state, indent=1))
+            leader = next((p for p in self.host.processes(self.pid) if p.pid == self.pid), None)
+            self.state.update(start_ticks=leader.start_ticks if leader else 0, boot_id=boot_id(self.host))
+            self._write_state()
             if self.spec.http:
                 self.base_url = self.host.client_url(self.spec.port, self.spec.bind)
         except BaseException:
-            stop_group(self.host, self.pid, self.grace_s)
+            self.host.stop_group(self.pid, self.grace_s)
             self.pid = None
             raise
+
+    def _write_state(self) -> None:
+        self.host.write_text(state_path(self.state_dir, self.spec.port), json.dumps(self.state, indent=1))
+
+    def record_members(self) -> list[ProcInfo]:
+        """Note every live process of the server (pid and start time) in its state file, so that the next
+        kill step finds them even when the launched process died alone; returns them."""
+        procs = self.host.process_tree(self.pid) if self.pid is not None else []
+        known = {(m["pid"], m["start_ticks"]) for m in self.state.get("members", [])}
+        self.state["members"] = [*self.state.get("members", []),
+                                 *({"pid": p.pid, "start_ticks": p.start_ticks} for p in procs
+                                   if (p.pid, p.start_ticks) not in known)]
+        self._write_state()
+        return procs
 
     def _start_companions(self, companions: list[Companion], wait: bool) -> None:
         """Start `companions` on their nodes in parallel (and wait until each is ready when `wait`)."""
@@ -306,16 +288,16 @@ class Server:
             return f"(log unreadable: {exc})"
         return "\n".join(text.splitlines()[-n:])
 
-    def wait_ready(self, timeout_s: float, poll_s: float = 0.1, progress: bool = True) -> float:
+    def wait_ready(self, timeout_s: float, progress: bool = True) -> float:
         """Poll the engine's probe until ready; fail fast if the process dies. Returns seconds to ready."""
         deadline = self._t0 + timeout_s
         last = "not probed yet"
-        bar = tqdm(total=None, desc=f"waiting for {self.spec.name}", unit="probe", disable=not progress,
-                   leave=False)
+        poll_s = self.spec.poll_s
+        bar = Progress(f"waiting for {self.spec.name}", unit="probe", enabled=progress)
         check_every = max(1, int(0.5 / poll_s))
         n = 0
         try:
-            with httpx.Client(timeout=httpx.Timeout(2.0, connect=1.0)) as client:
+            with httpx.Client(timeout=httpx.Timeout(self.spec.probe_timeout_s, connect=1.0)) as client:
                 while True:
                     n += 1
                     try:
@@ -323,6 +305,7 @@ class Server:
                         last = pr.detail
                         if pr.ready:
                             self.ready_s = time.monotonic() - self._t0
+                            bar.close(f"ready after {n} probe(s), {self.ready_s:.1f} s from launch")
                             return self.ready_s
                     except httpx.HTTPError as exc:
                         last = f"{type(exc).__name__}: {exc}"
@@ -330,48 +313,57 @@ class Server:
                         self._check_companions()
                     if n % check_every == 1 and not self.running():
                         code = self.exit_code()
-                        raise ServerStartError(
+                        raise ServerError(
                             f"{self.spec.name} exited before it became ready (exit code "
                             f"{code if code is not None else 'unknown: killed by a signal?'}) on {self.host.name}"
                             f"\ncommand: {shlex.join(mask_argv(self.spec.argv))}"
-                            f"\n--- last {LOG_TAIL_LINES} log lines ({self.log_path}) ---\n{self.log_tail()}")
+                            f"\n--- last {LOG_TAIL_LINES} log lines ({self.log_path}) ---\n{self.log_tail()}",
+                            phase="start", name=self.spec.name, exit_code=code,
+                            command=shlex.join(mask_argv(self.spec.argv)), log_path=self.log_path,
+                            log_tail=self.log_tail())
                     if time.monotonic() >= deadline:
-                        raise ServerNotReadyError(
+                        raise ServerError(
                             f"{self.spec.name} not ready after {timeout_s:.0f} s at {self.base_url} "
-                            f"(last probe: {last})\n--- last {LOG_TAIL_LINES} log lines ---\n{self.log_tail()}"
-                            "\nhint: raise ready_timeout_s if the model is large")
+                            f"(last probe: {last})\n--- last {LOG_TAIL_LINES} log lines ---\n{self.log_tail()}",
+                            phase="ready", name=self.spec.name, command=shlex.join(mask_argv(self.spec.argv)),
+                            log_path=self.log_path, log_tail=self.log_tail(),
+                            hint="raise ready_timeout_s if the model is large")
                     bar.update(1)
                     bar.set_postfix_str(last[:40])
                     time.sleep(poll_s)
         finally:
-            bar.close()
+            bar.close(f"gave up after {n} probe(s) (last: {last[:80]})")
 
     def _check_companions(self) -> None:
-        """Raise ServerStartError naming the first companion that is no longer running (with its log tail)."""
+        """Raise ServerError naming the first companion that is no longer running (with its log tail)."""
         for c in self.companions:
             if c.server.pid is not None and not c.server.running():
-                raise ServerStartError(
+                raise ServerError(
                     f"{c.server.spec.name} on {c.node} (needed by {self.spec.name}) exited (exit code "
                     f"{c.server.exit_code()})\n--- last {LOG_TAIL_LINES} log lines ({c.server.log_path}) ---\n"
-                    f"{c.server.log_tail()}")
+                    f"{c.server.log_tail()}", phase="start", name=c.server.spec.name,
+                    exit_code=c.server.exit_code(), log_path=c.server.log_path, log_tail=c.server.log_tail())
 
-    def lost(self, exc: BaseException) -> ServerLostError:
+    def lost(self, exc: BaseException) -> ServerError:
         """The error for a ready server that stopped answering: dead (exit code + log tail) or unreachable."""
         dead = [c for c in self.companions if c.server.pid is not None and not c.server.running()]
         if self.pid is not None and not self.running():
             code = self.exit_code()
-            return ServerLostError(
+            return ServerError(
                 f"{self.spec.name} died during the run on {self.host.name} (exit code "
                 f"{code if code is not None else 'unknown: killed by a signal?'}) after {type(exc).__name__}: {exc}"
-                f"\n--- last {LOG_TAIL_LINES} log lines ({self.log_path}) ---\n{self.log_tail()}")
+                f"\n--- last {LOG_TAIL_LINES} log lines ({self.log_path}) ---\n{self.log_tail()}",
+                phase="lost", name=self.spec.name, exit_code=code, log_path=self.log_path, log_tail=self.log_tail())
         if dead:
             c = dead[0]
-            return ServerLostError(
+            return ServerError(
                 f"{c.server.spec.name} on {c.node} (needed by {self.spec.name}) died during the run (exit code "
                 f"{c.server.exit_code()}); the head failed with {type(exc).__name__}: {exc}"
-                f"\n--- last {LOG_TAIL_LINES} log lines ({c.server.log_path}) ---\n{c.server.log_tail()}")
-        return ServerLostError(f"{self.spec.name} on {self.host.name} is still running but stopped answering at "
-                               f"{self.base_url}: {type(exc).__name__}: {exc}")
+                f"\n--- last {LOG_TAIL_LINES} log lines ({c.server.log_path}) ---\n{c.server.log_tail()}",
+                phase="lost", name=c.server.spec.name, exit_code=c.server.exit_code(), log_path=c.server.log_path,
+                log_tail=c.server.log_tail())
+        return ServerError(f"{self.spec.name} on {self.host.name} is still running but stopped answering at "
+                           f"{self.base_url}: {type(exc).__name__}: {exc}", phase="lost", name=self.spec.name)
 
     def processes(self) -> list[ProcInfo]:
         """Every process of the server's tree (the group and descendants), excluding the sh wrapper."""
@@ -380,14 +372,16 @@ class Server:
         procs = self.host.process_tree(self.pid)
         return [p for p in procs if p.pid != self.pid] or procs
 
-    def verify_env(self, requested: Mapping[str, str] | None = None) -> EnvCheck:
+    def verify_env(self, requested: dict[str, str] | None = None) -> EnvCheckRecord:
         """Check the requested variables (default: the launch env) in every server process, on every node."""
-        check = check_env(self.processes(), dict(self.spec.env if requested is None else requested))
+        want = dict(self.spec.env if requested is None else requested)
+        check = check_env(self.processes(), want, TAG_VAR)
         for c in self.companions:
             other = c.server.verify_env(requested)
-            check.ok = check.ok and other.ok
+            check.ok = bool(check.ok and other.ok)
             check.processes += [{**row, "node": c.node} for row in other.processes]
-            check.missing += [f"{c.node}: {m}" for m in other.missing]
+            check.problems += [f"{c.node}: {m}" for m in other.problems]
+        check.summary = summarize_check(check)
         return check
 
     def stop(self) -> dict[str, Any]:
@@ -408,7 +402,8 @@ class Server:
         if self.pid is None:
             return {}
         t0 = time.monotonic()
-        how = stop_group(self.host, self.pid, self.grace_s)
+        engine = next((p.pid for p in self.host.processes(self.pid) if p.ppid == self.pid), None)
+        how = self.host.stop_group(self.pid, self.grace_s, first=engine)
         port_free = False
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -455,10 +450,6 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    return asdict(obj)
 
 
 def on_each(jobs: list[tuple[str, Callable[[], Any]]]) -> list[Any]:

@@ -48,8 +48,8 @@ from paramiko.pkey import PKey
 from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, SSHException
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from spectrial.errors import ConfigError, HostCommandError
-from spectrial.host import CommandResult, ConnectionLostError, RemoteShellHost
+from spectrial.errors import ConfigError, HostError
+from spectrial.host import CommandResult, RemoteShellHost
 from spectrial.tunnel import PortForward
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ class SSHHost(RemoteShellHost):
             hint = "cannot resolve the host name" if isinstance(exc, socket.gaierror) else (
                 f"gave up after {attempts} attempt(s) over {time.monotonic() - t0:.1f} s; is sshd running "
                 "there and the port reachable (firewall, VPN)? raise retries/connect_timeout for slow links")
-            raise HostCommandError(self.name, f"ssh connect {target}", None, stderr=f"{type(exc).__name__}: "
+            raise HostError(self.name, f"ssh connect {target}", None, stderr=f"{type(exc).__name__}: "
                                    f"{exc}", hint=hint) from exc
         self.connects += 1
         if self.connects > 1:
@@ -388,27 +388,27 @@ class SSHHost(RemoteShellHost):
                 # the command was never sent: reconnect once and send it
                 self._drop()
                 if attempt == 2:
-                    raise HostCommandError(self.name, full, None, stderr=str(exc),
+                    raise HostError(self.name, full, None, stderr=str(exc),
                                            hint="could not open an SSH channel on a fresh connection "
                                                 "(server MaxSessions reached or shutting down?)") from exc
             except (SSHException, EOFError, OSError) as exc:
                 self._drop()
                 self.note_event("connection_lost", f"while sending a command: {type(exc).__name__}: {exc}")
-                raise ConnectionLostError(self.name, full, None, stderr=f"{type(exc).__name__}: {exc}",
-                                          hint="the SSH connection failed while sending the command; it may or "
-                                               "may not have run (the next command reconnects)") from exc
+                raise HostError(self.name, full, None, stderr=f"{type(exc).__name__}: {exc}",
+                                hint="the SSH connection failed while sending the command; it may or "
+                                     "may not have run (the next command reconnects)", lost=True) from exc
             except CommandTimedOut as exc:
                 self._drop()  # the channel was closed under a running command; start clean
                 res = exc.result
-                raise HostCommandError(self.name, full, None, res.stdout, res.stderr,
+                raise HostError(self.name, full, None, res.stdout, res.stderr,
                                        f"timed out after {timeout} s; the remote command may still be "
                                        "running (start long jobs with start_detached)") from exc
         if r.exited == -1 and not conn.is_connected:
             self._drop()
             self.note_event("connection_lost", f"while a command ran: {full[:120]}")
-            raise ConnectionLostError(self.name, full, None, r.stdout, r.stderr,
-                                      "the SSH connection dropped while the command ran; it may or may not "
-                                      "have completed (the next command reconnects)")
+            raise HostError(self.name, full, None, r.stdout, r.stderr,
+                            "the SSH connection dropped while the command ran; it may or may not "
+                            "have completed (the next command reconnects)", lost=True)
         return CommandResult(full, r.exited, r.stdout, r.stderr, time.monotonic() - t0)
 
     # --- files ---------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ class SSHHost(RemoteShellHost):
         try:
             sftp.mkdir(tmpdir, mode=0o700)
         except OSError as exc:
-            raise HostCommandError(self.name, f"sftp mkdir {tmpdir}", None, stderr=str(exc),
+            raise HostError(self.name, f"sftp mkdir {tmpdir}", None, stderr=str(exc),
                                    hint=f"cannot write into {parent!r} (missing or not writable)") from exc
         tmp = f"{tmpdir}/data"
         failure: OSError | None = None
@@ -448,7 +448,7 @@ class SSHHost(RemoteShellHost):
         if failure is not None:  # measured after the partial file is gone: the space the caller really has
             free = self.free_space([parent]).get(parent)
             where = f"{free[0] / 2**20:.1f} MiB free on {free[1]}" if free else "free space unknown"
-            raise HostCommandError(self.name, f"sftp put {path}", None, stderr=str(failure),
+            raise HostError(self.name, f"sftp put {path}", None, stderr=str(failure),
                                    hint=f"check the path and free space on the host ({where})") from failure
 
     def put(self, local: str | Path, remote: str, mode: int = 0o600) -> None:
@@ -472,5 +472,5 @@ class SSHHost(RemoteShellHost):
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise HostCommandError(self.name, f"sftp get {path}", None, stderr=str(exc),
+            raise HostError(self.name, f"sftp get {path}", None, stderr=str(exc),
                                    hint="check that the remote file exists and is readable") from exc

@@ -24,8 +24,7 @@ from collections.abc import Callable
 
 from paramiko import Channel, ChannelException, SSHException, Transport
 
-from spectrial.errors import ConfigError
-from spectrial.host import ConnectionLostError
+from spectrial.errors import ConfigError, HostError
 
 OPEN_TIMEOUT_S = 10.0
 CHUNK = 1 << 16
@@ -92,9 +91,9 @@ class PortForward:
                     "server's sshd_config, or bind the server to an address this machine can reach") from None
             return  # "connect failed": nothing listens there yet, forwarding itself works
         except (SSHException, EOFError, OSError) as exc:
-            raise ConnectionLostError(self.host_name, f"open forward to {self.remote_host}:{self.remote_port}", None,
-                                      stderr=f"{type(exc).__name__}: {exc}",
-                                      hint="the SSH connection failed while opening the port forward") from exc
+            raise HostError(self.host_name, f"open forward to {self.remote_host}:{self.remote_port}", None,
+                            stderr=f"{type(exc).__name__}: {exc}",
+                            hint="the SSH connection failed while opening the port forward", lost=True) from exc
         chan.close()
 
     # --- data path -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from spectrial.analysis.roofline import (
     decode_roofline_tok_s,
     kv_cache_bytes,
     load_hardware,
+    streamed_params_b,
     weight_bytes,
 )
 from spectrial.analysis.stats import (
@@ -60,6 +61,7 @@ __all__ = [
     "required_alpha",
     "spec_throughput",
     "speedup",
+    "streamed_params_b",
     "summarize",
     "two_level_spread",
     "weight_bytes",

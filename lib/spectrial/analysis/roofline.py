@@ -109,3 +109,11 @@ def bandwidth_utilisation(measured_tok_s: float, bytes_per_token: float, bandwid
     """Fraction of the roofline reached: measured_tok_s / decode_roofline_tok_s(...)."""
     return (check_positive(measured_tok_s, "measured_tok_s")
             / decode_roofline_tok_s(bytes_per_token, bandwidth_gb_s, kv_bytes))
+
+
+def streamed_params_b(n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int, n_vocab: int) -> float:
+    """Billions of weights a Llama-shaped model reads per decoded token: every matrix but the token embedding
+    (a row lookup), i.e. attention q/k/v/o, the three MLP matrices and the output head."""
+    hd = n_embd // n_head
+    per_layer = n_embd * n_head * hd * 2 + n_embd * n_head_kv * hd * 2 + 3 * n_embd * n_ff
+    return float(n_layer * per_layer + n_vocab * n_embd) / 1e9

@@ -1,24 +1,28 @@
-"""The engine interface: plain data plus small functions, so SGLang, vLLM and llama.cpp slot in alike.
+"""The engine interface: plain data plus pure functions, so SGLang, vLLM and llama.cpp slot in alike.
 
-An engine turns (trial params, arm) into a `LaunchSpec` (argv + env + probe), names the request payload
-for its OpenAI-compatible streaming endpoint, snapshots its cumulative counters before and after a
-benchmark, and reads its own server log (through `spectrial.logs`) into per-arm statistics.
+An engine resolves its binaries and models once (`prepare`, or `resolve_dry` for a dry run), then turns an arm
+into a `LaunchSpec` (argv + env + probe; no side effect, the same answer every time), names the request
+payload of its streaming endpoint, snapshots its cumulative counters around a benchmark window, and turns a
+window (counters before/after, the window's requests, the server log parsed once) into `WindowStats`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from spectrial import metrics
 from spectrial.errors import ConfigError
 from spectrial.host import Host
 from spectrial.params import Arm, TrialParams, format_validation_error
+from spectrial.schema import RequestRecord, WindowStats
 from spectrial.server import LaunchSpec
+from spectrial.serverlog import ServerLog
 
 _REGISTRY: dict[str, type[Engine]] = {}
 
@@ -39,26 +43,33 @@ def get_engine(name: str, params: TrialParams, host: Host) -> Engine:
     import spectrial.engines  # noqa: F401  (registers the built-in engines)
 
     if name not in _REGISTRY:
-        raise ConfigError(f"engine: {name!r} is not known; choose one of {sorted(_REGISTRY)}")
+        raise ConfigError(f"engine: {name!r} is not known; choose one of {sorted(_REGISTRY)}", parameter="engine")
     return _REGISTRY[name](params, host)
 
 
-@dataclass
-class ArmStats:
-    """Server-side statistics of one arm's benchmark window (None where the engine cannot tell)."""
+@dataclass(frozen=True)
+class Window:
+    """Everything an engine needs to compute one window's statistics."""
 
-    verify_steps: float | None = None
-    drafted: float | None = None
-    accepted: float | None = None
-    tokens: float | None = None
-    decode_ms: float | None = None
-    draft_ms: float | None = None
-    per_position: list[float] | None = None
-    accept_len: float | None = None  # when the engine reports only a mean (e.g. SGLang's avg_spec_accept_length)
-    scoped: bool = True
-    source: str = ""
-    notes: list[str] = field(default_factory=list)
-    nccl_evidence: dict[str, Any] | None = None  # per rank what NCCL reported it used (NCCL_DEBUG=INFO runs)
+    arm: Arm
+    spec: LaunchSpec
+    before: dict[str, float]
+    after: dict[str, float]
+    requests: list[RequestRecord]
+    log: ServerLog
+    first_line: int  # the window's log lines: first_line..last_line (1-based, inclusive)
+    last_line: int
+
+    def delta(self, name: str) -> float | None:
+        """Increase of counter `name` during the window (None when the server does not export it)."""
+        return metrics.delta(self.before, self.after, name)
+
+    @property
+    def ok_requests(self) -> list[RequestRecord]:
+        return [r for r in self.requests if r.ok]
+
+    def log_rows(self, kind: str, engine: str | None = None):  # noqa: ANN201 - a DataFrame
+        return self.log.rows(kind, engine, self.first_line, self.last_line)
 
 
 class Engine(ABC):
@@ -73,24 +84,39 @@ class Engine(ABC):
             self.config = self.config_model.model_validate(params.engine_config)
         except ValidationError as err:
             raise ConfigError(format_validation_error(err, f"engine_config ({self.name})")
-                              .replace("  - ", "  - engine_config.")) from None
+                              .replace("  - ", "  - engine_config."), parameter="engine_config") from None
+        self.resolved = False
 
     # --- launch --------------------------------------------------------------------------------------
     @abstractmethod
     def prepare(self) -> dict[str, Any]:
-        """Resolve binaries and models on the host (build/write what is missing); returns identities."""
+        """Resolve binaries and models on the host (build/write what is missing) and validate every arm;
+        returns identities. Sets `resolved`."""
 
     @abstractmethod
     def resolve_dry(self) -> None:
-        """Fill paths as the params give them, without contacting the host (for dry runs)."""
+        """Fill paths as the params give them, without contacting the host (for dry runs). Sets `resolved`."""
 
     @abstractmethod
+    def build_spec(self, arm: Arm) -> LaunchSpec:
+        """Exact argv and environment for `arm` (called by `launch_spec` once resolved)."""
+
     def launch_spec(self, arm: Arm) -> LaunchSpec:
-        """Exact argv and environment for `arm`, validated before anything is launched."""
+        """Exact argv and environment for `arm`: a pure function of the params and what `prepare` (or
+        `resolve_dry`) resolved."""
+        if not self.resolved:
+            raise ConfigError(f"engine {self.name}: call prepare() (or resolve_dry() for a dry run) before "
+                              "asking for a launch command")
+        return self.build_spec(arm)
 
     def version(self) -> dict[str, Any]:
         """Engine version (and source identity where known)."""
         return {}
+
+    @property
+    def nccl_evidence_check(self) -> Literal["fail", "warn"]:
+        """What a requested NCCL_* variable that NCCL did not report does: fail the start, or warn."""
+        return getattr(self.config, "nccl_evidence_check", "warn")
 
     # --- benchmark hooks -----------------------------------------------------------------------------
     def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -108,9 +134,19 @@ class Engine(ABC):
 
     def snapshot(self, client: httpx.Client, base_url: str) -> dict[str, float]:
         """Cumulative server counters (subtract two snapshots to scope a benchmark window)."""
-        return {}
+        return metrics.snapshot(client, base_url)
 
-    def window_stats(self, before: dict[str, float], after: dict[str, float],
-                     requests: list[dict[str, Any]], log_text: str) -> ArmStats:
+    def window_stats(self, w: Window) -> WindowStats:
         """Statistics of one benchmark window from counters, per-request stats and the server log."""
-        return ArmStats(scoped=False, source="none")
+        return WindowStats(scoped=False, source="none")
+
+
+def client_decode(ok: list[RequestRecord]) -> tuple[float | None, float | None]:
+    """(tokens decoded after the first, decode ms) over successful requests, from the client's stream timing.
+
+    Per request the span between the first and last streamed chunk, (tokens - 1) / client_tok_s, holds the
+    decode of every token after the first (which comes with prefill and belongs to TTFT).
+    """
+    tokens = float(sum(r.tokens - 1 for r in ok if r.tokens)) or None
+    spans = [(r.tokens - 1) / r.client_tok_s for r in ok if r.client_tok_s and r.tokens]
+    return tokens, (sum(spans) * 1000 if spans and len(spans) == len(ok) else None)

@@ -22,13 +22,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from spectrial.engines.base import ArmStats, Engine, register
+from spectrial import metrics
+from spectrial.engines.base import Engine, Window, register
+from spectrial.engines.flags import Flag, render
 from spectrial.errors import ConfigError
 from spectrial.host import Host
 from spectrial.params import Arm
+from spectrial.schema import WindowStats
 from spectrial.server import LaunchSpec, Probe
 
 SPEC_TYPES = {"draft": "draft-simple", "eagle3": "draft-eagle3", "ngram": "ngram-simple"}
@@ -36,6 +38,13 @@ METRIC_PREFIX = "llamacpp:"
 _ENDPOINT_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?:\d{1,5}$")
 _LOG_TS_RE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(\d+)\.(\d{2})\.(\d{3})\.(\d{3})\b")
 READY_LINE = "model loaded"  # printed right after the server flips /health to 200
+
+# engine_config fields -> flags, in argv order (llama.cpp 0c1e570)
+SERVER_FLAGS = (Flag("ctx_size", "-c"), Flag("parallel", "-np"), Flag("metrics", "--metrics", switch=True),
+                Flag("webui_off", "--no-webui", switch=True), Flag("log_verbosity", "-lv"), Flag("threads", "-t"),
+                Flag("gpu_layers", "-ngl"), Flag("flash_attn", "-fa"))
+DRAFT_FLAGS = (Flag("threads_draft", "-td", when="draft_model"), Flag("draft_gpu_layers", "-ngld", when="draft_model"),
+               Flag("draft_n_min", "--spec-draft-n-min"), Flag("draft_p_min", "--spec-draft-p-min"))
 
 
 class LlamaCppConfig(BaseModel):
@@ -61,6 +70,14 @@ class LlamaCppConfig(BaseModel):
                                                              "other node of `hosts:`.")
     extra_args: list[str] = Field(default_factory=list, description="Arguments appended to every arm.")
     tiny: dict[str, Any] = Field(default_factory=dict, description="Knobs of spectrial's tiny models.")
+
+    @property
+    def metrics(self) -> bool:  # /metrics is how spectrial scopes counters to a window: always on
+        return True
+
+    @property
+    def webui_off(self) -> bool:
+        return True
 
     @field_validator("rpc")
     @classmethod
@@ -161,6 +178,7 @@ class LlamaCpp(Engine):
         out: dict[str, Any] = {"binary": self.binary, "models": dict(self.models)}
         if self.uploads:
             out["uploads"] = list(self.uploads)
+        self.resolved = True
         return out
 
     def rpc_worker_spec(self, arm: Arm, host: Host, addr: str, binary: str, line_buffered: bool = True
@@ -195,6 +213,7 @@ class LlamaCpp(Engine):
             draft = p.arm_draft(arm)
             if draft:
                 self.models.setdefault(draft, draft)
+        self.resolved = True
 
     def _check_arm(self, arm: Arm) -> None:
         p = self.params
@@ -212,36 +231,21 @@ class LlamaCpp(Engine):
         elif arm.synthetic_accept is not None:
             raise ConfigError(f"arms[{arm.name}].synthetic_accept: only speculative arms take synthetic acceptance")
 
-    def launch_spec(self, arm: Arm) -> LaunchSpec:
-        """argv for one arm; `prepare()` must have run."""
-        if self.binary is None:
-            self.prepare()
+    def build_spec(self, arm: Arm) -> LaunchSpec:
+        """argv for one arm (server flags, speculative flags, extra args)."""
         p, c = self.params, self.config
         self._check_arm(arm)
         argv = [str(self.binary), "-m", self.models["model"], "--host", p.bind, "--port", str(p.port),
-                "-c", str(c.ctx_size), "-np", str(c.parallel), "--metrics", "--no-webui",
-                "-lv", str(c.log_verbosity)]
-        if c.threads:
-            argv += ["-t", str(c.threads)]
-        if c.gpu_layers is not None:
-            argv += ["-ngl", str(c.gpu_layers)]
-        if c.flash_attn:
-            argv += ["-fa", c.flash_attn]
+                *render(SERVER_FLAGS, c)]
         if c.rpc or self.rpc_workers:
             argv += ["--rpc", ",".join([*c.rpc, *self.rpc_workers])]
         if arm.speculative:
             steps = p.arm_steps(arm)
             argv += ["--spec-type", SPEC_TYPES[arm.method], "--spec-draft-n-max", str(steps)]
-            if arm.method in ("draft", "eagle3"):
+            has_draft = arm.method in ("draft", "eagle3")
+            if has_draft:
                 argv += ["-md", self.models[p.arm_draft(arm) or ""]]
-                if c.threads_draft:
-                    argv += ["-td", str(c.threads_draft)]
-                if c.draft_gpu_layers is not None:
-                    argv += ["-ngld", str(c.draft_gpu_layers)]
-            if c.draft_n_min is not None:
-                argv += ["--spec-draft-n-min", str(c.draft_n_min)]
-            if c.draft_p_min is not None:
-                argv += ["--spec-draft-p-min", str(c.draft_p_min)]
+            argv += render(DRAFT_FLAGS, c, active=frozenset({"draft_model"} if has_draft else ()))
             rates = synth_rates(arm.synthetic_accept, steps)
             if rates:
                 argv += ["--spec-synth-rates", ",".join(f"{r:g}" for r in rates)]
@@ -268,12 +272,8 @@ class LlamaCpp(Engine):
                 "draft_n_accepted")
         return {f"server_{k}": t.get(k) for k in keys if k in t}
 
-    def snapshot(self, client: httpx.Client, base_url: str) -> dict[str, float]:
-        return metrics_snapshot(client, base_url)
-
-    def window_stats(self, before: dict[str, float], after: dict[str, float],
-                     requests: list[dict[str, Any]], log_text: str) -> ArmStats:
-        return llamacpp_window_stats(before, after, log_text)
+    def window_stats(self, w: Window) -> WindowStats:
+        return llamacpp_window_stats(w)
 
 
 def probe(client: httpx.Client, base_url: str) -> Probe:
@@ -284,61 +284,35 @@ def probe(client: httpx.Client, base_url: str) -> Probe:
     return Probe(False, f"{r.status_code} {r.text[:80]}")
 
 
-def metrics_snapshot(client: httpx.Client, base_url: str) -> dict[str, float]:
-    """Prometheus samples of `/metrics` as {name{labels}: value} (prometheus_client's parser)."""
-    r = client.get(f"{base_url}/metrics")
-    if r.status_code != 200:
-        return {}
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(r.text):
-        for s in fam.samples:
-            label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{label}}}" if label else s.name] = float(s.value)
-    return out
-
-
-def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
-    key = METRIC_PREFIX + name
-    if key not in after:
-        return None
-    return after[key] - before.get(key, 0.0)
-
-
-def llamacpp_window_stats(before: dict[str, float], after: dict[str, float], log_text: str) -> ArmStats:
+def llamacpp_window_stats(w: Window) -> WindowStats:
     """Counters of the benchmark window (after - before) plus drafting time from the log's statistics."""
-    st = ArmStats(source="metrics")
-    st.verify_steps = _delta(before, after, "spec_decode_num_drafts_total")
-    st.drafted = _delta(before, after, "spec_decode_num_draft_tokens_total")
-    st.accepted = _delta(before, after, "spec_decode_num_accepted_tokens_total")
-    st.tokens = _delta(before, after, "tokens_predicted_total")
-    secs = _delta(before, after, "tokens_predicted_seconds_total")
+    st = WindowStats(source="metrics")
+    st.verify_steps = w.delta(METRIC_PREFIX + "spec_decode_num_drafts_total")
+    st.drafted = w.delta(METRIC_PREFIX + "spec_decode_num_draft_tokens_total")
+    st.accepted = w.delta(METRIC_PREFIX + "spec_decode_num_accepted_tokens_total")
+    st.tokens = w.delta(METRIC_PREFIX + "tokens_predicted_total")
+    secs = w.delta(METRIC_PREFIX + "tokens_predicted_seconds_total")
     st.decode_ms = secs * 1000 if secs is not None else None
-    pos_key = METRIC_PREFIX + "spec_decode_num_accepted_tokens_per_pos_total{position="
-    per_pos = sorted((int(k[len(pos_key):-1]), v - before.get(k, 0.0)) for k, v in after.items()
-                     if k.startswith(pos_key))
+    per_pos = metrics.delta_by_label(w.before, w.after, METRIC_PREFIX + "spec_decode_num_accepted_tokens_per_pos_total",
+                             "position")
     if per_pos and st.verify_steps:
-        st.per_position = [v / st.verify_steps for _, v in per_pos]
-    if not after:
+        st.per_position = [per_pos[k] / st.verify_steps for k in sorted(per_pos, key=int)]
+    if not w.after:
         st.scoped, st.source = False, "none (no /metrics)"
-    st.draft_ms = draft_ms_from_log(log_text, before.get("_log_lines", 0.0))
+    st.draft_ms = draft_ms_from_log(w)
     return st
 
 
-def draft_ms_from_log(log_text: str, start_line: float) -> float | None:
+def draft_ms_from_log(w: Window) -> float | None:
     """Drafting time inside the window: last cumulative `statistics` g-duration minus the one before it."""
-    if not log_text:
+    stats = w.log.rows("spec_statistics")
+    if stats.empty:
         return None
-    from spectrial.logs import parse
-
-    df = parse(log_text)
-    if df.empty or "kind" not in df or not (df["kind"] == "spec_statistics").any():
-        return None
-    stats = df[df["kind"] == "spec_statistics"]
-    inside = stats[stats["line"] > start_line]
+    inside = stats[(stats["line"] >= w.first_line) & (stats["line"] <= w.last_line)]
     if inside.empty:
         return None
     end = float(inside["draft_ms_total"].iloc[-1])
-    prior = stats[stats["line"] <= start_line]
+    prior = stats[stats["line"] < w.first_line]
     begin = float(prior["draft_ms_total"].iloc[-1]) if not prior.empty else 0.0
     return end - begin
 

@@ -18,16 +18,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pandas as pd
+
 NCCL_ENV_PREFIX = "NCCL_"
 # Variables that steer NCCL's logging itself: NCCL does not report them as "set by environment".
 DEBUG_VARS = frozenset({"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"})
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
 
-def nccl_rows(text: str) -> list[dict[str, Any]]:
-    """NCCL rows of a log through spectrial's one log parser (engine "nccl": env, init, channels)."""
+def nccl_rows(log: str | pd.DataFrame) -> list[dict[str, Any]]:
+    """NCCL rows of a log (its text, or the DataFrame spectrial's one log parser made of it: engine "nccl",
+    kinds env, init, channels)."""
     from spectrial.logs import parse
 
-    df = parse(text)
+    df = parse(log) if isinstance(log, str) else log
     if df.empty or "engine" not in df:
         return []
     out = []
@@ -64,7 +67,7 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return sorted(procs.values(), key=lambda p: (p["host"], -1 if p["device"] is None else p["device"], p["pid"]))
 
 
-def nccl_evidence(log_text: str, requested: Mapping[str, str]) -> dict[str, Any]:
+def nccl_evidence(log: str | pd.DataFrame, requested: Mapping[str, str]) -> dict[str, Any]:
     """Per process what NCCL reported, and for each requested NCCL_* variable whether every rank used it.
 
     Returns {"ok", "source", "processes": [...], "variables": {VAR: {"requested", "confirmed": [pids],
@@ -72,7 +75,7 @@ def nccl_evidence(log_text: str, requested: Mapping[str, str]) -> dict[str, Any]
     no NCCL INFO lines at all (NCCL_DEBUG not on, or no communicator was created).
     """
     source = "spectrial.logs"
-    procs = summarize(nccl_rows(log_text))
+    procs = summarize(nccl_rows(log))
     wanted = {k: v for k, v in requested.items() if k.startswith(NCCL_ENV_PREFIX) and k not in DEBUG_VARS}
     variables: dict[str, Any] = {}
     problems: list[str] = []

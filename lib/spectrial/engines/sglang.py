@@ -31,11 +31,13 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from spectrial.engines.base import ArmStats, Engine, register
-from spectrial.engines.llamacpp import metrics_snapshot
-from spectrial.engines.nccl_evidence import DEBUG_ENV, evidence_summary, nccl_evidence
+from spectrial import metrics
+from spectrial.engines.base import Engine, Window, client_decode, register
+from spectrial.engines.flags import Flag, Version, general, render
+from spectrial.engines.nccl_evidence import DEBUG_ENV
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
+from spectrial.schema import WindowStats
 from spectrial.secrets import mask_argv
 from spectrial.server import LaunchSpec, Probe
 
@@ -146,10 +148,23 @@ def parse_version(text: str | None) -> tuple[int, int, int] | None:
     return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
 
 
-def cuda_graph_flag(version: tuple[int, int, int] | None) -> str:
+# engine_config fields -> flags, in argv order; flags that changed name carry one entry per version
+SERVER_FLAGS = (
+    Flag("trust_remote_code", "--trust-remote-code", switch=True),
+    Flag("mem_fraction_static", "--mem-fraction-static", fmt=general),
+    Flag("cuda_graph_max_bs", {(0, 0, 0): "--cuda-graph-max-bs", CUDA_GRAPH_DECODE_SINCE: "--cuda-graph-max-bs-decode"}),
+    Flag("num_continuous_decode_steps", "--num-continuous-decode-steps"),
+    Flag("disable_custom_all_reduce", "--disable-custom-all-reduce", switch=True),
+    Flag("max_running_requests", "--max-running-requests"),
+    Flag("decode_log_interval", "--decode-log-interval"),
+    Flag("enable_metrics", "--enable-metrics", switch=True),
+    Flag("random_seed", "--random-seed"),
+)
+
+
+def cuda_graph_flag(version: Version | None) -> str:
     """The CUDA-graph max batch flag of this SGLang version (newest when unknown)."""
-    return "--cuda-graph-max-bs-decode" if (version or NEWEST_KNOWN) >= CUDA_GRAPH_DECODE_SINCE \
-        else "--cuda-graph-max-bs"
+    return next(f for f in SERVER_FLAGS if f.field == "cuda_graph_max_bs").name(version)
 
 
 def check_version_flags(args: list[str], version: tuple[int, int, int] | None, where: str) -> None:
@@ -257,8 +272,6 @@ class SGLang(Engine):
         self.notes: list[str] = []
         self.paths: dict[str, str] = {}
         self.pythonpath: list[str] = list(self.config.pythonpath)
-        self._arm: Arm | None = None
-        self._spec: LaunchSpec | None = None
 
     # --- preparation ---------------------------------------------------------------------------------
     @property
@@ -363,7 +376,9 @@ class SGLang(Engine):
                 self.paths.setdefault(draft, self._resolve_path(draft, f"arms[{arm.name}].draft"))
                 self._check_draft_kind(arm, self.paths[draft])
         self._check_gpus()
+        self.resolved = True
         specs = [self.launch_spec(arm) for arm in p.arms]
+        self.notes += [n for s in specs for n in s.notes if n not in self.notes]
         if c.check_args_on_host:
             self._check_argvs(specs)
         return {"python": self.python, "models": dict(self.paths), "notes": list(self.notes)}
@@ -409,6 +424,7 @@ class SGLang(Engine):
             draft = p.arm_draft(arm)
             if draft:
                 self.paths.setdefault(draft, draft)
+        self.resolved = True
 
     # --- argv ----------------------------------------------------------------------------------------
     def _check_extra(self, args: list[str], where: str) -> None:
@@ -430,10 +446,8 @@ class SGLang(Engine):
                               f"topk and draft tokens together; remove {', '.join(given)} (SGLang asserts they "
                               "are unset when steps is)")
 
-    def launch_spec(self, arm: Arm) -> LaunchSpec:
-        """Exact argv and environment of one arm; `prepare()` or `resolve_dry()` must have run."""
-        if self.python is None:
-            self.prepare()
+    def build_spec(self, arm: Arm) -> LaunchSpec:
+        """Exact argv and environment of one arm."""
         p, c = self.params, self.config
         where = f"arms[{arm.name}]"
         if c.auto_speculative_params and arm.speculative:
@@ -443,34 +457,13 @@ class SGLang(Engine):
             arm.method, p.arm_steps(arm), p.arm_topk(arm), p.arm_draft_tokens(arm),
             self.paths.get(draft, draft) if draft else None, adjust=c.adjust_draft_tokens,
             auto=c.auto_speculative_params, where=where)
-        self.notes += [n for n in notes if n not in self.notes]
         self._check_extra(c.extra_args, "engine_config.extra_args")
         self._check_extra(arm.extra_args, f"{where}.extra_args")
         argv = [str(self.python), "-m", "sglang.launch_server", "--model-path", self.paths.get("model", p.model),
-                "--tp-size", str(c.tp_size), "--host", p.bind, "--port", str(p.port)]
-        if c.trust_remote_code:
-            argv.append("--trust-remote-code")
-        if c.mem_fraction_static is not None:
-            argv += ["--mem-fraction-static", f"{c.mem_fraction_static:g}"]
-        if c.cuda_graph_max_bs is not None:
-            argv += [cuda_graph_flag(self.version_tuple), str(c.cuda_graph_max_bs)]
-        if c.num_continuous_decode_steps is not None:
-            argv += ["--num-continuous-decode-steps", str(c.num_continuous_decode_steps)]
-        if c.disable_custom_all_reduce:
-            argv.append("--disable-custom-all-reduce")
-        if c.max_running_requests is not None:
-            argv += ["--max-running-requests", str(c.max_running_requests)]
-        if c.decode_log_interval is not None:
-            argv += ["--decode-log-interval", str(c.decode_log_interval)]
-        if c.enable_metrics:
-            argv.append("--enable-metrics")
-        if c.random_seed is not None:
-            argv += ["--random-seed", str(c.random_seed)]
-        argv += [*spec_argv, *c.extra_args, *arm.extra_args]
-        spec = LaunchSpec(argv=argv, env={**self._base_env(), **arm.env}, port=p.port, probe=probe,
-                          name=f"sglang-{arm.name}", bind=p.bind)
-        self._arm, self._spec = arm, spec
-        return spec
+                "--tp-size", str(c.tp_size), "--host", p.bind, "--port", str(p.port),
+                *render(SERVER_FLAGS, c, self.version_tuple), *spec_argv, *c.extra_args, *arm.extra_args]
+        return LaunchSpec(argv=argv, env={**self._base_env(), **arm.env}, port=p.port, probe=probe,
+                          name=f"sglang-{arm.name}", bind=p.bind, notes=notes)
 
     def version(self) -> dict[str, Any]:
         return {"engine": "sglang", **self.identity} if self.identity else {"engine": "sglang"}
@@ -498,29 +491,17 @@ class SGLang(Engine):
     def snapshot(self, client: httpx.Client, base_url: str) -> dict[str, float]:
         snap = server_info_snapshot(client, base_url)
         if self.config.enable_metrics:
-            snap.update(metrics_snapshot(client, base_url))
+            snap.update(metrics.snapshot(client, base_url))
         return snap
 
-    def window_stats(self, before: dict[str, float], after: dict[str, float],
-                     requests: list[dict[str, Any]], log_text: str) -> ArmStats:
-        arm, spec = self._arm, self._spec
-        st = sglang_window_stats(before, after, requests, log_text, speculative=bool(arm and arm.speculative),
-                                 draft_tokens=self._draft_tokens(arm))
-        if arm is not None and arm.method == "eagle" and st.accept_len is not None and abs(st.accept_len - 1) < 1e-3:
+    def window_stats(self, w: Window) -> WindowStats:
+        st = sglang_window_stats(w, draft_tokens=self._draft_tokens(w.arm))
+        if w.arm.method == "eagle" and st.accept_len is not None and abs(st.accept_len - 1) < 1e-3:
             st.notes.append("accept length exactly 1.00 under algorithm EAGLE: is the draft an EAGLE-3 model?")
-        env = spec.env if spec else {}
-        if env.get("NCCL_DEBUG", "").upper() == "INFO":
-            ev = nccl_evidence(log_text, env)
-            st.nccl_evidence = ev
-            st.notes.append(evidence_summary(ev))
-            if ev["ok"] is False and self.config.nccl_evidence_check == "fail":
-                raise ConfigError(f"engine_config.nccl_evidence_check: NCCL did not use the requested values in "
-                                  f"arm {arm.name if arm else '?'}: " + "; ".join(ev["problems"][:8])
-                                  + " (set nccl_evidence_check: warn to continue)")
         return st
 
-    def _draft_tokens(self, arm: Arm | None) -> int | None:
-        if arm is None or not arm.speculative or self.config.auto_speculative_params:
+    def _draft_tokens(self, arm: Arm) -> int | None:
+        if not arm.speculative or self.config.auto_speculative_params:
             return None
         p = self.params
         if arm.method == "ngram" or p.arm_topk(arm) != 1:
@@ -588,55 +569,21 @@ def meta_info_stats(final: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def sum_metric(snap: dict[str, float], name: str) -> float | None:
-    keys = [k for k in snap if k == name or k.startswith(name + "{")]
-    return sum(snap[k] for k in keys) if keys else None
-
-
-def metric_delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
-    a = sum_metric(after, name)
-    return None if a is None else a - (sum_metric(before, name) or 0.0)
-
-
-def client_decode(ok: list[dict[str, Any]]) -> tuple[float | None, float | None]:
-    """(tokens decoded after the first, decode ms) over successful requests, from the client's stream timing.
-
-    Per request the span between the first and last streamed chunk, (tokens - 1) / client_tok_s, holds the
-    decode of every token after the first (which comes with prefill and belongs to TTFT).
-    """
-    tokens = float(sum(r["tokens"] - 1 for r in ok if r.get("tokens"))) or None
-    spans = [(r["tokens"] - 1) / r["client_tok_s"] for r in ok if r.get("client_tok_s") and r.get("tokens")]
-    return tokens, (sum(spans) * 1000 if spans and len(spans) == len(ok) else None)
-
-
-def log_accept_lens(log_text: str, start_line: float) -> list[float]:
-    """`accept len` of the `Decode batch` lines after `start_line` (each covers decode_log_interval steps),
-    read with spectrial's log parser (kind "decode", column accept_len)."""
-    from spectrial.logs import parse
-
-    df = parse(log_text)
-    if df.empty or "accept_len" not in df:
-        return []
-    dec = df[(df["kind"] == "decode") & (df["line"] > start_line)]
-    return [float(x) for x in dec["accept_len"] if x is not None and x == x]
-
-
-def sglang_window_stats(before: dict[str, float], after: dict[str, float], requests: list[dict[str, Any]],
-                        log_text: str, *, speculative: bool, draft_tokens: int | None) -> ArmStats:
+def sglang_window_stats(w: Window, *, draft_tokens: int | None) -> WindowStats:
     """Statistics of one window; accept length from the best source the server offers (see module doc).
 
     tokens = tokens decoded after each request's first (the first comes from prefill, its time is TTFT);
     decode_ms = client-side decode span (last - first streamed chunk) summed over requests;
     verify_steps = verify cycles; accepted = draft tokens accepted = tokens - verify_steps.
     """
-    ok = [r for r in requests if not r.get("error")]
-    st = ArmStats(source="client stream timing")
+    ok = w.ok_requests
+    st = WindowStats(source="client stream timing")
     st.tokens, st.decode_ms = client_decode(ok)
-    if not speculative:
+    if not w.arm.speculative:
         return st
-    verify = metric_delta(before, after, "sglang:spec_verify_calls_total")
-    gen = metric_delta(before, after, "sglang:generation_tokens_total")
-    nreq = metric_delta(before, after, "sglang:num_requests_total")
+    verify = w.delta("sglang:spec_verify_calls_total")
+    gen = w.delta("sglang:generation_tokens_total")
+    nreq = w.delta("sglang:num_requests_total")
     meta_v = [r.get("server_spec_verify_ct") for r in ok]
     if verify and gen is not None:
         decoded = gen - (nreq if nreq is not None else len(ok))
@@ -647,10 +594,12 @@ def sglang_window_stats(before: dict[str, float], after: dict[str, float], reque
     elif ok and all(isinstance(v, int | float) and v > 0 for v in meta_v):
         st.source = "meta_info (per request)"
         st.verify_steps = float(sum(meta_v))
-        st.accepted = float(sum(r.get("server_predicted_n", r.get("tokens", 0)) - 1 for r in ok)) - st.verify_steps
+        st.accepted = float(sum(r.get("server_predicted_n", r.tokens) - 1 for r in ok)) - st.verify_steps
         st.accept_len = 1.0 + st.accepted / st.verify_steps
     else:
-        lens = log_accept_lens(log_text, before.get("_log_lines", 0.0))
+        dec = w.log_rows("decode")
+        lens = [float(x) for x in dec["accept_len"] if x is not None and x == x] \
+            if not dec.empty and "accept_len" in dec else []
         if lens:
             st.source = f"log ({len(lens)} 'Decode batch' lines inside the window)"
             st.accept_len = sum(lens) / len(lens)
@@ -661,7 +610,7 @@ def sglang_window_stats(before: dict[str, float], after: dict[str, float], reque
                                 "covers decode_log_interval decode steps; steps before the first line of the "
                                 "window are not counted)")
         else:
-            cum = after.get("server_info:avg_spec_accept_length")
+            cum = w.after.get("server_info:avg_spec_accept_length")
             st.accept_len, st.scoped = cum, False
             st.source = "server_info avg_spec_accept_length (cumulative since server start)"
             st.notes.append("accept length not scoped to the benchmark: SGLang reports only a cumulative mean "
@@ -669,7 +618,7 @@ def sglang_window_stats(before: dict[str, float], after: dict[str, float], reque
                             "with --enable-metrics, or lower decode_log_interval, to scope it")
     if st.verify_steps and draft_tokens:
         st.drafted = st.verify_steps * (draft_tokens - 1)
-    cum = after.get("server_info:avg_spec_accept_length")
+    cum = w.after.get("server_info:avg_spec_accept_length")
     if cum is not None:
         st.notes.append(f"server_info avg_spec_accept_length (cumulative since start): {cum:.3f}")
     return st

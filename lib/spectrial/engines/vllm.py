@@ -14,19 +14,20 @@ client's stream timing (as for SGLang).
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from spectrial.engines.base import ArmStats, Engine, register
-from spectrial.engines.llamacpp import metrics_snapshot
-from spectrial.engines.nccl_evidence import DEBUG_ENV, evidence_summary, nccl_evidence
-from spectrial.engines.sglang import client_decode, is_hf_id, metric_delta
+from spectrial import metrics
+from spectrial.engines.base import Engine, Window, client_decode, register
+from spectrial.engines.flags import Flag, general, render
+from spectrial.engines.nccl_evidence import DEBUG_ENV
+from spectrial.engines.sglang import is_hf_id
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
+from spectrial.schema import WindowStats
 from spectrial.server import LaunchSpec, Probe
 
 METHODS = {"eagle3": "eagle3", "eagle": "eagle", "draft": "draft_model", "ngram": "ngram", "nextn": "mtp"}
@@ -34,7 +35,10 @@ NEEDS_DRAFT = ("eagle3", "eagle", "draft")
 OWN_FLAGS = ("--speculative-config", "--spec-method", "--spec-model", "--spec-tokens", "--host", "--port",
              "--tensor-parallel-size", "-tp")
 PREFIX = "vllm:spec_decode_"
-_POS_RE = re.compile(r"position=(\d+)")
+SERVER_FLAGS = (Flag("served_model_name", "--served-model-name"),
+                Flag("gpu_memory_utilization", "--gpu-memory-utilization", fmt=general),
+                Flag("max_model_len", "--max-model-len"), Flag("trust_remote_code", "--trust-remote-code", switch=True),
+                Flag("enforce_eager", "--enforce-eager", switch=True))
 
 
 class VLLMConfig(BaseModel):
@@ -108,8 +112,6 @@ class VLLM(Engine):
         self.identity: dict[str, Any] = {}
         self.paths: dict[str, str] = {}
         self.notes: list[str] = []
-        self._arm: Arm | None = None
-        self._spec: LaunchSpec | None = None
 
     def _resolve_path(self, ref: str, what: str) -> str:
         path = self.host.expand(ref)
@@ -144,6 +146,7 @@ class VLLM(Engine):
             if p.require_gpu:
                 raise ConfigError(f"require_gpu: host {self.host.name} has no usable GPU ({st.reason})")
             self.notes.append(f"no GPU on {self.host.name}: tensor_parallel_size not checked")
+        self.resolved = True
         for arm in p.arms:
             self.launch_spec(arm)
         return {"binary": self.binary, "models": dict(self.paths), "notes": list(self.notes)}
@@ -152,6 +155,7 @@ class VLLM(Engine):
         p = self.params
         self.binary = p.engine_bin if p.engine_bin != "auto" else self.config.vllm
         self.paths["model"] = p.model
+        self.resolved = True
 
     def _env(self, arm: Arm) -> dict[str, str]:
         env = dict(self.params.env)
@@ -159,10 +163,8 @@ class VLLM(Engine):
             env.update(DEBUG_ENV)
         return {**env, **arm.env}
 
-    def launch_spec(self, arm: Arm) -> LaunchSpec:
+    def build_spec(self, arm: Arm) -> LaunchSpec:
         """`vllm serve MODEL ...` for one arm."""
-        if self.binary is None:
-            self.prepare()
         p, c = self.params, self.config
         where = f"arms[{arm.name}]"
         for a in [*c.extra_args, *arm.extra_args]:
@@ -173,24 +175,12 @@ class VLLM(Engine):
         spec_cfg = speculative_config(arm.method, p.arm_steps(arm), p.arm_topk(arm), p.arm_draft_tokens(arm),
                                       self.paths.get(draft, draft) if draft else None, c, where)
         argv = [str(self.binary), "serve", self.paths.get("model", p.model), "--host", p.bind, "--port",
-                str(p.port), "--tensor-parallel-size", str(c.tensor_parallel_size)]
-        if c.served_model_name:
-            argv += ["--served-model-name", c.served_model_name]
-        if c.gpu_memory_utilization is not None:
-            argv += ["--gpu-memory-utilization", f"{c.gpu_memory_utilization:g}"]
-        if c.max_model_len is not None:
-            argv += ["--max-model-len", str(c.max_model_len)]
-        if c.trust_remote_code:
-            argv.append("--trust-remote-code")
-        if c.enforce_eager:
-            argv.append("--enforce-eager")
+                str(p.port), "--tensor-parallel-size", str(c.tensor_parallel_size), *render(SERVER_FLAGS, c)]
         if spec_cfg is not None:
             argv += ["--speculative-config", json.dumps(spec_cfg, separators=(",", ":"))]
         argv += [*c.extra_args, *arm.extra_args]
-        spec = LaunchSpec(argv=argv, env=self._env(arm), port=p.port, probe=probe, name=f"vllm-{arm.name}",
+        return LaunchSpec(argv=argv, env=self._env(arm), port=p.port, probe=probe, name=f"vllm-{arm.name}",
                           bind=p.bind)
-        self._arm, self._spec = arm, spec
-        return spec
 
     def version(self) -> dict[str, Any]:
         return {"engine": "vllm", **self.identity}
@@ -201,21 +191,8 @@ class VLLM(Engine):
         body["stream_options"] = {"include_usage": True}
         return body
 
-    def snapshot(self, client: httpx.Client, base_url: str) -> dict[str, float]:
-        return metrics_snapshot(client, base_url)
-
-    def window_stats(self, before: dict[str, float], after: dict[str, float],
-                     requests: list[dict[str, Any]], log_text: str) -> ArmStats:
-        st = vllm_window_stats(before, after, requests)
-        env = self._spec.env if self._spec else {}
-        if env.get("NCCL_DEBUG", "").upper() == "INFO":
-            ev = nccl_evidence(log_text, env)
-            st.nccl_evidence = ev
-            st.notes.append(evidence_summary(ev))
-            if ev["ok"] is False and self.config.nccl_evidence_check == "fail":
-                raise ConfigError("engine_config.nccl_evidence_check: NCCL did not use the requested values: "
-                                  + "; ".join(ev["problems"][:8]))
-        return st
+    def window_stats(self, w: Window) -> WindowStats:
+        return vllm_window_stats(w)
 
 
 def probe(client: httpx.Client, base_url: str) -> Probe:
@@ -224,22 +201,17 @@ def probe(client: httpx.Client, base_url: str) -> Probe:
     return Probe(r.status_code == 200, f"{r.status_code}")
 
 
-def vllm_window_stats(before: dict[str, float], after: dict[str, float],
-                      requests: list[dict[str, Any]]) -> ArmStats:
+def vllm_window_stats(w: Window) -> WindowStats:
     """Spec counters of the window (after - before) and client-side decode time."""
-    ok = [r for r in requests if not r.get("error")]
-    st = ArmStats(source="metrics")
-    st.tokens, st.decode_ms = client_decode(ok)
-    st.verify_steps = metric_delta(before, after, PREFIX + "num_drafts_total")
-    st.drafted = metric_delta(before, after, PREFIX + "num_draft_tokens_total")
-    st.accepted = metric_delta(before, after, PREFIX + "num_accepted_tokens_total")
-    per_pos: dict[int, float] = {}
-    for k, v in after.items():
-        if k.startswith(PREFIX + "num_accepted_tokens_per_pos_total") and (m := _POS_RE.search(k)):
-            per_pos[int(m[1])] = per_pos.get(int(m[1]), 0.0) + v - before.get(k, 0.0)
+    st = WindowStats(source="metrics")
+    st.tokens, st.decode_ms = client_decode(w.ok_requests)
+    st.verify_steps = w.delta(PREFIX + "num_drafts_total")
+    st.drafted = w.delta(PREFIX + "num_draft_tokens_total")
+    st.accepted = w.delta(PREFIX + "num_accepted_tokens_total")
+    per_pos = metrics.delta_by_label(w.before, w.after, PREFIX + "num_accepted_tokens_per_pos_total", "position")
     if per_pos and st.verify_steps:
-        st.per_position = [per_pos[i] / st.verify_steps for i in sorted(per_pos)]
-    if not after:
+        st.per_position = [per_pos[k] / st.verify_steps for k in sorted(per_pos, key=int)]
+    if not w.after:
         st.scoped, st.source = False, "none (no /metrics)"
     st.notes.append("decode time from the client's stream timing (first to last chunk per request)")
     return st

@@ -35,17 +35,6 @@ _SCALARS: dict[int, tuple[str, str]] = {
 }
 _STRING, _ARRAY = 8, 9
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
-# ggml type id -> (block size in elements, bytes per block) for the unquantized types spectrial writes/reads.
-_GGML_SIZES: dict[int, tuple[int, int]] = {
-    0: (1, 4),
-    1: (1, 2),
-    30: (1, 2),
-    24: (1, 1),
-    25: (1, 2),
-    26: (1, 4),
-    27: (1, 8),
-    28: (1, 8),
-}
 
 
 @dataclass(frozen=True)
@@ -151,12 +140,6 @@ def read_header(path: str | Path) -> GGUFHeader:
         align = int(hdr.kv.get("general.alignment", 32))
         hdr.data_offset = -(-b.pos // align) * align
     return hdr
-
-
-def tensor_nbytes(t: TensorInfo) -> int | None:
-    """Bytes of an unquantized tensor's data (None for quantized types this reader does not size)."""
-    size = _GGML_SIZES.get(t.ggml_type)
-    return None if size is None else t.n_elements // size[0] * size[1]
 
 
 def describe(path: str | Path) -> dict[str, Any]:

@@ -36,7 +36,8 @@ from spectrial.nccl import evidence as ev
 from spectrial.nccl import report
 from spectrial.nccl.params import EnvSet, NcclCheckParams
 from spectrial.nccl.worker import run_worker
-from spectrial.records import RunRecord, load_manifest
+from spectrial.records import RunRecord
+from spectrial.schema import Manifest, load_record
 from spectrial.secrets import mask_env
 
 _INHERITED_PREFIXES = ("NCCL_", "TORCH_", "NVSHMEM_", "CUDA_VISIBLE_DEVICES", "GLOO_")
@@ -52,12 +53,12 @@ class NcclCheckResult:
     """A finished (or failed) check: its folder, manifest and per-call latencies."""
 
     run_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     latency: pd.DataFrame
 
     @property
     def status(self) -> str:
-        return str(self.manifest.get("status"))
+        return str(self.manifest.status)
 
     def summary(self, all_ranks: bool = False) -> pd.DataFrame:
         """Latency percentiles per set, group and size; the slowest rank per call unless `all_ranks`."""
@@ -89,7 +90,7 @@ def load_nccl_check(run_dir: str | Path) -> NcclCheckResult:
     run_dir = Path(run_dir)
     csv = run_dir / "latency.csv"
     lat = pd.read_csv(csv) if csv.is_file() else pd.DataFrame(columns=_LAT_COLS)
-    return NcclCheckResult(run_dir, load_manifest(run_dir), lat)
+    return NcclCheckResult(run_dir, load_record(run_dir), lat)
 
 
 _LAT_COLS = ["round", "set", "group", "size_bytes", "role", "rank", "iter", "us"]
@@ -354,7 +355,7 @@ def run_nccl_check(params: NcclCheckParams, *, run_id: str | None = None, progre
                    "drop_in_rank": {str(k): v for k, v in es.drop_in_rank.items()}, "status": "pending",
                    "error": None, "elapsed_s": 0.0, "workers": [], "nccl": []}
                   for name, es in params.env_sets.items()])
-    entries = {e["name"]: e for e in rec.manifest["sets"]}
+    entries = {e["name"]: e for e in rec.manifest.sets}
     lat_rows: list[dict[str, Any]] = []
     logs: list[tuple[str, int, int | None, Path]] = []
     with tempfile.TemporaryDirectory(prefix="spectrial-nccl-") as tmp:
@@ -388,7 +389,7 @@ def run_nccl_check(params: NcclCheckParams, *, run_id: str | None = None, progre
             latency = pd.DataFrame(lat_rows, columns=_LAT_COLS)
             summary = report.summarize_latency(latency)
             cmp = report.compare_sets(latency, params.baseline, level=params.level, seed=params.seed)
-            for entry in rec.manifest["sets"]:
+            for entry in rec.manifest.sets:
                 es = params.env_sets[entry["name"]]
                 entry["effect"] = nccl_effect(params, es, entry["nccl"])
                 entry["latency"] = summary[(summary["set"] == entry["name"]) & (summary["rank"] == "max")
@@ -399,7 +400,7 @@ def run_nccl_check(params: NcclCheckParams, *, run_id: str | None = None, progre
             rec.write_text("nccl.log", _combined_log(logs))
     result = NcclCheckResult(rec.dir, rec.manifest, latency)
     rec.set(verdict=result.verdict())
-    failures = [e["name"] for e in rec.manifest["sets"] if e["status"] != "ok"]
+    failures = [e["name"] for e in rec.manifest.sets if e["status"] != "ok"]
     if failures:
         rec.finish("failed", f"sets failed: {', '.join(failures)} (see sets[].error and nccl.log)")
     else:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from spectrial.analysis.stats import NOT_DISTINGUISHABLE, compare_arms
+from spectrial.schema import Manifest
 
 _PCTS = {"p10": 10, "p50": 50, "p90": 90, "p99": 99}
 _WORD = {"faster": "faster", "slower": "slower", NOT_DISTINGUISHABLE: "same"}
@@ -91,7 +92,7 @@ def compare_sets(latency: pd.DataFrame, baseline: str, *, level: float = 0.95, s
     return pd.DataFrame(rows, columns=cols)
 
 
-def visibility_table(manifest: dict[str, Any]) -> pd.DataFrame:
+def visibility_table(manifest: Manifest) -> pd.DataFrame:
     """One row per set and worker: pid, where the requested variables were seen, what was missing."""
     rows = []
     for s in manifest.get("sets", []):
@@ -107,7 +108,7 @@ def visibility_table(manifest: dict[str, Any]) -> pd.DataFrame:
                                        "missing", "not_in_proc"])
 
 
-def settings_table(manifest: dict[str, Any]) -> pd.DataFrame:
+def settings_table(manifest: Manifest) -> pd.DataFrame:
     """What NCCL said it used, per set, rank and communicator phase (empty on gloo)."""
     rows = [r for s in manifest.get("sets", []) for n in s.get("nccl", []) for r in n.get("settings", [])]
     return pd.DataFrame(rows)
@@ -159,7 +160,7 @@ def _effect_words(cmp: pd.DataFrame) -> tuple[str, str]:
     return overall, "; ".join(parts)
 
 
-def verdict_text(manifest: dict[str, Any], comparisons: pd.DataFrame) -> str:
+def verdict_text(manifest: Manifest, comparisons: pd.DataFrame) -> str:
     """Markdown paragraph per set: did the variables reach the workers, did NCCL take them, did they help."""
     base = manifest.get("params", {}).get("baseline", "default")
     gloo = manifest.get("params", {}).get("backend") == "gloo"

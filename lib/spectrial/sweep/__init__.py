@@ -2,7 +2,7 @@
 
     from spectrial.sweep import run_sweep
     result = run_sweep("params/sweep-local.yaml", {"strategy": "guided"})
-    result.points(); result.best(); result.manifest["decisions"]
+    result.points(); result.best(); result.manifest.decisions
 
 `spectrial sweep PARAMS [-p NAME=VALUE]` runs the same from the shell (`spectrial.sweep.cli.sweep_command`).
 Parameters: `spectrial.sweep.params`; what is measured and when: `spectrial.sweep.run`; the model:
@@ -18,7 +18,7 @@ from typing import Any
 _EXPORTS = {
     "AcceptanceCurve": "model", "SweepModel": "model", "fit_acceptance": "model", "fit_sweep_model": "model",
     "Setting": "params", "SweepGrid": "params", "SweepParams": "params", "load_sweep_params": "params",
-    "SweepFailed": "result", "SweepResult": "result", "points_table": "result", "probe_settings": "guided",
+    "SweepResult": "result", "Sweep": "run", "points_table": "result", "probe_settings": "guided",
     "run_sweep": "run",
     "replay": "replayer", "judge": "replayer", "sweep_command": "cli", "World": "world", "simulate": "world",
 }

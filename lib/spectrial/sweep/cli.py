@@ -16,15 +16,15 @@ def sweep_command(
         param: Annotated[list[str] | None, typer.Option("-p", "--param", help="Override NAME=VALUE (dotted names, "
                                                                                  "e.g. grid.steps=[1,2,4]).")] = None,
         run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
-        quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False) -> None:
+        quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False) -> None:
     """Sweep speculative settings (grid or model-guided) and write the run record with the best per concurrency."""
+    from spectrial.errors import RunFailed
     from spectrial.sweep.params import load_sweep_params
-    from spectrial.sweep.result import SweepFailed
     from spectrial.sweep.run import run_sweep
 
     try:
         result = run_sweep(load_sweep_params(params_file, parse_overrides(param)), run_id=run_id, progress=not quiet)
-    except SweepFailed as exc:
+    except RunFailed as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None
     except SpectrialError as exc:
@@ -39,7 +39,7 @@ def sweep_command(
         keep = [c for c in ("scenario", "concurrency", "best", "tok_s", "tok_s_ci_low", "tok_s_ci_high", "speedup",
                             "verdict") if c in best.columns]
         typer.echo(best[keep].round(3).to_string(index=False))
-    b = result.manifest["budget"]
+    b = result.manifest.budget or {}
     typer.echo(f"\n{b['restarts']} server starts (grid: {b['grid_restarts']}), {b['wall_s']:.0f} s; "
                f"stopped by: {b['stopped_by'] or 'plan done'}")
     typer.echo(f"run record: {result.run_dir / 'manifest.json'}")

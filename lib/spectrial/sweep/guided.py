@@ -38,7 +38,7 @@ from spectrial.sweep.model import AcceptanceCurve, SweepModel, fit_sweep_model, 
 from spectrial.sweep.params import Setting, SweepParams
 
 if TYPE_CHECKING:
-    from spectrial.sweep.run import _Sweep
+    from spectrial.sweep.run import Sweep
 
 Group = tuple[float | None, int]  # (scenario, topk): one acceptance curve
 
@@ -66,7 +66,7 @@ def probe_settings(sweep: SweepParams) -> list[Setting]:
     return unknown or [groups[max(groups, key=lambda g: prior_alpha(g) or 0.0)][-1]]
 
 
-def cycle_probe(sw: _Sweep, model: SweepModel) -> tuple[Setting, str] | None:
+def cycle_probe(sw: Sweep, model: SweepModel) -> tuple[Setting, str] | None:
     """A setting of a k not measured yet, for the cycle model, in the group with the lowest acceptance
     (measured, else its synthetic rate): the one a provisional cycle model predicts best, the line through
     the baseline's time per token (k = 0) and the measured settings' cycles. A speculative cycle costs at
@@ -117,7 +117,7 @@ def probe_reason(s: Setting) -> str:
             f"(per-position rates where the engine reports them)")
 
 
-def next_probe(sw: _Sweep, model: SweepModel) -> tuple[Setting, str] | None:
+def next_probe(sw: Sweep, model: SweepModel) -> tuple[Setting, str] | None:
     """The predicted-best setting of the first group with no measured setting, its acceptance taken as its
     synthetic rate a (per-position a^i); None when every group has a measurement."""
     for g, settings in acceptance_groups(sw.sweep).items():
@@ -138,7 +138,7 @@ def next_probe(sw: _Sweep, model: SweepModel) -> tuple[Setting, str] | None:
     return None
 
 
-def run_guided(sw: _Sweep) -> None:
+def run_guided(sw: Sweep) -> None:
     """Baseline and probes, then fit, predict and measure what could beat the best, until nothing can."""
     sw.baselines[sw.fp_key] = "baseline"
     probes = probe_settings(sw.sweep)
@@ -191,7 +191,7 @@ def cv_errors(points: list[dict[str, Any]]) -> list[float]:
     return out
 
 
-def margin(sw: _Sweep, model: SweepModel) -> float:
+def margin(sw: Sweep, model: SweepModel) -> float:
     """The model's relative error e: the larger of the median |leave-one-setting-out error| (once three exist)
     and the median |in-sample error| of the shared model without the per-scenario offsets (how far scenarios
     sit from one shared cycle model: where they need large offsets, its slope is doubtful too); at least
@@ -209,7 +209,7 @@ def setting_error(model: SweepModel, e: float, s: Setting, c: int) -> float:
     return max(e, abs(model.offsets.get((s.synthetic_accept, s.topk, c), 1.0) - 1.0))
 
 
-def noise(sw: _Sweep, c: int) -> float:
+def noise(sw: Sweep, c: int) -> float:
     """w: the median relative half-width below tok/s of the measured settings' CIs at concurrency c."""
     widths = [(pt.figures["tok_s"] - pt.figures["tok_s_ci_low"]) / pt.figures["tok_s"]
               for pt in sw.points.values() if pt.setting is not None and pt.concurrency == c and pt.measured
@@ -217,7 +217,7 @@ def noise(sw: _Sweep, c: int) -> float:
     return min(0.5, max(0.0, statistics.median(widths))) if widths else 0.0
 
 
-def candidates(sw: _Sweep, model: SweepModel, todo: list[Setting]
+def candidates(sw: Sweep, model: SweepModel, todo: list[Setting]
                ) -> list[tuple[float, Setting, str, dict[int, dict[str, Any]]]]:
     """What to measure next, first first: unmeasured settings whose prediction at the top of the model's error,
     pred x (1 + e), would once measured have a CI lower bound (x (1 - w)) above the best measured tok/s at some

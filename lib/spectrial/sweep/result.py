@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
-from spectrial.errors import SpectrialError
 from spectrial.records import RunResult
+from spectrial.schema import Manifest
 
-
-class SweepFailed(SpectrialError):
-    """The sweep ran but could not measure what it needed; the record says why."""
-
-    def __init__(self, message: str, result: SweepResult) -> None:
-        super().__init__(message)
-        self.result = result
-
-
-WINDOW_COUNTERS = ("verify_steps", "drafted", "accepted", "tokens", "decode_ms", "draft_ms")
 POINT_COLUMNS = ["point", "setting", "scenario", "steps", "topk", "draft_tokens", "concurrency", "status", "phase",
                  "tok_s", "tok_s_ci_low", "tok_s_ci_high", "speedup", "speedup_ci_low", "speedup_ci_high",
                  "verdict", "accept_len", "cycle_ms", "draft_ms_per_cycle", "break_even_accept_len",
@@ -34,29 +22,29 @@ class SweepResult(RunResult):
 
     def best(self) -> pd.DataFrame:
         """The best measured setting per scenario and concurrency, with its CI and the runner-up comparison."""
-        return pd.DataFrame(self.manifest.get("best") or [])
+        return pd.DataFrame(self.manifest.best)
 
     def starts(self) -> pd.DataFrame:
         """Server starts in launch order: phase, arm, status, readiness, windows."""
-        rows = [{"order": s["order"], "phase": s.get("phase"), "arm": s["arm"], "restart": s["restart"],
-                 "status": s["status"], "ready_s": s.get("ready_s"), "seconds": s.get("elapsed_s"),
-                 "windows": ", ".join(f"c{w['concurrency']}: {w['tok_s']:.1f}" if w.get("tok_s") else
-                                      f"c{w['concurrency']}: -" for w in s.get("windows", [])),
-                 "reason": s.get("reason")} for s in self.manifest.get("starts", [])]
+        rows = [{"order": s.order, "phase": s.phase, "arm": s.arm, "restart": s.restart, "status": s.status,
+                 "ready_s": s.ready_s, "seconds": s.elapsed_s,
+                 "windows": ", ".join(f"c{w.concurrency}: {w.tok_s:.1f}" if w.tok_s else f"c{w.concurrency}: -"
+                                      for w in s.windows),
+                 "reason": s.reason} for s in self.manifest.starts]
         return pd.DataFrame(rows)
 
     def decisions(self) -> pd.DataFrame:
         """The guided search's decisions in order (phase, setting, why)."""
-        return pd.DataFrame(self.manifest.get("decisions") or [])
+        return pd.DataFrame(self.manifest.decisions)
 
 
-def points_table(manifest: dict[str, Any]) -> pd.DataFrame:
+def points_table(manifest: Manifest) -> pd.DataFrame:
     rows = []
-    for p in manifest.get("points", []):
-        pred = p.get("prediction") or {}
-        final = p.get("final_prediction") or {}
-        row = {c: p.get(c) for c in POINT_COLUMNS}
-        row.update(point=p["id"], predicted_tok_s=pred.get("tok_s"), final_predicted_tok_s=final.get("tok_s"),
-                   starts=len(p.get("start_orders") or []) or None)
+    for p in manifest.points:
+        pred = p.prediction or {}
+        final = p.final_prediction or {}
+        row = {c: getattr(p, c, None) for c in POINT_COLUMNS}
+        row.update(point=p.id, predicted_tok_s=pred.get("tok_s"), final_predicted_tok_s=final.get("tok_s"),
+                   starts=len(p.start_orders) or None)
         rows.append(row)
     return pd.DataFrame(rows, columns=POINT_COLUMNS)

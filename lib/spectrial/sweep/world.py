@@ -22,15 +22,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from spectrial.engines import ArmStats
 from spectrial.params import Arm
+from spectrial.records import RunRecord
+from spectrial.schema import RequestRecord, StartRecord, WindowRecord, WindowStats
+from spectrial.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
 from spectrial.sweep.params import Setting, SweepParams
 from spectrial.sweep.result import SweepResult
-from spectrial.sweep.run import _point_id, _Sweep, execute, new_record
+from spectrial.sweep.run import Sweep, execute, new_record
 
 
 @dataclass(frozen=True)
@@ -85,71 +86,73 @@ class World:
         return out
 
 
-class _WorldSweep(_Sweep):
-    """A sweep whose server starts are drawn from a World."""
+class WorldSource(OfflineSource):
+    """Server starts drawn from a World (a `spectrial.session.StartSource`)."""
 
-    def __init__(self, sweep: SweepParams, record: Any, world: World, seed: int) -> None:
-        super().__init__(sweep, record, progress=False)
-        self.world, self.rng = world, np.random.default_rng(seed)
-        self.clock = 0.0
+    fp_key = "world"
+
+    def __init__(self, record: RunRecord, sweep: SweepParams, world: World, seed: int) -> None:
+        super().__init__(record)
+        self.sweep, self.world = sweep, world
+        self.params = sweep.trial_params()
+        self.setting_of = {sweep.arm(s).name: s for s in sweep.settings()}
+        self.rng = np.random.default_rng(seed)
 
     def open(self) -> None:
-        self.fp_key = "world"
-        self.record.manifest.update(engine={"name": self.params.engine}, host={"name": "world"}, models=[],
-                                    fingerprint_key=self.fp_key, world=dataclasses.asdict(self.world))
+        m = self.record.manifest
+        m.engine, m.host, m.models = {"name": self.params.engine}, {"name": "world"}, []
+        m.fingerprint_key, m.world = self.fp_key, dataclasses.asdict(self.world)
         self.record.save()
 
-    def close(self) -> None:
-        return None
-
-    def elapsed_s(self) -> float:
-        return self.clock
-
-    def _one_start(self, arm: Arm, restart: int, phase: str) -> None:
+    def start(self, arm: Arm, restart: int, windows: list[WindowPlan], phase: str | None = None) -> MeasuredStart:
         w, p = self.world, self.params
         s = self.setting_of.get(arm.name)
-        entry: dict[str, Any] = {"arm": arm.name, "restart": restart, "order": self.n_starts, "phase": phase,
-                                 "status": "ok", "reason": None, "fingerprint_key": self.fp_key, "windows": [],
-                                 "ready_s": w.start_s}
-        self.record.manifest["starts"].append(entry)
+        entry = StartRecord(arm=arm.name, restart=restart, order=len(self.record.manifest.starts), phase=phase,
+                            status="ok", fingerprint_key=self.fp_key, ready_s=w.start_s)
+        self.record.manifest.starts.append(entry)
         factor = float(np.exp(self.rng.normal(0.0, w.start_sigma)))
         seconds = w.start_s
-        for c in self.levels:
-            n = c * -(-p.repeats // c)
+        out = []
+        for plan in windows:
+            c, n = plan.concurrency, plan.requests
             rates = w.tok_s(s, c) * factor * np.exp(self.rng.normal(0.0, w.request_sigma, n))
-            reqs = [{"index": i, "phase": "measure", "error": None, "tokens": p.max_tokens,
-                     "server_predicted_n": p.max_tokens, "server_predicted_per_second": float(r),
-                     "server_predicted_ms": p.max_tokens / float(r) * 1000.0, "client_tok_s": float(r)}
+            reqs = [RequestRecord(index=i, tokens=p.max_tokens, server_predicted_n=p.max_tokens,
+                                  server_predicted_per_second=float(r),
+                                  server_predicted_ms=p.max_tokens / float(r) * 1000.0, client_tok_s=float(r),
+                                  arm=arm.name, restart=restart, start=entry.order, concurrency=c)
                     for i, r in enumerate(rates)]
-            decode_ms = sum(r["server_predicted_ms"] for r in reqs)
+            decode_ms = sum(r.server_predicted_ms for r in reqs)
             seconds += decode_ms / 1000.0 / c
-            self.add_window(self.points[_point_id(arm, c)], entry, restart, reqs, self._stats(s, n, decode_ms))
-        entry["elapsed_s"] = seconds
+            stats = self._stats(s, n, decode_ms)
+            record = WindowRecord(concurrency=c, requests=n, requests_ok=n, tok_s=float(np.median(rates)),
+                                  counters=stats.counters(), per_position=stats.per_position,
+                                  stats_source=stats.source)
+            entry.windows.append(record)
+            out.append(MeasuredWindow(plan, record, reqs, stats))
+        entry.elapsed_s = seconds
         self.clock += seconds
-        self.durations.append(seconds)
-        for c in self.levels:
-            self._refresh(self.points[_point_id(arm, c)])
+        return MeasuredStart(entry, out)
 
-    def _stats(self, s: Setting | None, n: int, decode_ms: float) -> ArmStats:
+    def _stats(self, s: Setting | None, n: int, decode_ms: float) -> WindowStats:
         """The counters an engine would report for n requests of max_tokens tokens."""
         tokens = float(n * self.params.max_tokens)
         if s is None:
-            return ArmStats(verify_steps=tokens, drafted=0.0, accepted=0.0, tokens=tokens, decode_ms=decode_ms,
-                            draft_ms=0.0, source="world")
+            return WindowStats(verify_steps=tokens, drafted=0.0, accepted=0.0, tokens=tokens, decode_ms=decode_ms,
+                               draft_ms=0.0, source="world")
         steps = max(1.0, round(tokens / self.world.accept_len(s)))
         rates = [float(self.rng.binomial(int(steps), min(1.0, q))) / steps for q in self.world.per_position(s)]
         accepted = min(tokens - steps, steps * sum(rates[:s.k]))
         cycle = decode_ms / steps
         draft = self.world.per_draft_ms * s.k * self.world.draft_share / self.world.cycle_ms(s, 1) * cycle
-        return ArmStats(verify_steps=steps, drafted=steps * s.k, accepted=accepted, tokens=steps + accepted,
-                        decode_ms=decode_ms, draft_ms=min(draft * steps, decode_ms), per_position=rates,
-                        source="world")
+        return WindowStats(verify_steps=steps, drafted=steps * s.k, accepted=accepted, tokens=steps + accepted,
+                           decode_ms=decode_ms, draft_ms=min(draft * steps, decode_ms), per_position=rates,
+                           source="world")
 
 
 def simulate(sweep: SweepParams, world: World, *, seed: int = 0, output_dir: str | Path) -> SweepResult:
     """Run `sweep` (its strategy and budget) on `world`; the record (kind "sweep-world") goes to output_dir."""
     record = new_record(sweep, kind="sweep-world", output_dir=output_dir)
-    return execute(_WorldSweep(sweep, record, world, seed), raise_on_failure=True, drift=False)
+    return execute(Sweep(sweep, record, WorldSource(record, sweep, world, seed)), raise_on_failure=True, drift=False)
 
 
-__all__ = ["World", "simulate"]
+__all__ = ["World", "WorldSource", "simulate"]

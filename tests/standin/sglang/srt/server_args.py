@@ -1,14 +1,17 @@
 """TEST DOUBLE of `sglang.srt.server_args`: the subset of SGLang's CLI that spectrial writes, plus `--standin-*`.
 
 Flag names, aliases, choices and the argparse behaviour (unknown or ambiguous options exit with status 2)
-follow SGLang 0.5.20, where `--cuda-graph-max-bs` no longer exists (an ambiguous prefix of
-`--cuda-graph-max-bs-decode` / `--cuda-graph-max-bs-prefill`). `ServerArgs.add_cli_args(parser)` has the
-same signature as SGLang's, so spectrial's host-side argument check runs against this double unchanged.
+follow SGLang 0.5.17, which has both `--cuda-graph-max-bs` (deprecated, removed in 0.5.20) and
+`--cuda-graph-max-bs-decode` / `--cuda-graph-max-bs-prefill` (added in 0.5.14), the per-phase
+`--cuda-graph-backend-{decode,prefill}` switches and the deprecated `--disable-cuda-graph`.
+`ServerArgs.add_cli_args(parser)` has the same signature as SGLang's, so spectrial's host-side argument
+check runs against this double unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
 
@@ -27,8 +30,14 @@ class ServerArgs:
         a("--trust-remote-code", action="store_true")
         a("--served-model-name", default=None)
         a("--mem-fraction-static", type=float, default=None)
+        a("--cuda-graph-max-bs", type=int, default=None, help="deprecated alias (removed in 0.5.20)")
         a("--cuda-graph-max-bs-decode", type=int, default=None)
         a("--cuda-graph-max-bs-prefill", type=int, default=None)
+        a("--cuda-graph-backend-decode", default=None)
+        a("--cuda-graph-backend-prefill", default=None)
+        a("--disable-cuda-graph", action="store_true", help="deprecated")
+        a("--attention-backend", default=None)
+        a("--sampling-backend", default=None)
         a("--num-continuous-decode-steps", type=int, default=1)
         a("--disable-custom-all-reduce", action="store_true")
         a("--max-running-requests", type=int, default=None)
@@ -48,8 +57,11 @@ class ServerArgs:
         s.add_argument("--standin-draft-ms", type=float, default=0.0, help="ms per drafted token")
         s.add_argument("--standin-accept", type=float, default=0.7, help="P(drafted token accepted)")
         s.add_argument("--standin-prefill-ms", type=float, default=3.0, help="ms per prefill")
+        s.add_argument("--standin-import-s", type=float, default=0.2,
+                       help="simulated Python imports before anything is spawned (connection refused)")
         s.add_argument("--standin-load-s", type=float, default=0.3, help="simulated weight load per worker")
-        s.add_argument("--standin-warmup-s", type=float, default=0.2, help="delay of the warm-up request")
+        s.add_argument("--standin-warmup-s", type=float, default=0.2,
+                       help="simulated kernel builds before the warm-up request (/health 503, HTTP up)")
         s.add_argument("--standin-drop-worker-env", action="append", default=[], metavar="VAR",
                        help="remove VAR from the environment the workers are spawned with")
         s.add_argument("--standin-worker-setenv", action="append", default=[], metavar="VAR=VALUE",
@@ -58,7 +70,12 @@ class ServerArgs:
                        help="serve only /get_server_info (older SGLang)")
 
 
-def apply_speculative_rules(ns: argparse.Namespace, warn) -> None:  # type: ignore[no-untyped-def]
+def cuda_graph_enabled(ns: argparse.Namespace) -> bool:
+    """False with the deprecated --disable-cuda-graph or both per-phase backends `disabled`."""
+    return not (ns.disable_cuda_graph or ns.cuda_graph_backend_decode == "disabled")
+
+
+def apply_speculative_rules(ns: argparse.Namespace, warn: Callable[[str], None]) -> None:
     """SGLang's rules: NEXTN -> EAGLE, steps unset needs topk/draft tokens unset, topk 1 forces D = S + 1."""
     algo = ns.speculative_algorithm
     if algo is None:

@@ -1,0 +1,400 @@
+"""The run record's typed schema: request, window, start, arm (with its comparison to the baseline), manifest.
+
+Written by `spectrial.session` (through `spectrial.records.RunRecord`), read by explain, history, diff,
+drift, report and the notebooks. `spectrial schema` prints the JSON Schema of `Manifest`.
+
+Every model keeps fields it does not declare (`extra="allow"`): a record written by a newer spectrial, or a
+hand-made one (the seed case's arms carry `session`, `verify_share`, ...), loads without loss. Records
+written before `schema_version` existed (version 1: a trial's start held its counters directly, not in a
+window) are converted on load by `migrate`; `load_record` reads any version.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 2
+
+Status = Literal["pending", "running", "ok", "failed", "not run", "not measured"]
+
+
+class Record(BaseModel):
+    """Base of every record model: undeclared fields are kept, assignment is validated."""
+
+    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True, protected_namespaces=())
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """Field or extra value `name` (None-safe, like a mapping's get)."""
+        v = getattr(self, name, default)
+        return default if v is None else v
+
+
+# --- one benchmark request ------------------------------------------------------------------------------
+class RequestRecord(Record):
+    """One streamed request: timings from the client, the engine's own per-request stats (`server_*`,
+    kept as extra fields), and where it belongs (arm or point, restart, start order, concurrency)."""
+
+    index: int = 0
+    phase: str = "measure"
+    prompt_id: str | None = None
+    error: str | None = None
+    t_start: float | None = None
+    t_end: float | None = None
+    tokens: int = 0
+    chunks: int = 0
+    ttft_ms: float | None = None
+    itl_ms_median: float | None = None
+    client_tok_s: float | None = None
+    tok_s: float | None = None
+    arm: str | None = None
+    point: str | None = None  # a sweep's grid point (setting@concurrency)
+    restart: int = 0
+    start: int | None = None
+    concurrency: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+# --- what an engine reports for one window --------------------------------------------------------------
+COUNTERS = ("verify_steps", "drafted", "accepted", "tokens", "decode_ms", "draft_ms")
+
+
+class Counters(Record):
+    """Server-side counts of one window (None where the engine cannot tell)."""
+
+    verify_steps: float | None = None
+    drafted: float | None = None
+    accepted: float | None = None
+    tokens: float | None = None
+    decode_ms: float | None = None
+    draft_ms: float | None = None
+
+
+class WindowStats(Counters):
+    """What an engine adapter reads for one benchmark window: counters, per-position acceptance, the accept
+    length where the engine reports only a mean, whether the numbers are scoped to the window, and from where."""
+
+    per_position: list[float] | None = None
+    accept_len: float | None = None
+    scoped: bool = True
+    source: str = ""
+    notes: list[str] = Field(default_factory=list)
+
+    def counters(self) -> Counters:
+        return Counters(**{k: getattr(self, k) for k in COUNTERS})
+
+
+class WindowRecord(Record):
+    """One measurement window of a server start (one concurrency level)."""
+
+    concurrency: int = 1
+    requests: int = 0
+    requests_ok: int = 0
+    tok_s: float | None = None
+    counters: Counters = Field(default_factory=Counters)
+    per_position: list[float] | None = None
+    accept_len: float | None = None
+    stats_source: str | None = None
+    stats_scoped: bool = True
+    stats_notes: list[str] = Field(default_factory=list)
+    log_lines: list[int] | None = None  # [first, last]: the server log lines written during the window
+
+    def stats(self) -> WindowStats:
+        """The window's statistics as an engine reported them."""
+        return WindowStats(**self.counters.model_dump(), per_position=self.per_position, accept_len=self.accept_len,
+                           scoped=self.stats_scoped, source=self.stats_source or "", notes=list(self.stats_notes))
+
+
+# --- environment verification ---------------------------------------------------------------------------
+class EnvCheckRecord(Record):
+    """Did the requested variables reach every server process: per process and variable, and how it is known."""
+
+    ok: bool | None = None
+    summary: str = ""
+    requested: dict[str, str] = Field(default_factory=dict)
+    processes: list[dict[str, Any]] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)
+
+
+# --- one server start -----------------------------------------------------------------------------------
+class StartRecord(Record):
+    """One server start: launch, readiness, environment check, windows, stop, logs, host changes."""
+
+    arm: str
+    restart: int = 0
+    order: int = 0
+    phase: str | None = None
+    status: Status = "running"
+    reason: str | None = None
+    superseded: bool = False  # re-run in the same kernel: kept for the record, left out of the figures
+    fingerprint_key: str | None = None
+    ready_s: float | None = None
+    elapsed_s: float | None = None
+    env_check: EnvCheckRecord | None = None
+    gpu_sampling: str | None = None
+    server: dict[str, Any] = Field(default_factory=dict)
+    fingerprint_changes: list[str] = Field(default_factory=list)
+    throttled_samples: int = 0
+    log_summary: dict[str, Any] | None = None
+    nccl_evidence: dict[str, Any] | None = None
+    connection_events: list[dict[str, Any]] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    windows: list[WindowRecord] = Field(default_factory=list)
+    tok_s: float | None = None
+    replayed_from: int | None = None
+
+
+class StartSummary(Record):
+    """A start as an arm lists it."""
+
+    restart: int = 0
+    order: int = 0
+    status: str = "ok"
+    tok_s: float | None = None
+    ready_s: float | None = None
+    reason: str | None = None
+
+
+# --- one arm and its comparison with the baseline -------------------------------------------------------
+class Comparison(Record):
+    """An arm against the baseline: break-even accept length, speed-up with its CI, verdict."""
+
+    baseline_arm: str | None = None
+    break_even_accept_len: float | None = None
+    speedup: float | None = None
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
+    verdict: str | None = None
+    min_detectable_ratio: float | None = None
+    ci_level: float | None = None
+    ci_basis: str | None = None
+
+
+class ArmRecord(Comparison):
+    """One arm: its settings and launch, its starts, its figures, and (inherited) its comparison."""
+
+    name: str = "?"
+    method: str = "none"
+    status: str = "pending"
+    reason: str | None = None
+    steps: int | None = None
+    topk: int | None = None
+    draft_tokens: int | None = None
+    draft: str | None = None
+    synthetic: bool = False
+    synthetic_accept: float | list[float] | None = None
+    argv: list[str] | None = None
+    env: dict[str, str] | None = None
+    notes: list[str] = Field(default_factory=list)
+    starts: list[StartSummary] = Field(default_factory=list)
+    env_check: EnvCheckRecord | None = None
+    fingerprint_changes: list[str] = Field(default_factory=list)
+    throttled_samples: int = 0
+    # figures over every measured request of the arm (spectrial.figures.arm_figures)
+    requests_ok: int | None = None
+    requests_failed: int | None = None
+    tok_s_source: str | None = None
+    tok_s_values: list[float] = Field(default_factory=list)
+    tok_s: float | None = None
+    tok_s_q1: float | None = None
+    tok_s_q3: float | None = None
+    tok_s_iqr: float | None = None
+    tok_s_min: float | None = None
+    tok_s_max: float | None = None
+    tok_s_cv: float | None = None
+    tok_s_ci_low: float | None = None
+    tok_s_ci_high: float | None = None
+    cv_within_start: float | None = None
+    cv_between_starts: float | None = None
+    cv_between_expected: float | None = None
+    start_medians: list[float] | None = None
+    client_tok_s: float | None = None
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    drafted: float | None = None
+    accepted: float | None = None
+    tokens: float | None = None
+    decode_ms: float | None = None
+    verify_steps: float | None = None
+    per_position: list[float] | None = None
+    stats_source: str | None = None
+    stats_scoped: bool | None = None
+    stats_notes: list[str] = Field(default_factory=list)
+    ms_per_token: float | None = None
+    accept_rate: float | None = None
+    accept_len: float | None = None
+    cycle_ms: float | None = None
+    draft_ms_per_cycle: float | None = None
+    # hand-measured records (the seed case) carry these instead of counters
+    session: str | None = None
+    nccl_env: str | None = None
+    verify_ms: float | None = None
+    verify_share: float | None = None
+    derived: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def speculative(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "ok" and bool(self.tok_s)
+
+    def comparison(self) -> Comparison:
+        return Comparison(**{k: getattr(self, k) for k in Comparison.model_fields})
+
+
+class PointRecord(ArmRecord):
+    """A sweep's grid point: one setting (or a baseline) at one concurrency level."""
+
+    id: str = ""
+    arm: str = ""
+    setting: str | None = None
+    concurrency: int = 1
+    scenario: float | None = None
+    k: int = 0
+    phase: str | None = None
+    start_orders: list[int] = Field(default_factory=list)
+    fingerprint_key: str | None = None
+    prediction: dict[str, Any] | None = None
+    final_prediction: dict[str, Any] | None = None
+    prediction_error: float | None = None
+    baseline: str | None = None
+
+
+# --- the run --------------------------------------------------------------------------------------------
+class StepRecord(Record):
+    """One timed protocol step (extra fields: arm, restart, phase, report, gpus, ...)."""
+
+    name: str
+    started_at: str | None = None
+    elapsed_s: float | None = None
+    ok: bool | None = None
+    error: str | None = None
+
+
+class LaunchRecord(Record):
+    """The exact command and environment of one arm (secrets masked), as validated before any launch."""
+
+    arm: str
+    method: str = "none"
+    argv: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+class DriftRecord(Record):
+    """This run's baseline against earlier baselines of the same fingerprint (spectrial.drift)."""
+
+    checked: bool = False
+    flagged: bool = False
+    n_earlier: int = 0
+    message: str = ""
+
+
+class Manifest(Record):
+    """A run record's manifest.json."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    status: str = "running"
+    reason: str | None = None
+    name: str = ""
+    kind: str = "trial"
+    started_at: str | None = None
+    finished_at: str | None = None
+    spectrial_version: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    host: dict[str, Any] = Field(default_factory=dict)
+    engine: dict[str, Any] = Field(default_factory=dict)
+    models: list[dict[str, Any]] = Field(default_factory=list)
+    model_info: dict[str, Any] | None = None
+    fingerprint_key: str | None = None
+    steps: list[StepRecord] = Field(default_factory=list)
+    launch: list[LaunchRecord] = Field(default_factory=list)
+    starts: list[StartRecord] = Field(default_factory=list)
+    arms: list[ArmRecord] = Field(default_factory=list)
+    drift: DriftRecord | None = None
+    files: list[str] = Field(default_factory=list)
+    notebook: str | None = None
+    # sweeps
+    strategy: str | None = None
+    grid: dict[str, Any] | None = None
+    points: list[PointRecord] = Field(default_factory=list)
+    best: list[dict[str, Any]] = Field(default_factory=list)
+    model: dict[str, Any] | None = None
+    decisions: list[dict[str, Any]] = Field(default_factory=list)
+    baselines: dict[str, str] = Field(default_factory=dict)
+    budget: dict[str, Any] | None = None
+
+    def arm(self, name: str) -> ArmRecord | None:
+        return next((a for a in self.arms if a.name == name), None)
+
+    def step(self, name: str) -> StepRecord | None:
+        """The last step called `name`."""
+        return next((s for s in reversed(self.steps) if s.name == name), None)
+
+    def live_starts(self, arm: str | None = None) -> list[StartRecord]:
+        """Starts that count (not superseded by a re-run), of `arm` or all."""
+        return [s for s in self.starts if not s.superseded and (arm is None or s.arm == arm)]
+
+
+# --- reading any version --------------------------------------------------------------------------------
+def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A manifest mapping of any schema version as the current version's mapping."""
+    out = dict(data)
+    version = int(out.get("schema_version") or 1)
+    if version > SCHEMA_VERSION:
+        return out  # written by a newer spectrial: undeclared fields are kept, declared ones still parse
+    if version < 2:
+        conc = (out.get("params") or {}).get("concurrency") or 1
+        starts = []
+        for s in out.get("starts") or []:
+            s = dict(s)
+            if "windows" not in s:  # v1 trial start: counters held directly
+                s["windows"] = [{"concurrency": conc, "tok_s": s.get("tok_s"),
+                                 "counters": s.get("counters") or {}, "stats_source": None}] \
+                    if s.get("counters") is not None or s.get("tok_s") is not None else []
+            starts.append(s)
+        out["starts"] = starts
+        if isinstance(out.get("launch"), list):
+            out["launch"] = [dict(x, notes=x.get("notes") or []) for x in out["launch"]]
+    out["schema_version"] = SCHEMA_VERSION
+    return out
+
+
+def as_manifest(source: Manifest | Mapping[str, Any]) -> Manifest:
+    """A Manifest from a Manifest or a manifest mapping of any version."""
+    if isinstance(source, Manifest):
+        return source
+    data = migrate(source)
+    data.setdefault("run_id", "?")
+    return Manifest.model_validate(data)
+
+
+def as_arms(source: Manifest | Mapping[str, Any] | Sequence[Any]) -> list[ArmRecord]:
+    """The arms of a manifest, or a list of arm records/mappings, as ArmRecords (non-mappings dropped)."""
+    if isinstance(source, Manifest):
+        return list(source.arms)
+    if isinstance(source, Mapping):
+        return as_manifest(source).arms
+    return [a if isinstance(a, ArmRecord) else ArmRecord.model_validate(a) for a in source
+            if isinstance(a, ArmRecord | Mapping)]
+
+
+def load_record(run_dir: str | Path) -> Manifest:
+    """A run folder's manifest.json, typed (any schema version)."""
+    path = Path(run_dir) / "manifest.json"
+    return as_manifest(json.loads(path.read_text()))
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a manifest (`spectrial schema`)."""
+    return Manifest.model_json_schema()

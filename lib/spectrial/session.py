@@ -1,0 +1,408 @@
+"""One server start, written once: the protocol's preamble and one start of one arm.
+
+    preamble   prepare (engine, models, every arm's exact command) -> kill the old server -> GPUs free
+               -> fingerprint the host
+    one start  launch -> ready -> note the server's processes -> verify the environment -> GPU sampler on
+               -> warm-up -> measurement windows (counters before/after each, its log lines noted) -> stop
+               -> fetch the log once, parse it once -> each window's statistics (engine adapter) and the
+               NCCL evidence from that one parse -> fingerprint diff
+
+`spectrial.trial` (arms x restarts, one window per start) and `spectrial.sweep` (settings, one window per
+concurrency level) are two schedules over a `Session`. A sweep takes its starts from any `StartSource`: a
+live `Session`, or the replayer and simulated worlds of `spectrial.sweep`, which build the same records.
+Every start becomes a `StartRecord` in the run record; what the session writes there, both schedules get.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets as _rnd
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from spectrial.bench import load_prompts, run_requests
+from spectrial.connect import get_host
+from spectrial.engines import Engine, Window, get_engine
+from spectrial.engines.nccl_evidence import evidence_summary, nccl_evidence
+from spectrial.errors import ConfigError
+from spectrial.figures import median
+from spectrial.fingerprint import compare as fp_compare
+from spectrial.fingerprint import engine_identity, file_identity, fingerprint_key, host_fingerprint
+from spectrial.gpu import GpuSampler, GpuStatus
+from spectrial.group import HostGroup
+from spectrial.host import Host
+from spectrial.params import Arm, TrialParams
+from spectrial.records import RunRecord
+from spectrial.schema import LaunchRecord, RequestRecord, StartRecord, WindowRecord, WindowStats
+from spectrial.secrets import mask_argv, mask_env, secret_values
+from spectrial.server import LaunchSpec, Server, stop_previous
+from spectrial.serverlog import ServerLog
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """One measurement window of a start: `requests` requests, `concurrency` at a time."""
+
+    concurrency: int
+    requests: int
+    seed: int
+
+
+@dataclass
+class MeasuredWindow:
+    """A window as measured: its plan, its record (in the start record), its requests and statistics."""
+
+    plan: WindowPlan
+    record: WindowRecord
+    requests: list[RequestRecord]
+    stats: WindowStats
+
+
+@dataclass
+class MeasuredStart:
+    """One start: its record (already in the run record) and its windows."""
+
+    record: StartRecord
+    windows: list[MeasuredWindow] = field(default_factory=list)
+
+
+class StartSource(Protocol):
+    """Where a schedule's server starts come from (a live host, a finished record, a model world)."""
+
+    fp_key: str
+
+    def open(self) -> None:
+        """Everything before the first start (the preamble, or the source's metadata into the record)."""
+
+    def start(self, arm: Arm, restart: int, windows: list[WindowPlan], phase: str | None = None
+              ) -> MeasuredStart | None:
+        """One start of `arm` measuring `windows`; None when the source has no such start (a replay)."""
+
+    def elapsed_s(self) -> float:
+        """Seconds spent starting and measuring so far (the clock of time budgets)."""
+
+    def moved(self, start: StartRecord) -> str | None:
+        """The new fingerprint key when the host changed during `start`, else None."""
+
+    def close(self) -> None:
+        """Release hosts and connections."""
+
+
+class OfflineSource:
+    """A `StartSource` without a host (a replayed record, a model world): its clock is the recorded or
+    simulated duration of its starts, and the host never changes under it."""
+
+    fp_key = "offline"
+
+    def __init__(self, record: RunRecord) -> None:
+        self.record = record
+        self.clock = 0.0
+
+    def elapsed_s(self) -> float:
+        return self.clock
+
+    def moved(self, start: StartRecord) -> str | None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+@retry(retry=retry_if_exception_type(httpx.TransportError), stop=stop_after_attempt(3),
+       wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
+def _snapshot(engine: Engine, client: httpx.Client, url: str) -> dict[str, float]:
+    """Cumulative counters; retried on transport errors (a dropped SSH tunnel reconnects meanwhile), which
+    cannot skew them since they are cumulative."""
+    return engine.snapshot(client, url)
+
+
+@dataclass
+class _Raw:
+    plan: WindowPlan
+    before: dict[str, float]
+    after: dict[str, float]
+    requests: list[RequestRecord]
+    first_line: int
+    last_line: int = 0
+
+
+class Session:
+    """A host, an engine and a run record: the preamble and one start at a time (a `StartSource`)."""
+
+    def __init__(self, params: TrialParams, record: RunRecord, progress: bool = True) -> None:
+        self.params, self.record, self.progress = params, record, progress
+        self.host: Host | None = None
+        self.group: HostGroup | None = None
+        self.engine: Engine | None = None
+        self.specs: dict[str, LaunchSpec] = {}
+        self.prompts: list[dict[str, str]] = []
+        self.gpus: GpuStatus | None = None
+        self.fp_key = ""
+        self.done: set[str] = set()  # preamble steps done
+        self.prepare_s: float | None = None
+        self._t0 = time.monotonic()
+        record.add_secrets(secret_values(params.env))
+
+    # --- the preamble ------------------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Connect the host (and the other nodes of `hosts:`) and configure the engine adapter."""
+        if self.host is not None:
+            return
+        p = self.params
+        self.host = get_host(p.host, **p.ssh.connect_options())
+        self.group = HostGroup.from_params(p, self.host)
+        self.record.manifest.host = {"name": self.host.name}
+        self.engine = get_engine(p.engine, p, self.host)
+
+    def prepare(self) -> dict[str, LaunchSpec]:
+        """Resolve binaries and models, validate every arm and fix its exact command (before any launch)."""
+        if "prepare" in self.done:
+            return self.specs
+        self.connect()
+        assert self.engine is not None and self.group is not None
+        m = self.record.manifest
+        with self.record.step("prepare"):
+            m.engine = {"name": self.params.engine, **self.engine.prepare()}
+            if self.group.workers:
+                m.nodes = self.group.prepare(self.engine)
+            m.engine.update(self.engine.version())
+            self.specs = {a.name: self.engine.launch_spec(a) for a in self.params.arms}
+            m.launch = [LaunchRecord(arm=a.name, method=a.method, argv=mask_argv(s.argv), env=mask_env(s.env),
+                                     notes=list(s.notes)) for a, s in zip(self.params.arms, self.specs.values(),
+                                                                         strict=True)]
+            for s in self.specs.values():
+                self.record.add_secrets(secret_values(s.env, s.argv))
+            self.prompts = load_prompts(self.params.prompts)
+        self.done.add("prepare")
+        return self.specs
+
+    def spec(self, arm: Arm) -> LaunchSpec:
+        """The exact command of `arm` (fixed by `prepare`; arms added later are resolved on first use)."""
+        if arm.name not in self.specs:
+            assert self.engine is not None
+            self.specs[arm.name] = self.engine.launch_spec(arm)
+        return self.specs[arm.name]
+
+    def kill_old_server(self) -> dict[str, Any]:
+        """Stop what spectrial left running on the port (by its recorded process group), and refuse, naming the
+        culprit, when something else holds it; on every node."""
+        self.prepare()
+        assert self.host is not None and self.group is not None and self.engine is not None
+        p = self.params
+        with self.record.step("kill_old_server") as st:
+            st.report = stop_previous(self.host, p.port, self.host.expand(p.state_dir), p.stop_grace_s)
+            if self.group.workers:
+                st.nodes = self.group.stop_previous(self.engine, p)
+        self.done.add("kill_old_server")
+        return st.report
+
+    def verify_gpus_free(self) -> GpuStatus:
+        """Wait until the GPUs are free (or record that the host has none); on every node."""
+        if "kill_old_server" not in self.done:
+            self.kill_old_server()
+        assert self.group is not None
+        with self.record.step("verify_gpus_free") as st:
+            self.gpus, node_gpus = self.group.wait_gpus_free(self.params)
+            if node_gpus:
+                st.nodes = node_gpus
+            st.gpus = self.gpus.as_dict()
+        self.done.add("verify_gpus_free")
+        return self.gpus
+
+    def fingerprint(self) -> str:
+        """Host state, engine build and model files: the key that says which runs are comparable."""
+        if "verify_gpus_free" not in self.done:
+            self.verify_gpus_free()
+        assert self.host is not None and self.group is not None and self.gpus is not None
+        m = self.record.manifest
+        with self.record.step("fingerprint"):
+            fp, node_fps = self.group.fingerprints()
+            if node_fps:
+                m.node_fingerprints = node_fps
+            m.engine.update(engine_identity(self.host, m.engine.get("binary"), {}))
+            models = (m.engine.get("models") or {}).values()
+            m.models = [file_identity(self.host, x) for x in dict.fromkeys(models) if x.startswith("/")]
+            m.host.update(fingerprint=fp, gpus=self.gpus.as_dict())
+            self.fp_key = m.fingerprint_key = fingerprint_key(fp, m.engine)
+        self.done.add("fingerprint")
+        return self.fp_key
+
+    def open(self) -> None:
+        """The whole preamble (each step once)."""
+        if "fingerprint" not in self.done:
+            self.fingerprint()
+        if self.prepare_s is None:  # budgets count from here: builds and model writes are not measuring
+            self.prepare_s = round(time.monotonic() - self._t0, 2)
+            self._t0 = time.monotonic()
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._t0
+
+    def moved(self, start: StartRecord) -> str | None:
+        """A new fingerprint key when the host's stable state changed during `start` (not throttling)."""
+        stable = [c for c in start.fingerprint_changes if "throttling" not in c]
+        if not stable or self.host is None:
+            return None
+        key = fingerprint_key(host_fingerprint(self.host), self.record.manifest.engine)
+        if key == self.fp_key:
+            return None
+        self.fp_key = key
+        return key
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        if self.host is not None:
+            self.host.close()
+
+    # --- one start ---------------------------------------------------------------------------------------
+    def start(self, arm: Arm, restart: int, windows: list[WindowPlan], phase: str | None = None) -> MeasuredStart:
+        """Launch, verify, measure every window, stop: one server start of `arm`; its record is in the run
+        record whatever happens (status failed and why), and the server is stopped on any exception."""
+        if "fingerprint" not in self.done:
+            self.open()
+        assert self.host is not None and self.engine is not None
+        p, rec, host, engine = self.params, self.record, self.host, self.engine
+        spec = self.spec(arm)
+        label = arm.name if p.restarts == 1 else f"{arm.name}#{restart + 1}"
+        entry = StartRecord(arm=arm.name, restart=restart, order=len(rec.manifest.starts), phase=phase,
+                            fingerprint_key=self.fp_key)
+        rec.manifest.starts.append(entry)
+        work = f"{host.expand(p.work_dir)}/{rec.run_id}"
+        name = spec.name if p.restarts == 1 else f"{spec.name}-{restart + 1}"
+        server = Server(host, dataclasses.replace(spec, name=name, argv=list(spec.argv)), work_dir=work,
+                        state_dir=host.expand(p.state_dir), grace_s=p.stop_grace_s, run_id=rec.run_id, arm=arm.name,
+                        tag=f"{rec.run_id}:{arm.name}:{restart}:{_rnd.token_hex(3)}")
+        if self.group is not None:
+            self.group.attach(server, engine, arm, p)
+        fp_before = host_fingerprint(host)
+        raws: list[_Raw] = []
+        samples: list[dict[str, Any]] = []
+        tags: dict[str, Any] = {"arm": arm.name, "restart": restart, **({"phase": phase} if phase else {})}
+        t0 = time.monotonic()
+        try:
+            with rec.step(f"launch:{label}", **tags):
+                server.start()
+            with server:  # guarantees the stop on any exception, KeyboardInterrupt included
+                with rec.step(f"ready:{label}", **tags):
+                    entry.ready_s = server.wait_ready(p.ready_timeout_s, progress=self.progress)
+                    server.record_members()
+                with rec.step(f"env_check:{label}", **tags):
+                    entry.env_check = server.verify_env()
+                    if not entry.env_check.ok and spec.env and p.env_check == "fail":
+                        raise ConfigError(f"env_check: requested variables did not reach the server of arm "
+                                          f"{arm.name}: {entry.env_check.summary}", parameter="env_check",
+                                          hint="see the record's env_check per process; set env_check: warn "
+                                               "to continue anyway")
+                sampler = GpuSampler(host, f"{work}/{server.spec.name}.gpu.csv", p.sample_gpu_ms)
+                with rec.step(f"benchmark:{label}", **tags), sampler:
+                    try:
+                        self._measure(server, arm, restart, entry.order, windows, label, raws)
+                    except httpx.HTTPError as exc:
+                        raise server.lost(exc) from exc
+                    samples = sampler.stop()
+                entry.gpu_sampling = sampler.reason or f"{len(samples)} samples"
+                with rec.step(f"stop:{label}", **tags) as st:
+                    st.report = server.stop()
+            ok = any(r.ok for raw in raws for r in raw.requests)
+            entry.status = "ok" if ok else "failed"
+            if not ok:
+                errs = sorted({str(r.error) for raw in raws for r in raw.requests})
+                entry.reason = "no successful request" + (": " + "; ".join(errs[:3]) if errs else "")
+        except BaseException as exc:
+            entry.status, entry.reason = "failed", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            measured = self._finish(entry, server, spec, arm, raws, samples, fp_before, t0)
+        return MeasuredStart(entry, measured)
+
+    def _measure(self, server: Server, arm: Arm, restart: int, order: int, windows: list[WindowPlan],
+                 label: str, out: list[_Raw]) -> None:
+        """Warm up once, then each window with counters before and after (appended to `out` as measured)."""
+        assert self.engine is not None and self.host is not None
+        p, engine = self.params, self.engine
+        path, payload = engine.request_target()
+        common = {"max_tokens": p.max_tokens, "payload": payload, "stats_fn": engine.request_stats, "path": path,
+                  "timeout_s": p.request_timeout_s, "progress": self.progress}
+        if p.warmup:
+            run_requests(server.base_url, self.prompts, n=p.warmup, phase="warmup", concurrency=1,
+                         seed=p.seed + 1000 + restart, label=label, **common)
+        for w in windows:
+            tags = {"arm": arm.name, "restart": restart, "start": order, "concurrency": w.concurrency}
+            with httpx.Client(timeout=10) as client:
+                before = _snapshot(engine, client, server.base_url)
+                raw = _Raw(w, before, {}, [], first_line=self.host.line_count(server.log_path) + 1)
+                out.append(raw)
+                raw.requests = run_requests(server.base_url, self.prompts, n=w.requests, concurrency=w.concurrency,
+                                            seed=w.seed, tags=tags, label=label if len(windows) == 1 else
+                                            f"{label} c{w.concurrency}", **common)
+                raw.after = _snapshot(engine, client, server.base_url)
+
+    def _finish(self, entry: StartRecord, server: Server, spec: LaunchSpec, arm: Arm, raws: list[_Raw],
+                samples: list[dict[str, Any]], fp_before: dict[str, Any], t0: float) -> list[MeasuredWindow]:
+        """After the stop (or a failure): fetch and parse the log once, compute every window's statistics
+        from it, record the host's changes, GPU samples, companions' logs and connection events."""
+        assert self.host is not None and self.engine is not None
+        rec, host = self.record, self.host
+        entry.elapsed_s = round(time.monotonic() - t0, 3)
+        entry.server = server.info()
+        try:
+            entry.fingerprint_changes = fp_compare(fp_before, host_fingerprint(host))
+        except Exception as exc:  # noqa: BLE001 - a host that went away is itself a finding
+            entry.notes.append(f"fingerprint after the start not taken: {exc}")
+        entry.throttled_samples = sum(1 for s in samples if s.get("throttle"))
+        if samples:
+            rec.write_table(f"gpu/{server.spec.name}.csv", samples)
+        log = ServerLog("")
+        try:
+            log = ServerLog(host.read_text(server.log_path))
+            rec.write_text(f"logs/{server.spec.name}.log", log.text)
+            entry.log_summary = log.summary()
+        except Exception as exc:  # noqa: BLE001 - a log that never got written is itself a finding
+            entry.notes.append(f"server log not fetched: {exc}")
+        measured = []
+        for i, raw in enumerate(raws):
+            raw.last_line = raws[i + 1].first_line - 1 if i + 1 < len(raws) else max(raw.first_line, len(log.text.splitlines()))
+            measured.append(self._window(raw, arm, spec, log, entry))
+        entry.windows = [m.record for m in measured]
+        entry.tok_s = median(r.tok_s or r.get("server_predicted_per_second") or r.client_tok_s
+                             for m in measured for r in m.requests if r.ok)
+        if spec.env.get("NCCL_DEBUG", "").upper() == "INFO" and log.text:
+            entry.nccl_evidence = ev = nccl_evidence(log.table, spec.env)
+            entry.notes.append(evidence_summary(ev))
+        for name, text in server.extra_logs().items():
+            rec.write_text(f"logs/{name}", text)
+        events = host.take_events() + (self.group.take_events() if self.group else [])
+        if events:
+            entry.connection_events = events
+        rec.save()
+        ev = entry.nccl_evidence
+        if entry.status == "ok" and ev and ev.get("ok") is False and self.engine.nccl_evidence_check == "fail":
+            entry.status = "failed"
+            entry.reason = "NCCL did not use the requested values: " + "; ".join(ev["problems"][:8])
+            rec.save()
+            raise ConfigError(f"engine_config.nccl_evidence_check: {entry.reason} (arm {arm.name})",
+                              parameter="engine_config.nccl_evidence_check",
+                              hint="set nccl_evidence_check: warn to continue")
+        return measured
+
+    def _window(self, raw: _Raw, arm: Arm, spec: LaunchSpec, log: ServerLog, entry: StartRecord) -> MeasuredWindow:
+        """One window's statistics (the engine adapter's), and its record."""
+        assert self.engine is not None
+        w = Window(arm=arm, spec=spec, before=raw.before, after=raw.after, requests=raw.requests, log=log,
+                   first_line=raw.first_line, last_line=raw.last_line)
+        try:
+            stats = self.engine.window_stats(w) if raw.after or not raw.before else WindowStats(scoped=False)
+        except Exception as exc:  # noqa: BLE001 - statistics of a broken window must not hide its failure
+            stats = WindowStats(scoped=False, source="none", notes=[f"window statistics failed: {exc}"])
+        ok = [r for r in raw.requests if r.ok]
+        rates = [r.get("server_predicted_per_second") or r.client_tok_s for r in ok]
+        record = WindowRecord(concurrency=raw.plan.concurrency, requests=len(raw.requests), requests_ok=len(ok),
+                              tok_s=median(rates), counters=stats.counters(), per_position=stats.per_position,
+                              accept_len=stats.accept_len, stats_source=stats.source, stats_scoped=stats.scoped,
+                              stats_notes=list(stats.notes), log_lines=[raw.first_line, raw.last_line])
+        return MeasuredWindow(raw.plan, record, raw.requests, stats)

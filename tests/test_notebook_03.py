@@ -63,7 +63,8 @@ def test_notebook_03_local_pair(strategy, tiny_params, write_params, tmp_path):
 def test_notebook_03_sglang_standin(tmp_path, port):
     if not (REPO / "tests" / "standin" / "sglang" / "launch_server.py").is_file() or not STANDIN.is_file():
         pytest.skip("the SGLang stand-in (tests/standin/sglang) is not in this checkout")
-    overrides = {"port": port, "state_dir": str(tmp_path / "state"), "work_dir": str(tmp_path / "work")}
+    overrides = {"port": port, "state_dir": str(tmp_path / "state"), "work_dir": str(tmp_path / "work"),
+                 "engine_config.python": sys.executable}  # the double needs what SGLang's env has (psutil, ...)
     text, m, _ = run_notebook(tmp_path, STANDIN, "guided", [1, 2, 4], overrides)
     assert m["engine"]["name"] == "sglang" and m["grid"]["restart_fields"][:3] == ["steps", "topk", "draft_tokens"]
     spec = [p for p in m["points"] if p["method"] != "none" and p["status"] == "ok"]

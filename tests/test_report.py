@@ -144,7 +144,7 @@ def test_report_and_history_of_a_real_trial(tiny_params: dict, write_params: Cal
     result = run_trial(write_params(tiny_params), progress=False)
     assert result.status == "ok"
     e = explain(result.manifest)
-    assert e.problems == [] and e.numbers["baseline_tok_s"] == pytest.approx(result.arms[0]["tok_s"])
+    assert e.problems == [] and e.numbers["baseline_tok_s"] == pytest.approx(result.arms[0].tok_s)
     h = history.load_history(tiny_params["output_dir"])
     assert h.issues.empty and len(h.table) == 3 and set(h.table["nccl_env"]) == {"none"}
     html = write_report(result.run_dir).read_text()

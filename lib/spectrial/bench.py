@@ -119,16 +119,25 @@ def run_requests(base_url: str, prompts: list[dict[str, str]], *, n: int, max_to
                  payload: Callable[[str, int], dict[str, Any]], stats_fn: Callable[[dict[str, Any]], dict[str, Any]],
                  concurrency: int = 1, timeout_s: float = 300, seed: int = 0, phase: str = "measure",
                  label: str = "", progress: bool = True, path: str = "/v1/completions",
-                 tags: dict[str, Any] | None = None) -> list[RequestRecord]:
+                 tags: dict[str, Any] | None = None,
+                 counters: tuple[Callable[[], dict[str, float]],
+                                 Callable[[dict[str, float], dict[str, float]], dict[str, Any]]] | None = None
+                 ) -> list[RequestRecord]:
     """Send `n` requests (prompts drawn in a seeded order), `concurrency` at a time; one record each,
-    carrying `tags` (arm, restart, start, concurrency)."""
+    carrying `tags` (arm, restart, start, concurrency). With `counters` = (snapshot, stats) and concurrency 1,
+    the server's counters are read around each request and `stats(before, after)` adds the engine's own
+    per-request figures (server_*) to its record."""
     rng = random.Random(seed)
     order = [prompts[rng.randrange(len(prompts))] for _ in range(n)]
     bar = Progress(f"{label} {phase}".strip(), total=n, unit="req", enabled=progress)
 
     def one(i: int) -> RequestRecord:
         p = order[i]
+        before = counters[0]() if counters and concurrency == 1 else None
         rec = stream_completion(client, base_url, payload(p["prompt"], max_tokens), stats_fn, timeout_s, path)
+        if before is not None and counters and not rec.error:
+            for k, v in counters[1](before, counters[0]()).items():
+                setattr(rec, k, v)
         for k, v in {"index": i, "phase": phase, "prompt_id": p["id"], **(tags or {})}.items():
             setattr(rec, k, v)
         bar.update(1)
@@ -138,8 +147,13 @@ def run_requests(base_url: str, prompts: list[dict[str, str]], *, n: int, max_to
         if concurrency == 1:
             out = [one(i) for i in range(n)]
         else:
-            with ThreadPoolExecutor(concurrency) as pool:
+            pool = ThreadPoolExecutor(concurrency)
+            try:
                 out = list(pool.map(one, range(n)))
+            except BaseException:  # an interrupt: do not wait for the streams in flight (the server's stop ends them)
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown()
     failed = sum(1 for r in out if r.error)
     bar.close(f"{n} request(s){f', {failed} failed' if failed else ''}")
     return out

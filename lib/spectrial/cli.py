@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +28,30 @@ ParamOpt = Annotated[list[str] | None, typer.Option("-p", "--param", help="Overr
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", fg="red", err=True)
     raise typer.Exit(2)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (timeout, a CI cancel, a service manager): handled as Ctrl-C is, wherever the run is."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated("SIGTERM")
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Stop the run on SIGTERM as on Ctrl-C (servers stopped, the record written with the reason), then exit
+    130 (Ctrl-C) or 143 (SIGTERM)."""
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        term = isinstance(exc, Terminated)
+        typer.secho(f"interrupted by {'SIGTERM' if term else 'Ctrl-C'}: servers stopped, the record says why",
+                    fg="red", err=True)
+        raise typer.Exit(143 if term else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @app.command()
@@ -50,7 +77,8 @@ def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. pa
                 for a in arms:
                     typer.echo(a["display"])
             return
-        result = run_trial(params, run_id=run_id, progress=not quiet)
+        with interruptible():
+            result = run_trial(params, run_id=run_id, progress=not quiet)
     except RunFailed as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None
@@ -70,7 +98,8 @@ def notebook(name: Annotated[str, typer.Argument(help="Notebook path or number p
 
     try:
         values: dict[str, Any] = parse_overrides(param)
-        out = run_notebook(name, values, output_dir=output_dir)
+        with interruptible():
+            out = run_notebook(name, values, output_dir=output_dir)
     except SpectrialError as exc:
         _fail(exc)
         return

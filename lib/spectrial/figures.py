@@ -67,6 +67,14 @@ def merge_stats(stats: Sequence[WindowStats]) -> WindowStats:
     lens = [s.accept_len for s in stats if s.accept_len is not None]
     out.accept_len = statistics.mean(lens) if lens else None
     out.notes = sorted({n for s in stats for n in s.notes})
+    logs = [s.cross_checks["log"] for s in stats if "log" in s.cross_checks]
+    if logs:  # the log's own readings, weighted by the drafts each covers
+        n = sum(x["drafts"] for x in logs)
+        k = min(len(x["per_position"]) for x in logs)
+        out.cross_checks["log"] = {
+            "source": "; ".join(x["source"] for x in logs), "drafts": n,
+            "accept_len": sum(x["accept_len"] * x["drafts"] for x in logs) / n,
+            "per_position": [sum(x["per_position"][i] * x["drafts"] for x in logs) / n for i in range(k)]}
     return out
 
 
@@ -107,7 +115,7 @@ def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculati
     decode_ms = stats.decode_ms if stats.decode_ms else sum(r.get("server_predicted_ms", 0) for r in ok) or None
     out.update(drafted=drafted, accepted=accepted, tokens=tokens, decode_ms=decode_ms,
                verify_steps=stats.verify_steps, per_position=stats.per_position, stats_source=stats.source,
-               stats_scoped=stats.scoped, stats_notes=stats.notes)
+               stats_scoped=stats.scoped, stats_notes=stats.notes, cross_checks=stats.cross_checks)
     out["ms_per_token"] = decode_ms / tokens if decode_ms and tokens else None
     if speculative:
         steps = stats.verify_steps

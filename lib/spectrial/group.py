@@ -186,7 +186,8 @@ class HostGroup:
             server.spec.argv = sglang_rank_argv(server.spec.argv, 0, n_nodes, dist)
             specs = [(n, LaunchSpec(argv=sglang_rank_argv(server.spec.argv, n.rank, n_nodes, dist),
                                     env=dict(server.spec.env), port=server.spec.port, probe=_always_ready,
-                                    name=f"{server.spec.name}-rank{n.rank}", bind=server.spec.bind, http=False),
+                                    name=f"{server.spec.name}-rank{n.rank}", bind=server.spec.bind, http=False,
+                                    python=server.spec.python),
                       False) for n in self.workers]
         server.companions = [
             Companion(Server(n.host, spec, work_dir=f"{n.host.expand(params.work_dir)}/{server.run_id}",

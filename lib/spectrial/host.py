@@ -26,6 +26,7 @@ from typing import BinaryIO
 import psutil
 from invoke import Context
 from invoke.exceptions import CommandTimedOut
+from invoke.runners import Local
 
 from spectrial.errors import ConfigError, HostError, ResourceBusyError
 from spectrial.records import utc_now
@@ -354,6 +355,17 @@ def tree_members(rows: Sequence[tuple[int, int, int]], pid: int) -> set[int]:
     return seen
 
 
+class _StoppingLocal(Local):
+    """invoke's local runner, except that an interrupt stops the command and reaches the caller: invoke forwards
+    Ctrl-C to the command's stdin and goes on waiting, which would swallow it (a trial that runs on)."""
+
+    interrupt: BaseException | None = None
+
+    def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        self.interrupt = interrupt
+        self.kill()
+
+
 class LocalHost(Host):
     """This machine, through invoke (commands) and psutil (processes)."""
 
@@ -377,8 +389,9 @@ class LocalHost(Host):
                 os.unlink(script)
             return CommandResult(line, res.exit_code, res.stdout, res.stderr, res.elapsed_s)
         t0 = time.monotonic()
+        runner = _StoppingLocal(self._ctx)
         try:
-            r = self._ctx.run(line, hide=True, warn=True, timeout=timeout, in_stream=False)
+            r = runner.run(line, hide=True, warn=True, timeout=timeout, in_stream=False)
         except OSError as exc:
             raise HostError(self.name, line[:2000], None, stderr=str(exc),
                                    hint="the shell could not be started") from exc
@@ -386,6 +399,8 @@ class LocalHost(Host):
             r = exc.result
             raise HostError(self.name, line, None, r.stdout, r.stderr,
                                    f"timed out after {timeout} s") from exc
+        if runner.interrupt is not None:  # the command was stopped; the interrupt goes on to the caller
+            raise runner.interrupt
         return CommandResult(line, r.exited, r.stdout, r.stderr, time.monotonic() - t0)
 
     def home(self) -> str:

@@ -86,6 +86,7 @@ class WindowStats(Counters):
     scoped: bool = True
     source: str = ""
     notes: list[str] = Field(default_factory=list)
+    cross_checks: dict[str, Any] = Field(default_factory=dict)  # the same figures from another source (the log)
 
     def counters(self) -> Counters:
         return Counters(**{k: getattr(self, k) for k in COUNTERS})
@@ -104,12 +105,14 @@ class WindowRecord(Record):
     stats_source: str | None = None
     stats_scoped: bool = True
     stats_notes: list[str] = Field(default_factory=list)
+    cross_checks: dict[str, Any] = Field(default_factory=dict)
     log_lines: list[int] | None = None  # [first, last]: the server log lines written during the window
 
     def stats(self) -> WindowStats:
         """The window's statistics as an engine reported them."""
         return WindowStats(**self.counters.model_dump(), per_position=self.per_position, accept_len=self.accept_len,
-                           scoped=self.stats_scoped, source=self.stats_source or "", notes=list(self.stats_notes))
+                           scoped=self.stats_scoped, source=self.stats_source or "", notes=list(self.stats_notes),
+                           cross_checks=dict(self.cross_checks))
 
 
 # --- environment verification ---------------------------------------------------------------------------
@@ -121,6 +124,7 @@ class EnvCheckRecord(Record):
     requested: dict[str, str] = Field(default_factory=dict)
     processes: list[dict[str, Any]] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
+    unverified: list[str] = Field(default_factory=list)  # processes whose environment nothing could read
 
 
 # --- one server start -----------------------------------------------------------------------------------
@@ -227,6 +231,7 @@ class ArmRecord(Comparison):
     stats_source: str | None = None
     stats_scoped: bool | None = None
     stats_notes: list[str] = Field(default_factory=list)
+    cross_checks: dict[str, Any] = Field(default_factory=dict)  # e.g. the log's own accept length
     ms_per_token: float | None = None
     accept_rate: float | None = None
     accept_len: float | None = None

@@ -23,7 +23,14 @@ from typing import Any
 
 import httpx
 
-from spectrial.envcheck import check_env, summarize_check
+from spectrial.envcheck import (
+    PROBE_DIR_VAR,
+    PROBE_NAMES_VAR,
+    check_env,
+    parse_probe_records,
+    probe_script,
+    summarize_check,
+)
 from spectrial.errors import ConfigError, ResourceBusyError, ServerError
 from spectrial.gpu import query as gpu_query
 from spectrial.host import Host, ProcInfo
@@ -48,6 +55,19 @@ class Probe:
 
 
 ProbeFn = Callable[[httpx.Client, str], Probe]
+ExitFn = Callable[[str, "int | None", str], "tuple[bool | None, list[str]]"]
+
+
+def classify_exit(how: str, code: int | None, log_tail: str) -> tuple[bool | None, list[str]]:
+    """Was a stop clean? (clean, evidence): exit 0 or death by the SIGTERM spectrial sent is clean; SIGKILL
+    after the grace period, or any other status, is not. Engines that exit otherwise bring their own rule."""
+    if how == "gone":
+        return None, [f"the server had already exited (exit code {code})"]
+    if how == "KILL":
+        return False, [f"still running after stop_grace_s: SIGKILLed (exit code {code})"]
+    if code in (0, 143, -15, 130):
+        return True, [f"exit code {code} after SIGTERM"]
+    return False, [f"exit code {code} after SIGTERM"]
 
 
 @dataclass
@@ -64,6 +84,8 @@ class LaunchSpec:
     notes: list[str] = field(default_factory=list)  # what the adapter adjusted or could not check
     probe_timeout_s: float = 2.0  # one readiness probe (SGLang's /health runs a generation: ~1 s)
     poll_s: float = 0.1  # between probes
+    python: bool = False  # a Python server: its processes get spectrial's environment probe (spectrial.envcheck)
+    exit_rule: ExitFn = classify_exit  # (how it was stopped, exit code, log tail) -> (clean?, evidence)
 
     def __post_init__(self) -> None:
         if not _SAFE_NAME_RE.match(self.name):
@@ -184,12 +206,21 @@ class Server:
         self.stop_report: dict[str, Any] = {}
         self.companions: list[Companion] = []
         self.state: dict[str, Any] = {}
+        self.probe_dir = ""
+        self._inherited_pythonpath = ""
         self._t0 = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------------
     @property
     def launch_env(self) -> dict[str, str]:
-        return {**self.spec.env, TAG_VAR: self.tag}
+        """The environment put on the command: the requested variables, the tag, and for a Python server with
+        requested variables the environment probe (its folder first on PYTHONPATH)."""
+        env = {**self.spec.env, TAG_VAR: self.tag}
+        if self.probe_dir:
+            base = self.spec.env.get("PYTHONPATH", self._inherited_pythonpath)
+            env.update({PROBE_DIR_VAR: self.probe_dir, PROBE_NAMES_VAR: ",".join(self.spec.env),
+                        "PYTHONPATH": ":".join(x for x in (self.probe_dir, base) if x)})
+        return env
 
     def start(self) -> Server:
         """Start the companions meant to come first, then the server detached, then the other companions.
@@ -213,6 +244,12 @@ class Server:
         self.host.mkdir(self.work_dir)
         self.host.mkdir(self.state_dir)
         self.host.remove(self.exit_path)
+        if self.spec.python and self.spec.env:
+            self.probe_dir = f"{self.work_dir.rstrip('/')}/{self.spec.name}.envprobe"
+            self.host.run(["rm", "-rf", "--", self.probe_dir], check=False)
+            self.host.mkdir(self.probe_dir)
+            self.host.write_text(f"{self.probe_dir}/sitecustomize.py", probe_script(TAG_VAR))
+            self._inherited_pythonpath = self.host.run('printf %s "${PYTHONPATH:-}"', check=False).stdout
         # the wrapper records the engine's exit status; its TERM trap keeps it alive until the engine is gone
         # (a trap, unlike an ignored signal, is not inherited by the engine)
         wrapped = ["sh", "-c", 'trap : TERM INT; "$@"; echo $? > "$0"', self.exit_path, *self.spec.argv]
@@ -375,7 +412,12 @@ class Server:
     def verify_env(self, requested: dict[str, str] | None = None) -> EnvCheckRecord:
         """Check the requested variables (default: the launch env) in every server process, on every node."""
         want = dict(self.spec.env if requested is None else requested)
-        check = check_env(self.processes(), want, TAG_VAR)
+        launched = self.launch_env
+        probes = {}
+        if self.probe_dir:
+            out = self.host.run(f"cat {shlex.quote(self.probe_dir)}/*.json 2>/dev/null", check=False)
+            probes = parse_probe_records(out.stdout)
+        check = check_env(self.processes(), want, TAG_VAR, launched=launched, probes=probes)
         for c in self.companions:
             other = c.server.verify_env(requested)
             check.ok = bool(check.ok and other.ok)
@@ -412,9 +454,12 @@ class Server:
                 break
             time.sleep(0.1)
         gpus = gpu_query(self.host)
+        code = self.exit_code()
+        clean, evidence = self.spec.exit_rule(how, code, self.log_tail(200))
         self.stop_report = {"how": how, "elapsed_s": round(time.monotonic() - t0, 3), "port_free": port_free,
                             "gpu_available": gpus.available, "gpu_mem_used_mib":
-                                [g.memory_used_mib for g in gpus.gpus], "exit_code": self.exit_code()}
+                                [g.memory_used_mib for g in gpus.gpus], "exit_code": code, "clean": clean,
+                            "evidence": evidence}
         st = read_state(self.host, self.state_dir, self.spec.port)
         if st and st.get("tag") == self.tag:
             self.host.remove(state_path(self.state_dir, self.spec.port))

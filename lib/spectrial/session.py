@@ -334,12 +334,14 @@ class Session:
         for w in windows:
             tags = {"arm": arm.name, "restart": restart, "start": order, "concurrency": w.concurrency}
             with httpx.Client(timeout=10) as client:
+                around = ((lambda c=client: _snapshot(engine, c, server.base_url)), engine.request_counter_stats) \
+                    if engine.per_request_counters else None
                 before = _snapshot(engine, client, server.base_url)
                 raw = _Raw(w, before, {}, [], first_line=self.host.line_count(server.log_path) + 1)
                 out.append(raw)
                 raw.requests = run_requests(server.base_url, self.prompts, n=w.requests, concurrency=w.concurrency,
                                             seed=w.seed, tags=tags, label=label if len(windows) == 1 else
-                                            f"{label} c{w.concurrency}", **common)
+                                            f"{label} c{w.concurrency}", counters=around, **common)
                 raw.after = _snapshot(engine, client, server.base_url)
 
     def _finish(self, entry: StartRecord, server: Server, spec: LaunchSpec, arm: Arm, raws: list[_Raw],
@@ -404,5 +406,6 @@ class Session:
         record = WindowRecord(concurrency=raw.plan.concurrency, requests=len(raw.requests), requests_ok=len(ok),
                               tok_s=median(rates), counters=stats.counters(), per_position=stats.per_position,
                               accept_len=stats.accept_len, stats_source=stats.source, stats_scoped=stats.scoped,
-                              stats_notes=list(stats.notes), log_lines=[raw.first_line, raw.last_line])
+                              stats_notes=list(stats.notes), cross_checks=stats.cross_checks,
+                              log_lines=[raw.first_line, raw.last_line])
         return MeasuredWindow(raw.plan, record, raw.requests, stats)

@@ -136,6 +136,13 @@ class Engine(ABC):
         """Cumulative server counters (subtract two snapshots to scope a benchmark window)."""
         return metrics.snapshot(client, base_url)
 
+    def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+        """Per-request figures from counters read around one request (concurrency 1), for engines whose
+        responses carry no timing of their own; {} when the engine needs none."""
+        return {}
+
+    per_request_counters: ClassVar[bool] = False  # read the counters around each request at concurrency 1
+
     def window_stats(self, w: Window) -> WindowStats:
         """Statistics of one benchmark window from counters, per-request stats and the server log."""
         return WindowStats(scoped=False, source="none")

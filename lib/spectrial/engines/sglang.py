@@ -50,6 +50,9 @@ SPEC_FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--sp
               "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
 OWN_FLAGS = ("--model-path", "--model", "--tp-size", "--tensor-parallel-size", "--host", "--port")
 JSON_MARK = "SPECTRIAL_JSON "
+# /health runs a 1-token generation (~1 s once up; 503 after SGLANG_HEALTH_CHECK_TIMEOUT, 20 s) and uvicorn logs
+# every request: poll once a second, each poll allowed 5 s
+HEALTH_TIMEOUT_S, HEALTH_POLL_S = 5.0, 1.0
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 _HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -463,7 +466,8 @@ class SGLang(Engine):
                 "--tp-size", str(c.tp_size), "--host", p.bind, "--port", str(p.port),
                 *render(SERVER_FLAGS, c, self.version_tuple), *spec_argv, *c.extra_args, *arm.extra_args]
         return LaunchSpec(argv=argv, env={**self._base_env(), **arm.env}, port=p.port, probe=probe,
-                          name=f"sglang-{arm.name}", bind=p.bind, notes=notes)
+                          name=f"sglang-{arm.name}", bind=p.bind, notes=notes, python=True,
+                          probe_timeout_s=HEALTH_TIMEOUT_S, poll_s=HEALTH_POLL_S, exit_rule=classify_exit)
 
     def version(self) -> dict[str, Any]:
         return {"engine": "sglang", **self.identity} if self.identity else {"engine": "sglang"}
@@ -507,6 +511,29 @@ class SGLang(Engine):
         if arm.method == "ngram" or p.arm_topk(arm) != 1:
             return p.arm_draft_tokens(arm) or p.arm_steps(arm) + 1
         return p.arm_steps(arm) + 1
+
+
+CLEAN_STOP_LINES = ("Gracefully exiting", "Draining requests and shutting down", "Force exiting")
+CRASH_LINES = ("Scheduler hit an exception", "SIGQUIT received", "Traceback (most recent call last)")
+
+
+def classify_exit(how: str, code: int | None, log_tail: str) -> tuple[bool | None, list[str]]:
+    """SGLang ends every stop by SIGKILLing its own tree (exit status -9, 137 through a shell): clean after
+    `Gracefully exiting...`, a crash after `Scheduler hit an exception` / `SIGQUIT received`; the lines that
+    decide are the evidence."""
+    lines = log_tail.splitlines()
+    crash = [ln for ln in lines if any(m in ln for m in CRASH_LINES)]
+    graceful = [ln for ln in lines if any(m in ln for m in CLEAN_STOP_LINES)]
+    if how == "gone":
+        return (False, crash[-5:]) if crash else (None, [f"the server had already exited (exit code {code})"])
+    if crash:
+        return False, crash[-5:]
+    if code in (-9, 137) and graceful:
+        return True, [f"exit code {code} (SGLang kills its own tree) after: {graceful[-1].strip()[:200]}"]
+    if code in (0, 143, -15):
+        return True, [f"exit code {code} after SIGTERM"]
+    return False, [f"exit code {code} without SGLang's shutdown lines" + (" (SIGKILLed after stop_grace_s)"
+                                                                          if how == "KILL" else "")]
 
 
 def probe(client: httpx.Client, base_url: str) -> Probe:

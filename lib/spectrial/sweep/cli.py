@@ -18,12 +18,15 @@ def sweep_command(
         run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False) -> None:
     """Sweep speculative settings (grid or model-guided) and write the run record with the best per concurrency."""
+    from spectrial.cli import interruptible
     from spectrial.errors import RunFailed
     from spectrial.sweep.params import load_sweep_params
     from spectrial.sweep.run import run_sweep
 
     try:
-        result = run_sweep(load_sweep_params(params_file, parse_overrides(param)), run_id=run_id, progress=not quiet)
+        with interruptible():
+            result = run_sweep(load_sweep_params(params_file, parse_overrides(param)), run_id=run_id,
+                               progress=not quiet)
     except RunFailed as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None

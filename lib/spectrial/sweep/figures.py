@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from spectrial.schema import Manifest, PointRecord
 
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
@@ -16,48 +17,48 @@ def _scen_label(s: float | None) -> str:
     return "real acceptance" if s is None else f"synthetic a={s:g}"
 
 
-def _spec(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in manifest.get("points", []) if p.get("method") != "none"]
+def _spec(manifest: Manifest) -> list[PointRecord]:
+    return [p for p in manifest.points if p.get("method") != "none"]
 
 
-def _baselines(manifest: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def _baselines(manifest: Manifest) -> dict[int, PointRecord]:
     """The first measured baseline point per concurrency level."""
-    out: dict[int, dict[str, Any]] = {}
-    for p in manifest.get("points", []):
+    out: dict[int, PointRecord] = {}
+    for p in manifest.points:
         if p.get("method") == "none" and p.get("status") == "ok":
-            out.setdefault(p["concurrency"], p)
+            out.setdefault(p.concurrency, p)
     return out
 
 
-def _setting_label(p: dict[str, Any]) -> str:
-    label = f"s{p['steps']}"
-    if p.get("topk") not in (None, 1):
-        label += f" t{p['topk']} n{p['draft_tokens']}"
+def _setting_label(p: PointRecord) -> str:
+    label = f"s{p.steps}"
+    if p.topk not in (None, 1):
+        label += f" t{p.topk} n{p.draft_tokens}"
     return label
 
 
-def heatmap_figure(manifest: dict[str, Any], value: str = "tok_s",
+def heatmap_figure(manifest: Manifest, value: str = "tok_s",
                    title: str = "Measured tok/s per setting and concurrency") -> go.Figure:
     """Setting (x) by concurrency (y), one panel per scenario; unmeasured cells are blank, the text shows the CI."""
     spec = _spec(manifest)
-    scenarios = list(dict.fromkeys(p["scenario"] for p in spec))
-    levels = sorted({p["concurrency"] for p in spec})
+    scenarios = list(dict.fromkeys(p.scenario for p in spec))
+    levels = sorted({p.concurrency for p in spec})
     fig = make_subplots(rows=max(len(scenarios), 1), cols=1, subplot_titles=[_scen_label(s) for s in scenarios],
                         vertical_spacing=0.18 if len(scenarios) > 1 else 0.1)
     for i, sc in enumerate(scenarios, 1):
-        mine = [p for p in spec if p["scenario"] == sc]
-        xs = list(dict.fromkeys(_setting_label(p) for p in sorted(mine, key=lambda p: (p["k"], p["steps"]))))
+        mine = [p for p in spec if p.scenario == sc]
+        xs = list(dict.fromkeys(_setting_label(p) for p in sorted(mine, key=lambda p: (p.k, p.steps))))
         z, text = [], []
         for c in levels:
             row_z, row_t = [], []
             for x in xs:
-                p = next((q for q in mine if q["concurrency"] == c and _setting_label(q) == x), None)
+                p = next((q for q in mine if q.concurrency == c and _setting_label(q) == x), None)
                 v = p.get(value) if p and p.get("status") == "ok" else None
                 row_z.append(v if v is not None else math.nan)
                 if v is None:
                     row_t.append("not measured" if not p or p.get("status") == "not measured" else "failed")
                 elif value == "tok_s" and p.get("tok_s_ci_low") is not None:
-                    row_t.append(f"{v:.1f}<br>[{p['tok_s_ci_low']:.1f}, {p['tok_s_ci_high']:.1f}]")
+                    row_t.append(f"{v:.1f}<br>[{p.tok_s_ci_low:.1f}, {p.tok_s_ci_high:.1f}]")
                 else:
                     row_t.append(f"{v:.3g}")
             z.append(row_z)
@@ -69,35 +70,35 @@ def heatmap_figure(manifest: dict[str, Any], value: str = "tok_s",
     return fig
 
 
-def curves_figure(manifest: dict[str, Any], title: str = "tok/s against draft depth") -> go.Figure:
+def curves_figure(manifest: Manifest, title: str = "tok/s against draft depth") -> go.Figure:
     """Per scenario: measured tok/s (median, CI error bars) and the model's prediction against depth,
     one colour per concurrency level, the baseline as a dashed line of the same colour."""
     spec = _spec(manifest)
-    scenarios = list(dict.fromkeys(p["scenario"] for p in spec))
-    levels = sorted({p["concurrency"] for p in spec})
+    scenarios = list(dict.fromkeys(p.scenario for p in spec))
+    levels = sorted({p.concurrency for p in spec})
     base = _baselines(manifest)
     fig = make_subplots(rows=1, cols=max(len(scenarios), 1), subplot_titles=[_scen_label(s) for s in scenarios],
                         shared_yaxes=True)
     for i, sc in enumerate(scenarios, 1):
         for j, c in enumerate(levels):
             color = _COLORS[j % len(_COLORS)]
-            mine = sorted((p for p in spec if p["scenario"] == sc and p["concurrency"] == c),
-                          key=lambda p: (p["k"], p["steps"]))
+            mine = sorted((p for p in spec if p.scenario == sc and p.concurrency == c),
+                          key=lambda p: (p.k, p.steps))
             ok = [p for p in mine if p.get("status") == "ok"]
-            fig.add_scatter(x=[p["steps"] for p in ok], y=[p["tok_s"] for p in ok], mode="markers+lines",
+            fig.add_scatter(x=[p.steps for p in ok], y=[p.tok_s for p in ok], mode="markers+lines",
                             name=f"measured c={c}", legendgroup=f"c{c}", showlegend=i == 1,
                             marker={"color": color, "size": 9}, line={"color": color, "width": 1},
                             error_y={"type": "data", "symmetric": False,
-                                     "array": [(p.get("tok_s_ci_high") or p["tok_s"]) - p["tok_s"] for p in ok],
-                                     "arrayminus": [p["tok_s"] - (p.get("tok_s_ci_low") or p["tok_s"]) for p in ok]},
+                                     "array": [(p.get("tok_s_ci_high") or p.tok_s) - p.tok_s for p in ok],
+                                     "arrayminus": [p.tok_s - (p.get("tok_s_ci_low") or p.tok_s) for p in ok]},
                             row=1, col=i)
             pred = [p for p in mine if p.get("final_prediction")]
             if pred:
-                fig.add_scatter(x=[p["steps"] for p in pred], y=[p["final_prediction"]["tok_s"] for p in pred],
+                fig.add_scatter(x=[p.steps for p in pred], y=[p.final_prediction["tok_s"] for p in pred],
                                 mode="lines", name=f"model c={c}", legendgroup=f"c{c}", showlegend=i == 1,
                                 line={"color": color, "dash": "dot"}, row=1, col=i)
             if c in base:
-                fig.add_hline(y=base[c]["tok_s"], line_dash="dash", line_color=color, row=1, col=i,
+                fig.add_hline(y=base[c].tok_s, line_dash="dash", line_color=color, row=1, col=i,
                               annotation_text=f"baseline c={c}" if i == 1 else None)
         fig.update_xaxes(title_text="draft depth (steps)", row=1, col=i)
     fig.update_yaxes(title_text="tok/s per stream (median, CI)", row=1, col=1)
@@ -105,24 +106,24 @@ def curves_figure(manifest: dict[str, Any], title: str = "tok/s against draft de
     return fig
 
 
-def components_figure(manifest: dict[str, Any], title: str = "Accept length and cycle time against depth"
+def components_figure(manifest: Manifest, title: str = "Accept length and cycle time against depth"
                       ) -> go.Figure:
     """Left: accept length measured (markers) and modelled (dotted); right: cycle time, same encoding."""
     spec = _spec(manifest)
-    levels = sorted({p["concurrency"] for p in spec})
-    scenarios = list(dict.fromkeys(p["scenario"] for p in spec))
+    levels = sorted({p.concurrency for p in spec})
+    scenarios = list(dict.fromkeys(p.scenario for p in spec))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("accept length (tokens / cycle)", "cycle time (ms)"))
     for j, (sc, c) in enumerate((s, c) for s in scenarios for c in levels):
         color = _COLORS[j % len(_COLORS)]
         name = f"{_scen_label(sc)}, c={c}"
-        mine = sorted((p for p in spec if p["scenario"] == sc and p["concurrency"] == c), key=lambda p: p["steps"])
+        mine = sorted((p for p in spec if p.scenario == sc and p.concurrency == c), key=lambda p: p.steps)
         ok = [p for p in mine if p.get("status") == "ok"]
         pred = [p for p in mine if p.get("final_prediction")]
         for col, key in ((1, "accept_len"), (2, "cycle_ms")):
-            fig.add_scatter(x=[p["steps"] for p in ok], y=[p.get(key) for p in ok], mode="markers", name=name,
+            fig.add_scatter(x=[p.steps for p in ok], y=[p.get(key) for p in ok], mode="markers", name=name,
                             legendgroup=name, showlegend=col == 1, marker={"color": color, "size": 8}, row=1, col=col)
             if pred:
-                fig.add_scatter(x=[p["steps"] for p in pred], y=[p["final_prediction"][key] for p in pred],
+                fig.add_scatter(x=[p.steps for p in pred], y=[p.final_prediction[key] for p in pred],
                                 mode="lines", line={"color": color, "dash": "dot"}, legendgroup=name,
                                 showlegend=False, row=1, col=col)
     fig.update_xaxes(title_text="draft depth (steps)")
@@ -130,23 +131,23 @@ def components_figure(manifest: dict[str, Any], title: str = "Accept length and 
     return fig
 
 
-def prediction_figure(manifest: dict[str, Any], title: str = "Predicted before measuring vs measured"
+def prediction_figure(manifest: Manifest, title: str = "Predicted before measuring vs measured"
                       ) -> go.Figure:
     """Each point measured after a prediction: the prediction (x) against the measurement (y, with CI)."""
     pts = [p for p in _spec(manifest) if p.get("prediction") and p.get("status") == "ok"]
     fig = go.Figure()
     if pts:
-        xs = [p["prediction"]["tok_s"] for p in pts]
-        ys = [p["tok_s"] for p in pts]
+        xs = [p.prediction["tok_s"] for p in pts]
+        ys = [p.tok_s for p in pts]
         lo, hi = min(xs + ys) * 0.9, max(xs + ys) * 1.1
         fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dot", "color": "#7f7f7f"},
                         name="prediction = measurement")
-        fig.add_scatter(x=xs, y=ys, mode="markers+text", text=[f"{_setting_label(p)} c={p['concurrency']}"
+        fig.add_scatter(x=xs, y=ys, mode="markers+text", text=[f"{_setting_label(p)} c={p.concurrency}"
                                                                for p in pts],
                         textposition="top center", marker={"size": 10, "color": "#1f77b4"}, name="points",
                         error_y={"type": "data", "symmetric": False,
-                                 "array": [(p.get("tok_s_ci_high") or p["tok_s"]) - p["tok_s"] for p in pts],
-                                 "arrayminus": [p["tok_s"] - (p.get("tok_s_ci_low") or p["tok_s"]) for p in pts]})
+                                 "array": [(p.get("tok_s_ci_high") or p.tok_s) - p.tok_s for p in pts],
+                                 "arrayminus": [p.tok_s - (p.get("tok_s_ci_low") or p.tok_s) for p in pts]})
     else:
         fig.add_annotation(text="no point was measured after a prediction (grid strategy, or the probes sufficed)",
                            showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
@@ -159,7 +160,7 @@ def _f(x: float | None, nd: int = 1) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
-def verdict(manifest: dict[str, Any]) -> str:
+def verdict(manifest: Manifest) -> str:
     """A paragraph computed from the record: cost of the sweep, baseline, best per scenario and concurrency."""
     b = manifest.get("budget") or {}
     parts = [f"The {manifest.get('strategy')} sweep used {b.get('restarts')} server starts (a full grid needs "
@@ -184,7 +185,7 @@ def verdict(manifest: dict[str, Any]) -> str:
     err = (manifest.get("model") or {}).get("in_sample_rel_error") or {}
     preds = [p for p in _spec(manifest) if p.get("prediction_error") is not None]
     if preds:
-        e = [abs(p["prediction_error"]) for p in preds]
+        e = [abs(p.prediction_error) for p in preds]
         parts.append(f"Predictions made before measuring were off by {statistics.median(e) * 100:.1f} % (median) "
                      f"and {max(e) * 100:.1f} % at worst over {len(e)} point(s).")
     elif err.get("median_abs") is not None:

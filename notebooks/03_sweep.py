@@ -99,7 +99,7 @@ steps_table(result.manifest).groupby("ok").size().rename("protocol steps by outc
 # %%
 dec = result.decisions()
 display(dec[[c for c in ("phase", "setting", "reason") if c in dec.columns]])
-print("stopped by:", result.manifest["budget"]["stopped_by"])
+print("stopped by:", (result.manifest.budget or {}).get("stopped_by"))
 
 # %% [markdown]
 # ## Every grid point

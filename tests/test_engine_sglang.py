@@ -320,3 +320,23 @@ def test_window_stats_fall_back_to_decode_lines_then_to_the_unscoped_mean():
     st2 = sglang_window_stats(_window({}, {"server_info:avg_spec_accept_length": 2.4}, _reqs(2, 41, 50.0), log,
                                       first_line=4), draft_tokens=3)
     assert st2.scoped is False and st2.accept_len == 2.4 and "not scoped" in " ".join(st2.notes)
+
+
+def test_synthetic_accept_maps_to_sglangs_forced_accept_length(tmp_path):
+    """A per-token rate a at steps k forces accept length 1 + a + ... + a^k through SGLANG_SIMULATE_ACC_LEN,
+    on that arm's launch only; per-position rates give 1 + their sum; a baseline cannot take it."""
+    data = params_data(tmp_path, steps=3, draft_tokens=None, engine_config={"sglang_version": "0.5.17"},
+                       arms=[{"name": "baseline"}, {"name": "a75", "method": "eagle3", "synthetic_accept": 0.75},
+                             {"name": "pp", "method": "eagle3", "synthetic_accept": [0.9, 0.5, 0.1]}])
+    eng = engine_for(data)
+    eng.resolve_dry()
+    base, a75, pp = (eng.launch_spec(a) for a in eng.params.arms)
+    assert "SGLANG_SIMULATE_ACC_LEN" not in base.env
+    assert float(a75.env["SGLANG_SIMULATE_ACC_LEN"]) == pytest.approx(1 + 0.75 + 0.75 ** 2 + 0.75 ** 3, abs=1e-5)
+    assert float(pp.env["SGLANG_SIMULATE_ACC_LEN"]) == pytest.approx(2.5)
+    assert any("synthetic acceptance" in n for n in a75.notes)
+    bad = engine_for(params_data(tmp_path, engine_config={"sglang_version": "0.5.17"},
+                                 arms=[{"name": "b", "synthetic_accept": 0.5}]))
+    bad.resolve_dry()
+    with pytest.raises(ConfigError, match=r"arms\[b\].synthetic_accept: only speculative arms"):
+        bad.launch_spec(bad.params.arms[0])

@@ -158,3 +158,21 @@ def test_summary_counts_medians_and_dp_ranks() -> None:
     env = s[s["kind"] == "env"]
     assert env[["count", "n"]].values.tolist() == [[1, 0]] and env["metric"].isna().all()
     assert summary(parse("")).empty
+
+
+def test_parse_in_a_forked_child_after_the_parent_parsed() -> None:
+    """The worker thread does not survive a fork: a child parses with its own (no hang)."""
+    import multiprocessing
+
+    text = MIXED * 20  # enough lines for the worker thread
+    want = len(parse(text))
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_parse_into, args=(text, queue))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0 and queue.get(timeout=5) == want
+
+
+def _parse_into(text: str, queue: object) -> None:
+    queue.put(len(parse(text)))  # type: ignore[attr-defined]

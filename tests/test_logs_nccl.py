@@ -80,3 +80,21 @@ def test_tuning_tables_both_eras() -> None:
                 "n1:1802:1851 [0] NCCL INFO     Broadcast |     0.0/   0.0 |    18.0/   9.0 |\n")
     assert old[["algorithm", "protocol", "latency_us", "bw_gbs"]].values.tolist() == [
         ["Tree", "LL", 0.0, 0.0], ["Ring", "Simple", 18.0, 9.0]]
+
+
+DESTROY = """\
+host:5:5 [0] NCCL INFO comm 0x55d0e3c0 rank 0 nranks 2 cudaDev 0 busId 60 - Init COMPLETE
+host:5:5 [1] NCCL INFO comm 0x55d0e4f0 rank 1 nranks 2 cudaDev 1 busId 70 - Init COMPLETE
+host:5:5 [0] NCCL INFO comm 0x55d0e3c0 rank 0 nranks 2 cudaDev 0 busId 60 - Destroy COMPLETE
+host:5:5 [1] NCCL INFO comm 0x55d0e4f0 rank 1 nranks 2 cudaDev 1 busId 70 - Abort COMPLETE
+"""
+
+
+def test_destroy_complete_is_a_destroy_record_not_a_second_init() -> None:
+    df = parse(DESTROY)
+    assert list(df["kind"]) == ["init", "init", "destroy", "destroy"]
+    assert df["state"].tolist() == ["Init COMPLETE", "Init COMPLETE", "Destroy COMPLETE", "Abort COMPLETE"]
+    assert df[df["kind"] == "init"]["comm"].nunique() == 2  # two communicators, not four
+    assert df.loc[2, "comm"] == "0x55d0e3c0" and df.loc[3, "cuda_dev"] == 1
+    only = parse(DESTROY, kinds="destroy")
+    assert only["line"].tolist() == [3, 4] and set(only["kind"]) == {"destroy"}

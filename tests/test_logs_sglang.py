@@ -143,3 +143,48 @@ def test_results_tables_known_and_unknown() -> None:
     assert df.loc[1, ["batch_size", "steps", "topk", "num_draft_tokens", "gen_throughput", "accept_len"]].tolist() == [
         4, 3, 3, 8, 426.46, 2.27]
     assert df.loc[0, "line"] == 3 and (df["engine"] == "sglang").all()
+
+
+def test_startup_timings_with_cuda_graph_phases() -> None:
+    r = parse("[2026-12-01 03:34:55] Engine startup timings (s): load_weight=154.93, kv_cache_allocation=0.44, "
+              "scheduler_e2e=243.89, cuda_graph={prefill=64.55, decode=4.58, target_verify=0.00}, "
+              "tokenizer_e2e=257.64\n").iloc[0]
+    assert (r["kind"], r["load_weight_s"], r["kv_cache_allocation_s"], r["scheduler_e2e_s"]) == (
+        "startup_timings", 154.93, 0.44, 243.89)
+    assert r["tokenizer_e2e_s"] == 257.64 and r["cuda_graph_s"] == pytest.approx(69.13)
+    empty = parse("Engine startup timings (s): load_weight=1.00, cuda_graph={}, tokenizer_e2e=2.00\n").iloc[0]
+    assert nan(empty["cuda_graph_s"]) and empty["load_weight_s"] == 1.0 and nan(empty["scheduler_e2e_s"])
+
+
+def test_stop_and_crash_events_tell_a_clean_exit_from_a_crash() -> None:
+    df = parse("[2026-12-01 03:35:09] SIGTERM received. signum=None frame=None. Draining requests and shutting down...\n"
+               "[2026-12-01 03:35:10] Gracefully exiting... Remaining number of requests 0. Remaining requests "
+               "remaining_rids=[].\n"
+               "[2026-12-01 03:36:11 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+               "[2026-12-01 03:36:12] Received sigquit from a child process. It usually means the child failed.\n")
+    assert list(df["kind"]) == ["event"] * 4 and set(df["engine"]) == {"sglang"}
+    assert df["event"].tolist() == ["sigterm", "graceful_exit", "scheduler_exception", "sigquit"]
+    assert df.loc[2, "tp_rank"] == 0 and df.loc[2, "message"].startswith("Scheduler hit an exception: Traceback")
+    assert df.loc[1, "timestamp"] == "2026-12-01 03:35:10"
+
+
+def test_an_ansi_coloured_deprecation_warning_does_not_break_the_next_record() -> None:
+    text = ("[2026-12-01 03:34:01] \x1b[1;33mThe argument --disable-cuda-graph is deprecated.\x1b[0m\n"
+            "[2026-12-01 03:34:57] Decode batch, #running-req: 1, #token: 116, token usage: 0.00, accept len: 1.32, "
+            "accept rate: 0.16, cuda graph: False, gen throughput (token/s): 108.18, #queue-req: 0\n")
+    df = parse(text)
+    assert list(df["kind"]) == ["event", "decode"]
+    assert (df.loc[0, "event"], df.loc[0, "message"]) == ("deprecation", "The argument --disable-cuda-graph is deprecated.")
+    assert (df.loc[1, "accept_len"], df.loc[1, "gen_throughput"], df.loc[1, "graph"]) == (1.32, 108.18, False)
+    assert df.attrs["unparsed_lines"] == 0
+
+
+def test_kv_cache_dtype_and_uvicorn_access_lines() -> None:
+    df = parse("[2026-06-08 07:20:53 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1106304, "
+               "K size: 25.32 GB, V size: 25.32 GB\n"
+               '[2026-12-01 03:34:56] INFO:     127.0.0.1:41198 - "GET /health HTTP/1.1" 503 Service Unavailable\n'
+               'INFO:     127.0.0.1:41178 - "GET /model_info HTTP/1.1" 200 OK\n')
+    assert list(df["kind"]) == ["kv_cache", "access", "access"]
+    assert df.loc[0, "kv_dtype"] == "torch.bfloat16" and df.loc[0, "kv_tokens"] == 1106304
+    assert df["status"].tolist()[1:] == [503, 200] and df["path"].tolist()[1:] == ["/health", "/model_info"]
+    assert df.loc[1, "timestamp"] == "2026-12-01 03:34:56" and df.loc[2, "engine"] == "http"

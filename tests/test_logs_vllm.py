@@ -64,10 +64,58 @@ INFO 07-24 04:00:31 metrics.py:295] Avg prompt throughput: 558.7 tokens/s, Avg g
     assert (e1["dp_rank"], e1["running_req"], e1["waiting_req"]) == (1, 3, 2)
 
 
-def test_access_log_lines_are_not_records() -> None:
+def test_access_log_lines_are_http_access_records() -> None:
     df = parse('(APIServer pid=17943) INFO  127.0.0.1:53300 "POST /v1/completions HTTP/1.1" 200 OK\n'
                'INFO:     ::1:50352 - "POST /v1/completions HTTP/1.1" 200 OK\n')
-    assert len(df) == 0 and df.attrs["unparsed_lines"] == 2
+    assert list(df["kind"]) == ["access", "access"] and set(df["engine"]) == {"http"}
+    assert df["client"].tolist() == ["127.0.0.1:53300", "::1:50352"] and df["status"].tolist() == [200, 200]
+    assert df["method"].tolist() == ["POST", "POST"] and df["path"].tolist() == ["/v1/completions"] * 2
+    assert (df.loc[0, "process"], df.loc[0, "pid"]) == ("APIServer", 17943) and df.loc[1, "process"] is None
+    assert df.attrs["unparsed_lines"] == 0
+
+
+def test_v1_process_prefix_is_read_on_every_kind() -> None:
+    df = parse("(APIServer pid=1) INFO 05-02 20:46:59 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+               "Avg generation throughput: 35.2 tokens/s, Running: 1 reqs, Waiting: 0 reqs\n"
+               "(EngineCore_DP0 pid=214) INFO 05-02 20:47:00 [metrics.py:101] SpecDecoding metrics: Mean acceptance "
+               "length: 1.50, Accepted: 5 tokens, Drafted: 30 tokens\n"
+               "INFO 05-02 20:47:01 [metrics.py:101] SpecDecoding metrics: Mean acceptance length: 1.50\n")
+    assert df["process"].tolist() == ["APIServer", "EngineCore_DP0", None]
+    assert df["pid"].tolist()[:2] == [1, 214] and nan(df.loc[2, "pid"])
+    assert df.loc[0, "dp_rank"] == 0 and df.loc[1, "accept_len"] == 1.5
+
+
+def test_v1_engine_config_line_with_speculative_config() -> None:
+    r = parse("(EngineCore pid=7) INFO 12-01 03:03:44 [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: "
+              "model='/m/llama', speculative_config=SpeculativeConfig(method='draft_model', model='/m/draft', "
+              "num_spec_tokens=5), tokenizer='/m/llama', max_seq_len=512, enforce_eager=True, seed=0\n").iloc[0]
+    assert (r["kind"], r["version"], r["model"], r["process"], r["pid"]) == ("engine_config", "0.26.0", "/m/llama",
+                                                                             "EngineCore", 7)
+    assert (r["spec_method"], r["spec_model"], r["num_spec_tokens"]) == ("draft_model", "/m/draft", 5)
+    assert r["args"]["max_seq_len"] == 512 and r["args"]["enforce_eager"] is True
+    assert r["args"]["speculative_config"].startswith("SpeculativeConfig(method='draft_model'")
+    none = parse("INFO 12-01 03:03:44 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='m', "
+                 "speculative_config=None, seed=0\n").iloc[0]
+    assert none["model"] == "m" and none["spec_method"] is None and nan(none["num_spec_tokens"])
+
+
+def test_non_default_args_complete_and_elided() -> None:
+    full = parse("(APIServer pid=3) INFO 12-01 03:03:33 [api_utils.py:286] non-default args: {'model_tag': '/m', "
+                 "'port': 8123, 'max_model_len': 512, 'speculative_config': {'method': 'ngram', "
+                 "'num_speculative_tokens': 3, 'prompt_lookup_max': 3}}\n").iloc[0]
+    assert (full["kind"], full["engine"], full["spec_method"], full["num_spec_tokens"]) == (
+        "server_args", "vllm", "ngram", 3)
+    assert full["args"] == {"model_tag": "/m", "port": 8123, "max_model_len": 512,
+                            "speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                                   "prompt_lookup_max": 3}}
+    cut = parse("INFO 12-01 03:03:33 [api_utils.py:286] non-default args: {'host': '127.0.0.1', 'port': 81\n").iloc[0]
+    assert cut["args"] == {"host": "127.0.0.1", "port": 81} and cut["spec_method"] is None
+
+
+def test_eagle3_auxiliary_layers() -> None:
+    r = parse("(Worker pid=18112) INFO 12-01 03:03:54 [gpu_model_runner.py:5243] Using auxiliary layers from "
+              "speculative config: (2, 16, 29)\n").iloc[0]
+    assert (r["kind"], r["aux_layers"], r["process"]) == ("aux_layers", [2.0, 16.0, 29.0], "Worker")
 
 
 def test_docker_timestamp_prefix_keeps_the_engine_timestamp() -> None:

@@ -164,3 +164,20 @@ def test_native_generate_path_gives_per_request_spec_stats(tmp_path, port):
     eagle = next(a for a in result.arms if a.name == "eagle3")
     assert eagle.status == "ok" and 1.0 < eagle.accept_len <= 3.0
     no_leftovers(port, [])
+
+
+def test_synthetic_acceptance_is_forced_and_labelled(tmp_path, port):
+    """synthetic_accept reaches SGLang as SGLANG_SIMULATE_ACC_LEN (verified in the scheduler by the probe), the
+    window's counters measure the forced length, and the record labels the arm synthetic."""
+    data = standin_params(tmp_path, port, repeats=2, arms=[{"name": "forced", "method": "eagle3",
+                                                             "synthetic_accept": 0.9}])
+    result = run_trial(load_params(data=data), progress=False)
+    arm = result.arms[0]
+    want = 1 + 0.9 + 0.81
+    assert arm.synthetic and arm.synthetic_accept == 0.9
+    assert arm.env["SGLANG_SIMULATE_ACC_LEN"] == f"{want:.6g}"
+    assert arm.accept_len == pytest.approx(want, abs=0.35), arm.accept_len
+    start = manifest_json(result.run_dir)["starts"][0]
+    sched = [p for p in start["env_check"]["processes"] if any(a.startswith("sglang::scheduler") for a in p["cmdline"])]
+    assert sched and all(p["verified_by"]["SGLANG_SIMULATE_ACC_LEN"] == "probe" for p in sched)
+    no_leftovers(port, [])

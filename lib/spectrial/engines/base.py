@@ -8,6 +8,7 @@ window (counters before/after, the window's requests, the server log parsed once
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,13 @@ from spectrial.server import LaunchSpec
 from spectrial.serverlog import ServerLog
 
 _REGISTRY: dict[str, type[Engine]] = {}
+_HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def is_hf_id(ref: str) -> bool:
+    """'org/name' that is not written as a path (no leading /, ~ or .)."""
+    return bool(_HF_ID_RE.match(ref)) and not ref.startswith((".", "/", "~"))
+
 
 
 def register(name: str):
@@ -112,6 +120,37 @@ class Engine(ABC):
     def version(self) -> dict[str, Any]:
         """Engine version (and source identity where known)."""
         return {}
+
+    # --- Hugging Face-format models (vLLM, SGLang) ---------------------------------------------------------
+    TINY_ROLES: ClassVar[dict[str, str]] = {"tiny:target": "target", "tiny:draft": "draft", "tiny:eagle3": "eagle3"}
+
+    def resolve_hf_model(self, ref: str, what: str, notes: list[str]) -> str:
+        """A model folder on the host: spectrial's tiny HF model (`tiny:target`, `tiny:draft`, `tiny:eagle3`,
+        written once here, knobs in engine_config.tiny), an existing path (made absolute), or a Hugging Face
+        repo id (noted, not checked)."""
+        if ref.startswith("tiny:"):
+            from spectrial.models.hf import ensure_hf_models
+
+            if not self.host.is_local:
+                raise ConfigError(f"{what}: {ref!r} (spectrial's tiny HF models) is written on the local host only; "
+                                  f"give a model path on {self.host.name}", parameter=what)
+            if ref not in self.TINY_ROLES:
+                raise ConfigError(f"{what}: {ref!r} is not one of spectrial's tiny HF models {sorted(self.TINY_ROLES)}",
+                                  parameter=what)
+            mset = ensure_hf_models(**getattr(self.config, "tiny", {}))
+            return str(getattr(mset, self.TINY_ROLES[ref]))
+        path = self.host.expand(ref)
+        if self.host.exists(path):
+            if path.startswith("/"):
+                return path
+            res = self.host.run(["realpath", "--", path], check=False)
+            return res.stdout.strip() if res.ok and res.stdout.strip() else path
+        if is_hf_id(ref):
+            notes.append(f"{what}: {ref!r} is not a path on {self.host.name}; taken as a Hugging Face repo id "
+                         "(not checked)")
+            return ref
+        raise ConfigError(f"{what}: {path!r} not found on host {self.host.name}; fix the path in the params file "
+                          "or with -p", parameter=what)
 
     @property
     def nccl_evidence_check(self) -> Literal["fail", "warn"]:

@@ -55,7 +55,6 @@ JSON_MARK = "SPECTRIAL_JSON "
 HEALTH_TIMEOUT_S, HEALTH_POLL_S = 5.0, 1.0
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
-_HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _EAGLE3_NAME_RE = re.compile(r"eagle-?3", re.IGNORECASE)
 
 PROBE_SCRIPT = """\
@@ -141,6 +140,9 @@ class SGLangConfig(BaseModel):
     client_api: Literal["openai", "native"] = Field(
         "openai", description="Benchmark through /v1/completions (openai) or the native /generate, whose final "
                               "chunk carries per-request meta_info (spec_verify_ct, spec_accept_length).")
+    tiny: dict[str, Any] = Field(default_factory=dict, description="Knobs of spectrial's HF-format tiny models "
+                                 "(`model: tiny:target`, drafts `tiny:eagle3`, `tiny:draft`): kind counting|random, "
+                                 "shape (tiny|llama3-8b), n_layers, vocab_size, seed.")
     pythonpath: list[str] = Field(default_factory=list, description="Directories prepended to PYTHONPATH on "
                                   "the launch env (e.g. a patched SGLang checkout, or a test double).")
 
@@ -183,11 +185,6 @@ def check_version_flags(args: list[str], version: tuple[int, int, int] | None, w
         if flag in ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill") and v < CUDA_GRAPH_DECODE_SINCE:
             raise ConfigError(f"{where}: SGLang {vs} has no {flag} (added in 0.5.14); set "
                               "engine_config.cuda_graph_max_bs and spectrial writes --cuda-graph-max-bs")
-
-
-def is_hf_id(ref: str) -> bool:
-    """'org/name' that is not written as a path (no leading /, ~ or .)."""
-    return bool(_HF_ID_RE.match(ref)) and not ref.startswith((".", "/", "~"))
 
 
 def speculative_args(method: str, steps: int, topk: int, draft_tokens: int | None, draft: str | None, *,
@@ -302,15 +299,7 @@ class SGLang(Engine):
         return res.stdout.strip() if res.ok and res.stdout.strip() else path
 
     def _resolve_path(self, ref: str, what: str) -> str:
-        path = self.host.expand(ref)
-        if self.host.exists(path):
-            return self._absolute(path)
-        if is_hf_id(ref):
-            self.notes.append(f"{what}: {ref!r} is not a path on {self.host.name}; taken as a Hugging Face repo "
-                              "id (not checked)")
-            return ref
-        raise ConfigError(f"{what}: {path!r} not found on host {self.host.name}; fix the path in the params "
-                          "file or with -p")
+        return self.resolve_hf_model(ref, what, self.notes)
 
     def _probe_host(self) -> dict[str, Any]:
         env = {"PYTHONPATH": self._base_env()["PYTHONPATH"]} if self.pythonpath else None
@@ -462,10 +451,20 @@ class SGLang(Engine):
             auto=c.auto_speculative_params, where=where)
         self._check_extra(c.extra_args, "engine_config.extra_args")
         self._check_extra(arm.extra_args, f"{where}.extra_args")
+        env = {**self._base_env(), **arm.env}
+        if arm.synthetic_accept is not None:
+            if not arm.speculative:
+                raise ConfigError(f"{where}.synthetic_accept: only speculative arms take synthetic acceptance",
+                                  parameter=f"{where}.synthetic_accept")
+            tau = simulated_accept_len(arm.synthetic_accept, p.arm_steps(arm))
+            env[SIMULATE_VAR] = f"{tau:.6g}"
+            notes = [*notes, f"synthetic acceptance: {SIMULATE_VAR}={tau:.6g} (the accept length per-token "
+                             f"rate {arm.synthetic_accept} gives at {p.arm_steps(arm)} steps; SGLang forces it, "
+                             "output tokens become meaningless)"]
         argv = [str(self.python), "-m", "sglang.launch_server", "--model-path", self.paths.get("model", p.model),
                 "--tp-size", str(c.tp_size), "--host", p.bind, "--port", str(p.port),
                 *render(SERVER_FLAGS, c, self.version_tuple), *spec_argv, *c.extra_args, *arm.extra_args]
-        return LaunchSpec(argv=argv, env={**self._base_env(), **arm.env}, port=p.port, probe=probe,
+        return LaunchSpec(argv=argv, env=env, port=p.port, probe=probe,
                           name=f"sglang-{arm.name}", bind=p.bind, notes=notes, python=True,
                           probe_timeout_s=HEALTH_TIMEOUT_S, poll_s=HEALTH_POLL_S, exit_rule=classify_exit)
 
@@ -511,6 +510,20 @@ class SGLang(Engine):
         if arm.method == "ngram" or p.arm_topk(arm) != 1:
             return p.arm_draft_tokens(arm) or p.arm_steps(arm) + 1
         return p.arm_steps(arm) + 1
+
+
+SIMULATE_VAR = "SGLANG_SIMULATE_ACC_LEN"  # forced acceptance, read in SGLang's scheduler
+
+
+def simulated_accept_len(value: float | list[float], steps: int) -> float:
+    """The accept length SGLang should force for an arm's synthetic acceptance: 1 + the per-position rates,
+    a, a^2, ..., a^steps for a per-token rate a (the same rates llama.cpp's --spec-synth-rates takes)."""
+    if isinstance(value, list):
+        if len(value) != steps:
+            raise ConfigError(f"synthetic_accept: {len(value)} per-position rates given for steps={steps}; give "
+                              "one rate per drafted position, or one per-token rate a", parameter="synthetic_accept")
+        return 1.0 + sum(float(x) for x in value)
+    return 1.0 + sum(float(value) ** (i + 1) for i in range(steps))
 
 
 CLEAN_STOP_LINES = ("Gracefully exiting", "Draining requests and shutting down", "Force exiting")

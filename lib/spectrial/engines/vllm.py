@@ -34,7 +34,7 @@ from spectrial import metrics
 from spectrial.engines.base import Engine, Window, client_decode, register
 from spectrial.engines.flags import Flag, general, render
 from spectrial.engines.nccl_evidence import DEBUG_ENV
-from spectrial.engines.sglang import is_hf_id, parse_marked_json
+from spectrial.engines.sglang import parse_marked_json
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
 from spectrial.schema import WindowStats
@@ -156,29 +156,7 @@ class VLLM(Engine):
         self.cpu_build = False
 
     def _resolve_path(self, ref: str, what: str) -> str:
-        if ref.startswith("tiny:"):
-            return self._tiny(ref, what)
-        path = self.host.expand(ref)
-        if self.host.exists(path):
-            return path
-        if is_hf_id(ref):
-            self.notes.append(f"{what}: {ref!r} taken as a Hugging Face repo id (not checked)")
-            return ref
-        raise ConfigError(f"{what}: {path!r} not found on host {self.host.name}; fix the path")
-
-    def _tiny(self, ref: str, what: str) -> str:
-        """spectrial's HF-format tiny model `ref` (tiny:target, tiny:draft, tiny:eagle3), written once here."""
-        from spectrial.models.hf import ensure_hf_models
-
-        if not self.host.is_local:
-            raise ConfigError(f"{what}: {ref!r} (spectrial's tiny HF models) is only written on the local host; "
-                              "give a model path on {self.host.name}", parameter=what)
-        roles = {"tiny:target": "target", "tiny:draft": "draft", "tiny:eagle3": "eagle3"}
-        if ref not in roles:
-            raise ConfigError(f"{what}: {ref!r} is not one of spectrial's tiny HF models {sorted(roles)}",
-                              parameter=what)
-        mset = ensure_hf_models(**self.config.tiny)
-        return str(getattr(mset, roles[ref]))
+        return self.resolve_hf_model(ref, what, self.notes)
 
     def _launcher(self) -> tuple[list[str], str | None]:
         """(argv before the model, the python that runs vLLM when known)."""

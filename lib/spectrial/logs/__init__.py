@@ -1,16 +1,27 @@
 """spectrial.logs: every era of SGLang, vLLM and llama.cpp output, seed-style profile lines, NCCL debug
-output and nvidia-smi, read into one pandas DataFrame.
+output, nvidia-smi and uvicorn access lines, read into one pandas DataFrame.
 
     >>> from spectrial.logs import parse, summary
     >>> df = parse("server.log.gz")            # a path, log text, bytes or an iterable of lines
     >>> df[df.kind == "decode"][["line", "timestamp", "accept_len", "gen_throughput"]]
     >>> summary(df)                            # per engine and kind: count and medians
 
-The schema and units are described in :mod:`spectrial.logs.core`; each engine module's docstring lists its
-kinds and columns. A new line format is one small function registered with :func:`register`.
+The schema and units are described in :mod:`spectrial.logs.api`; each engine module's docstring lists its
+kinds and columns. A new format is data (:class:`LineFormat`), a block reader (:class:`BlockFormat`) or
+one small function (:func:`register`): see :mod:`spectrial.logs.formats` and docs/LOGS.md.
+
+Modules: ``api`` (parse, summary, schema), ``formats`` (LineFormat, BlockFormat: the extension point),
+``vector`` (the toolkit of vectorised block readers), ``registry``, ``source`` (paths, gzip, text,
+iterables), ``chunks`` (lines as arrow arrays, Window), ``markers`` (the marker search), ``driver`` (per-chunk
+dispatch), ``table`` (the DataFrame), ``columns``, ``text`` and ``pyrepr`` (types and conversions, regex
+fragments, Python-repr dumps); one module per engine (``sglang``, ``vllm``, ``llamacpp``, ``nccl``,
+``nvidia_smi``, ``profile``, ``tables``, ``http``).
 """
 
-from spectrial.logs import llamacpp, nccl, nvidia_smi, profile, sglang, tables, vllm  # noqa: F401  (register)
-from spectrial.logs.core import BlockFormat, LineFormat, Registry, Window, parse, register, registry, summary
+from spectrial.logs import http, llamacpp, nccl, nvidia_smi, profile, sglang, tables, vllm  # noqa: F401  (register)
+from spectrial.logs.api import parse, summary
+from spectrial.logs.chunks import Window
+from spectrial.logs.formats import BlockFormat, LineFormat
+from spectrial.logs.registry import Registry, register, registry
 
 __all__ = ["BlockFormat", "LineFormat", "Registry", "Window", "parse", "register", "registry", "summary"]

@@ -13,7 +13,7 @@ import pandas as pd
 import typer
 
 from spectrial.errors import SpectrialError
-from spectrial.logs.core import parse, summary
+from spectrial.logs.api import parse, summary
 
 app = typer.Typer(
     help="Read SGLang, vLLM, llama.cpp, NCCL, nvidia-smi and seed-style profile logs into one table.",

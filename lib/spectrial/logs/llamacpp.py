@@ -29,24 +29,20 @@ from __future__ import annotations
 
 import math
 import re
+from collections import namedtuple
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from spectrial.logs.core import (
-    LIST,
-    NUM,
-    BlockFormat,
-    BlockResult,
-    FastResult,
-    LineFormat,
-    Text,
-    Window,
-    bnum,
-    num,
-    registry,
-)
+from spectrial.logs.chunks import Chunk, Window
+from spectrial.logs.columns import numbers
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat
+from spectrial.logs.registry import registry
+from spectrial.logs.text import LIST, NUM, named, num, re2
+from spectrial.logs.vector import LAST, ROW, SKIP, STOP, first_group, np_bool, scan, split_ws, to_str_numpy
 
 TS = r"^(?P<timestamp>[0-9]+\.[0-9]{2}\.[0-9]{3}\.[0-9]{3}) "
 TS_JSONL = r'"time"\s*:\s*(?P<timestamp>[0-9]+)'
@@ -63,10 +59,12 @@ DRAFT_COLUMNS = {
 PROGRESS_COLUMNS = {"n_decoded": "float", "gen_throughput_3s": "float"}
 _EVENTS = ("t_name", "io_name", "da_rate", "ml_len", "pp", "nd_key", "pg_n", "graphs_reused")
 _NEAR = 4  # lines: how far apart unkeyed lines of one record may be
+_REQ_WANTED = ("prompt_ms", "eval_ms", "total_ms")
+_DRAFT_WANTED = ("accept_rate", "accepted", "drafted", "accept_len")
 
 
 def _nan(v: Any) -> bool:
-    return v is None or v != v  # NaN is the only value unequal to itself
+    return v is None or v != v  # NaN is the only value unequal to itself (rows come with None for NaN)
 
 
 class _Merger:
@@ -107,9 +105,8 @@ class _Merger:
         rec = store.pop(key, None)
         if rec is None:
             return
-        wanted = ("prompt_ms", "eval_ms", "total_ms") if rec["kind"] == "request_timing" else (
-            "accept_rate", "accepted", "drafted", "accept_len")
-        if any(not _nan(rec.get(c)) for c in wanted):
+        wanted = _REQ_WANTED if rec["kind"] == "request_timing" else _DRAFT_WANTED
+        if any((v := rec.get(c)) is not None and v == v for c in wanted):
             self.rows.append(rec)
             if rec["kind"] == "request_timing":
                 self.last_req[key] = rec
@@ -123,7 +120,8 @@ class _Merger:
             free: tuple[str, ...]) -> dict[str, Any]:
         """The open record of `key` if it is near and has none of `free` yet, else a new one."""
         rec = store.get(key)
-        if self.near(rec, key, base["line"]) and all(_nan(rec.get(c)) for c in free):  # type: ignore[union-attr]
+        if self.near(rec, key, base["line"]) and all(  # type: ignore[union-attr]
+                (v := rec.get(c)) is None or v != v for c in free):  # type: ignore[union-attr]
             return rec  # type: ignore[return-value]
         return self.open(store, key, base, kind)
 
@@ -155,7 +153,8 @@ class _Merger:
                 if last is not None and r.line - last["_last"] <= _NEAR:
                     last["graphs_reused"] = r.graphs_reused
             return
-        ms, n, tps = (r.t_ms, r.t_n, r.t_tps) if not _nan(r.t_name) else (r.io_s * 1000.0, r.io_n, r.io_tps)
+        ms, n, tps = (r.t_ms, r.t_n, r.t_tps) if r.t_name is not None else (
+            None if r.io_s is None else r.io_s * 1000.0, r.io_n, r.io_tps)
         if name in ("prompt eval", "encoded"):
             rec = self.open(self.req, key, base, "request_timing")
             rec.update(prompt_ms=ms, prompt_tokens=n, prompt_throughput=tps, origin=origin)
@@ -204,15 +203,32 @@ class _Merger:
         return pd.DataFrame(self.rows, columns=cols)
 
 
+_FIELDS = ("line", "timestamp", "slot", "task", "origin", "t_name", "t_ms", "t_n", "t_tps", "io_name", "io_n",
+           "io_s", "io_tps", "da_rate", "da_acc", "da_gen", "da_len", "ml_len", "pp", "nd_key", "nd_val", "pg_n",
+           "pg_tg", "pg_tg3", "graphs_reused", "hdr", "event", "req", "draft")
+_Row = namedtuple("_Row", _FIELDS)  # type: ignore[misc]  # noqa: PYI024
+
+
 def merge_records(df: pd.DataFrame) -> pd.DataFrame:
     """Per-line captures -> request_timing / draft_acceptance / gen_progress rows."""
     m = _Merger()
     df = df.sort_values("line", kind="stable")
     notna = {c: df[c].notna().to_numpy() for c in _EVENTS}
-    df["event"] = np.logical_or.reduce(list(notna.values()))
-    df["req"] = notna["t_name"] | notna["io_name"] | notna["graphs_reused"]
-    df["draft"] = notna["da_rate"] | notna["ml_len"] | notna["pp"] | notna["nd_key"]
-    for r in df.itertuples(index=False):
+    event = np.logical_or.reduce(list(notna.values()))
+    flags = {"event": event, "req": notna["t_name"] | notna["io_name"] | notna["graphs_reused"],
+             "draft": notna["da_rate"] | notna["ml_len"] | notna["pp"] | notna["nd_key"]}
+    columns = []
+    for c in _FIELDS:
+        if c in flags:
+            columns.append(flags[c].tolist())
+        elif c not in df:
+            columns.append([None] * len(df))
+        else:
+            v = df[c].to_numpy()
+            if v.dtype == np.float64:  # NaN (not printed) -> None, as the merger tests for
+                v = np.where(np.isnan(v), None, v.astype(object))
+            columns.append(v.tolist())
+    for r in map(_Row._make, zip(*columns, strict=True)):
         m.row(r)
     return m.finish()
 
@@ -294,11 +310,43 @@ def timings_json(w: Window) -> BlockResult:
     return [(0, {"origin": "timings_json", **rec})], used
 
 
+_JSON_V = {k: re2(named(rx.pattern)) for k, rx in _JSON_RX.items()}
+
+
+def _timings_classify(text: pa.Array, block: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    return np.where(np_bool(pc.match_substring(text, "}")), LAST, ROW)
+
+
+def timings_json_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`timings_json` of all the chunk's marker lines at once (each object's lines joined)."""
+    nb = len(at)
+    sc = scan(chunk, at, _timings_classify, start=0, first=4)
+    end = np.minimum(sc.end, 40)
+    live = np.flatnonzero(sc.offset < end[sc.block])
+    blk = sc.block[live]
+    counts = np.bincount(blk, minlength=nb)
+    lists = pa.ListArray.from_arrays(pa.array(np.concatenate(([0], np.cumsum(counts))).astype(np.int32)),
+                                     sc.text.take(pa.array(live)))
+    text = pc.binary_join(lists, "\n")
+    cols: dict[str, np.ndarray] = {}
+    found: dict[str, np.ndarray] = {}
+    for key, col in _JSON_KEYS.items():
+        v, ok = numbers(first_group(text, _JSON_V[key]))
+        cols[col], found[col] = v, ok
+    valid = found["eval_tokens"] | found["prompt_tokens"]
+    recs = np.flatnonzero(valid)
+    out = {c: v[recs] for c, v in cols.items() if found[c][recs].any()}
+    out["origin"] = np.full(len(recs), "timings_json", dtype=object)
+    more = sc.more & (end == sc.end) & (sc.end < 40)
+    return Blocks(np.where(valid, end, 0), np.minimum(sc.examined, end), recs, np.zeros(len(recs), np.int64),
+                  out, np.where(more, MORE, 0))
+
+
 registry.add(BlockFormat(
     "llamacpp", "request_timing", ('"prompt_n"', '"predicted_n"', '"predicted_ms"'), timings_json,
     {"origin": "str", "prompt_tokens": "float", "prompt_ms": "float", "prompt_throughput": "float", "eval_tokens": "float",
      "eval_ms": "float", "gen_throughput": "float", "drafted": "float", "accepted": "float"},
-    timestamps=(TS, TS_JSONL),
+    timestamps=(TS, TS_JSONL), vector=timings_json_vector,
 ))
 
 _SPEED_BENCH = {
@@ -332,39 +380,46 @@ def speed_bench(w: Window) -> BlockResult:
     return (recs, k) if recs else ([], 0)
 
 
-_SPEED_BENCH_B = {k.encode(): v for k, v in _SPEED_BENCH.items()}
+def speed_bench_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`speed_bench` of all the chunk's tables at once."""
+    nb = len(at)
+    heads = [tuple(h.split()) for h in to_str_numpy(chunk.texts(at)).tolist()]
+    plan_ids: dict[tuple[str, ...], int] = {}
+    plan = np.array([plan_ids.setdefault(h, len(plan_ids)) for h in heads], np.int64)
+    width = np.array([len(h) for h in heads], np.int64)
 
+    def classify(text: pa.Array, block: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        _, counts, _ = split_ws(text)
+        rule = (counts > 0) & np_bool(pc.match_substring_regex(pc.ascii_trim_whitespace(text), r"^[- ]+$"))
+        return np.where(rule, SKIP, np.where(counts == width[block], ROW, STOP))
 
-def speed_bench_fast(text: Text, i: int) -> FastResult | None:
-    """:func:`speed_bench` over the plain bytes of the table."""
-    header = text.lines_at(i, 1)[0].split()
-    cols = [_SPEED_BENCH_B.get(h) for h in header]
-    width = len(header)
-    recs: list[tuple[int, dict[str, Any]]] = []
-    k = 1
-    for s in text.iter_lines(i + 1):
-        cells = s.split()
-        if cells and not s.strip().translate(None, b"- "):
-            k += 1
+    sc = scan(chunk, at, classify, first=16)
+    rows = sc.rows(ROW)
+    blk = sc.block[rows]
+    tokens, _, first = split_ws(sc.text.take(pa.array(rows)))
+    n = len(rows)
+    cols: dict[str, np.ndarray] = {}
+    for head, pid in plan_ids.items():
+        mine = np.flatnonzero(plan[blk] == pid)
+        if not len(mine):
             continue
-        if len(cells) != width:
-            break
-        rec: dict[str, Any] = {}
-        for col, cell in zip(cols, cells, strict=True):
+        for j, name in enumerate(head):
+            col = _SPEED_BENCH.get(name)
+            if col is None:
+                continue
+            vals = tokens.take(pa.array(first[mine] + j))
             if col == "category":
-                rec[col] = cell.decode()
-            elif col:
-                rec[col] = bnum(cell)
-        recs.append((k, rec))
-        k += 1
-    else:
-        return None  # the table goes on past what was read
-    return (recs, k, k + 1) if recs else ([], 0, k + 1)
+                cols.setdefault(col, np.empty(n, object))[mine] = to_str_numpy(vals)
+            else:
+                cols.setdefault(col, np.full(n, np.nan))[mine] = numbers(vals)[0]
+    has = np.zeros(nb, dtype=bool)
+    has[blk] = True
+    return Blocks(np.where(has, sc.end, 0), sc.examined, blk, sc.offset[rows], cols, np.where(sc.more, MORE, 0))
 
 
 registry.add(BlockFormat(
     "llamacpp", "speed_bench", ("spec_avg_pred_t/s",), speed_bench,
     {"category": "str", "base_gen_throughput": "float", "gen_throughput": "float", "speedup": "float",
      "base_latency_s": "float", "latency_s": "float", "latency_speedup": "float", "accept_rate": "float"},
-    key_metrics=("gen_throughput", "speedup", "accept_rate"), timestamps=(), fast=speed_bench_fast,
+    key_metrics=("gen_throughput", "speedup", "accept_rate"), timestamps=(), vector=speed_bench_vector,
 ))

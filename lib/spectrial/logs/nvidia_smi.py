@@ -17,17 +17,25 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from spectrial.logs.core import (
-    NUM,
-    BlockFormat,
-    BlockResult,
-    FastResult,
-    Rows,
-    Text,
-    Window,
-    num,
-    register,
-    registry,
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spectrial.logs.chunks import Chunk, Window
+from spectrial.logs.columns import numbers
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks
+from spectrial.logs.registry import register, registry
+from spectrial.logs.text import NUM, named, num, re2
+from spectrial.logs.vector import (
+    ROW,
+    SKIP,
+    STOP,
+    first_group,
+    np_bool,
+    scan,
+    split_ws,
+    texts_at,
+    to_str_numpy,
 )
 
 GPU_COLUMNS: dict[str, str] = {
@@ -115,53 +123,65 @@ def smi_table(w: Window) -> BlockResult:
     return (recs, k) if recs else ([], 0)
 
 
-_QUOTE_B = re.compile(_QUOTE.pattern.encode())
-_ROW1_B = re.compile(_ROW1.pattern.encode())
+_QUOTE_V = re2(_QUOTE.pattern)
+_ROW1_V = re2(_ROW1.pattern)
+_ROW2_V = {c: re2(named(rx.pattern)) for c, rx in _ROW2.items()}
+_DRIVER_V = re2(named(_DRIVER.pattern))
+_CUDA_V = re2(named(_CUDA.pattern))
+_DATE_V = re2(_DATE.pattern)
 
 
-def _unquote_b(s: bytes) -> bytes:
-    if s[:1] in (b"|", b"+"):  # the common case: no quote, nothing to strip on the left
-        return s.rstrip()
-    return _QUOTE_B.sub(b"", s).strip()
+def _unquote_v(text: pa.Array) -> pa.Array:
+    """:func:`_unquote` of each (plain) line."""
+    return pc.ascii_trim_whitespace(pc.replace_substring_regex(text, _QUOTE_V, "", max_replacements=1))
 
 
-def smi_table_fast(text: Text, i: int) -> FastResult | None:
-    """:func:`smi_table` over the plain bytes of the table."""
-    head = text.line(i)
-    common: dict[str, Any] = {
-        "driver_version": (m.group(1) if (m := _DRIVER.search(head)) else None),
-        "cuda_version": (m.group(1) if (m := _CUDA.search(head)) else None),
+def _smi_classify(text: pa.Array, block: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    t = _unquote_v(text)
+    head = pc.utf8_slice_codeunits(t, 0, 1)
+    table = np_bool(pc.or_(pc.equal(head, "|"), pc.equal(head, "+")))
+    row1 = np_bool(pc.match_substring_regex(t, _ROW1_V))
+    return np.where(~table, STOP, np.where(row1, ROW, SKIP))
+
+
+def smi_table_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`smi_table` of all the chunk's tables at once."""
+    nb = len(at)
+    head = chunk.texts(at)
+    common = {"driver_version": to_str_numpy(first_group(head, _DRIVER_V)),
+              "cuda_version": to_str_numpy(first_group(head, _CUDA_V))}
+    stamp = np.empty(nb, object)
+    for k in (-3, -2, -1):  # the nearest date line wins
+        text, inside = texts_at(chunk, at, k)
+        found = to_str_numpy(pc.struct_field(pc.extract_regex(text, _DATE_V), [0]))
+        hit = inside & (found != None)  # noqa: E711 - elementwise
+        stamp[hit] = found[hit]
+    sc = scan(chunk, at, _smi_classify, first=16)
+    rows = sc.rows(ROW)
+    blk, off = sc.block[rows], sc.offset[rows]
+    m = pc.extract_regex(_unquote_v(sc.text.take(pa.array(rows))), _ROW1_V)
+    persistence = pc.struct_field(m, "persistence")
+    cols: dict[str, np.ndarray] = {
+        "index": numbers(pc.struct_field(m, "index"))[0],
+        "name": to_str_numpy(pc.ascii_trim_whitespace(pc.struct_field(m, "name"))),
+        "persistence": to_str_numpy(pc.if_else(pc.equal(persistence, ""), pa.scalar(None, pa.string()), persistence)),
+        "bus_id": to_str_numpy(pc.struct_field(m, "bus_id")),
+        **{c: v[blk] for c, v in common.items()},
+        "timestamp": stamp[blk],
     }
-    for k in (-1, -2, -3):
-        if (d := _DATE.match(text.line(i + k))):
-            common["timestamp"] = d.group("timestamp")
-            break
-    body = text.lines_at(i + 1, 96)
-    recs: list[tuple[int, dict[str, Any]]] = []
-    for j, s in enumerate(body):
-        t = _unquote_b(s)
-        if not t or t[:1] not in (b"|", b"+"):
-            break
-        m = _ROW1_B.match(t) if t[:1] == b"|" else None
-        if m:
-            if j + 1 >= len(body):
-                return None  # the second line of the GPU is past what was read
-            rec = {**common, "index": float(m.group("index")), "name": m.group("name").strip().decode(),
-                   "persistence": None if m.group("persistence") is None else m.group("persistence").decode(),
-                   "bus_id": m.group("bus_id").decode()}
-            row2 = _unquote_b(body[j + 1]).decode()
-            for col, rx in _ROW2.items():
-                if (v := rx.search(row2)):
-                    rec[col] = v.group(1) if col == "pstate" else num(v.group(1))
-            recs.append((j + 1, rec))
-    else:
-        return None  # the table goes on past what was read
-    k = j + 1
-    return (recs, k, k + 1) if recs else ([], 0, k + 1)
+    row2, _ = texts_at(chunk, at[blk] + off, 1)
+    row2 = _unquote_v(row2)
+    for c, pattern in _ROW2_V.items():
+        got = first_group(row2, pattern)
+        cols[c] = to_str_numpy(got) if c == "pstate" else numbers(got)[0]
+    has = np.zeros(nb, dtype=bool)
+    has[blk] = True
+    used = np.where(has, sc.end, 0)
+    return Blocks(used, sc.examined, blk, off, cols, np.where(sc.more, MORE, 0))
 
 
 registry.add(BlockFormat("nvidia-smi", "gpu", ("NVIDIA-SMI ",), smi_table, GPU_COLUMNS,
-                         key_metrics=GPU_METRICS, timestamps=(), fast=smi_table_fast, lookback=3))
+                         key_metrics=GPU_METRICS, timestamps=(), lookback=3, vector=smi_table_vector))
 
 
 # ---------------------------------------------------------------- --query-gpu CSV
@@ -207,11 +227,92 @@ def query_csv(w: Window) -> BlockResult:
     return (recs, k) if recs else ([], 0)
 
 
+def _query_plan(first: str, second: str | None) -> tuple[int, tuple[str, ...]] | None:
+    """(first row offset, fields) of a --query-gpu block from its first two lines, or None."""
+    first = _unquote(first)
+    if (m := _QUERY.search(first)):
+        fields = [f.lower() for f in m.group(1).split(",") if f]
+        k = 2 if (h := _header(_unquote(second))) and len(h) == len(fields) else 1
+        return (k, tuple(fields)) if fields else None
+    if (h := _header(first)):
+        return 1, tuple(h)
+    cells = [c.strip() for c in first.split(",")]
+    if len(cells) == len(PORTABLE_QUERY) and cells[2].startswith("GPU-"):
+        return 0, tuple(PORTABLE_QUERY)
+    return None
+
+
+def _csv_cells(text: pa.Array) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """The stripped comma-separated cells of each unquoted line: (cells, cells per line, first cell's index)."""
+    parts = pc.split_pattern(_unquote_v(text), ",")
+    offs = parts.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    return pc.ascii_trim_whitespace(parts.values), np.diff(offs), offs[:-1]
+
+
+def query_csv_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`query_csv` of all the chunk's marker lines at once: the heads in Python, the rows with
+    column kernels."""
+    nb = len(at)
+    nxt = np.minimum(at + 1, chunk.n)
+    plans = [_query_plan(a or "", b) for a, b in zip(chunk.strings(at), chunk.strings(nxt), strict=True)]
+    status = np.where((at + 1 >= chunk.n) & (not chunk.final), MORE, 0)
+    blocks = np.flatnonzero([p is not None for p in plans])
+    used = np.zeros(nb, np.int64)
+    examined = np.full(nb, 2, np.int64)
+    if not len(blocks):
+        return Blocks(used, examined, np.zeros(0, np.int64), np.zeros(0, np.int64), {}, status)
+    plan_ids: dict[tuple[str, ...], int] = {}
+    pid = np.array([plan_ids.setdefault(plans[b][1], len(plan_ids)) for b in blocks.tolist()], np.int64)  # type: ignore[index]
+    k0 = np.array([plans[b][0] for b in blocks.tolist()], np.int64)  # type: ignore[index]
+    width = np.array([len(plans[b][1]) for b in blocks.tolist()], np.int64)  # type: ignore[index]
+
+    def classify(text: pa.Array, block: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        cells, counts, _ = _csv_cells(text)
+        filled = np.bincount(np.repeat(np.arange(len(text)), counts),
+                             weights=np_bool(pc.not_equal(cells, "")), minlength=len(text)) > 0
+        row = (counts == width[block]) & filled
+        return np.where(offset < k0[block], SKIP, np.where(row, ROW, STOP))
+
+    sc = scan(chunk, at[blocks], classify, start=0, first=8)
+    rows = sc.rows(ROW)
+    blk = sc.block[rows]
+    cells, _, first = _csv_cells(sc.text.take(pa.array(rows)))
+    n = len(rows)
+    cols: dict[str, np.ndarray] = {}
+    upper = pc.utf8_upper(cells)
+    missing = np_bool(pc.or_(pc.or_(pc.equal(cells, ""), pc.starts_with(cells, "[")),
+                             pc.is_in(upper, value_set=pa.array(["N/A", "NA"]))))
+    for fields, p in plan_ids.items():
+        mine = np.flatnonzero(pid[blk] == p)
+        if not len(mine):
+            continue
+        for j, f in enumerate(fields):
+            col = QUERY_FIELDS.get(f)
+            if col is None:
+                continue
+            at_cell = first[mine] + j
+            vals = cells.take(pa.array(at_cell))
+            gone = missing[at_cell]
+            if GPU_COLUMNS.get(col, "str") == "str":
+                out = to_str_numpy(vals)
+                out[gone] = None
+                cols.setdefault(col, np.empty(n, object))[mine] = out
+            else:
+                v = numbers(vals)[0]
+                cols.setdefault(col, np.full(n, np.nan))[mine] = np.where(gone, np.nan, v)
+    has = np.zeros(len(blocks), dtype=bool)
+    has[blk] = True
+    used[blocks] = np.where(has, sc.end, 0)
+    examined[blocks] = np.maximum(sc.examined, 2)
+    status[blocks] = np.where(sc.more, MORE, status[blocks])
+    return Blocks(used, examined, blocks[blk], sc.offset[rows], cols, status)
+
+
 registry.add(BlockFormat(
     "nvidia-smi", "gpu",
     ("--query-gpu", "memory.used", "memory.total", "memory.free", "utilization.gpu", "temperature.gpu",
      "power.draw", "driver_version", "gpu_name", ", GPU-"),
-    query_csv, GPU_COLUMNS, timestamps=(),
+    query_csv, GPU_COLUMNS, timestamps=(), vector=query_csv_vector,
 ))
 
 
@@ -308,39 +409,88 @@ def topology(w: Window) -> BlockResult:
     return (recs, k) if recs else ([], 0)
 
 
-def topology_fast(text: Text, i: int) -> FastResult | None:
-    """:func:`topology` over the plain bytes of the matrix, its rows as one :class:`Rows`."""
-    head = text.lines_at(i, 1)[0]
-    devices = head[:head.find(b"CPU Affinity")].split()
-    if not devices:
-        return [], 0, 1
-    names = [d.decode() for d in devices]
-    width = len(devices)
-    offsets: list[int] = []
-    values: list[tuple[str, str, str, str | None, str | None]] = []
-    k = 1
-    for s in text.iter_lines(i + 1):
-        toks = s.split()
-        if not toks or toks[0] not in devices or len(toks) < 1 + width:
-            break
-        src = toks[0].decode()
-        rest = toks[1 + width:]
-        cpu = rest[0].decode() if rest else None
-        numa = rest[1].decode() if len(rest) > 1 else None
-        for dst, link in zip(names, toks[1:1 + width], strict=True):
-            if dst != src and link != b"X":
-                offsets.append(k)
-                values.append((src, dst, link.decode(), cpu, numa))
-        k += 1
-    else:
-        return None  # the matrix goes on past what was read
-    if not offsets:
-        return [], 0, k + 1
-    return Rows(offsets, ("src", "dst", "link", "cpu_affinity", "numa_affinity"), values), k, k + 1
+_DEVICES: dict[str, tuple[str, ...]] = {}
+
+
+def _devices(head: str) -> tuple[str, ...]:
+    """The device columns of a ``topo -m`` header (cached by its text)."""
+    got = _DEVICES.get(head)
+    if got is None:
+        if len(_DEVICES) > 1024:
+            _DEVICES.clear()
+        got = _DEVICES[head] = tuple(head[:head.find("CPU Affinity")].split())
+    return got
+
+
+def topology_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`topology` of all the chunk's matrices at once."""
+    nb = len(at)
+    devs = [_devices(h) for h in to_str_numpy(chunk.texts(at)).tolist()]
+    plan_ids: dict[tuple[str, ...], int] = {}
+    plan = np.array([plan_ids.setdefault(d, len(plan_ids)) if d else -1 for d in devs], np.int64)
+    plans = list(plan_ids)
+    width = np.array([len(d) for d in devs], np.int64)
+    mats = np.flatnonzero(plan >= 0)
+    used = np.zeros(nb, np.int64)
+    examined = np.ones(nb, np.int64)
+    status = np.zeros(nb, np.int64)
+    if not len(mats):
+        return Blocks.none(nb)
+
+    def classify(text: pa.Array, block: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        tokens, counts, first = split_ws(text)
+        b = mats[block]
+        ok = counts >= 1 + width[b]
+        member = np.zeros(len(text), dtype=bool)
+        has = np.flatnonzero(counts > 0)
+        firsts = tokens.take(pa.array(first[has])) if len(has) else pa.array([], pa.string())
+        for pid, d in enumerate(plans):
+            sel = np.flatnonzero(plan[b[has]] == pid)
+            if len(sel):
+                member[has[sel]] = np_bool(pc.is_in(firsts.take(pa.array(sel)), value_set=pa.array(d, pa.string())))
+        return np.where(ok & member, ROW, STOP)
+
+    sc = scan(chunk, at[mats], classify, first=16)
+    rows = sc.rows(ROW)
+    tokens, counts, first = split_ws(sc.text.take(pa.array(rows)))
+    b = mats[sc.block[rows]]
+    parts: list[tuple[np.ndarray, ...]] = []
+    for pid, d in enumerate(plans):
+        sel = np.flatnonzero(plan[b] == pid)
+        if not len(sel):
+            continue
+        w = len(d)
+        f0 = first[sel]
+        src = to_str_numpy(tokens.take(pa.array(f0)))
+        links = to_str_numpy(tokens.take(pa.array((f0[:, None] + 1 + np.arange(w)).ravel()))).reshape(-1, w)
+        rest = counts[sel] - 1 - w
+        cpu = np.empty(len(sel), object)
+        numa = np.empty(len(sel), object)
+        if (rest > 0).any():
+            cpu[rest > 0] = to_str_numpy(tokens.take(pa.array(f0[rest > 0] + 1 + w)))
+        if (rest > 1).any():
+            numa[rest > 1] = to_str_numpy(tokens.take(pa.array(f0[rest > 1] + 2 + w)))
+        dst = np.array(d, dtype=object)
+        keep = (dst[None, :] != src[:, None]) & (links != "X")
+        r, j = np.nonzero(keep)
+        parts.append((sel[r], j, src[r], dst[j], links[r, j], cpu[r], numa[r]))
+    examined[mats] = sc.examined
+    status[mats] = np.where(sc.more, MORE, 0)
+    if not parts:
+        return Blocks(used, examined, np.zeros(0, np.int64), np.zeros(0, np.int64), {}, status)
+    sel, j, src, dst, link, cpu, numa = (np.concatenate([p[k] for p in parts]) for k in range(7))
+    order = np.lexsort((j, sel))
+    sel = sel[order]
+    cols = {"src": src[order], "dst": dst[order], "link": link[order], "cpu_affinity": cpu[order],
+            "numa_affinity": numa[order]}
+    has = np.zeros(len(mats), dtype=bool)
+    has[sc.block[rows][sel]] = True
+    used[mats] = np.where(has, sc.end, 0)
+    return Blocks(used, examined, mats[sc.block[rows][sel]], sc.offset[rows][sel], cols, status)
 
 
 registry.add(BlockFormat(
     "nvidia-smi", "topology", ("CPU Affinity",), topology,
     {"src": "str", "dst": "str", "link": "str", "cpu_affinity": "str", "numa_affinity": "str"}, timestamps=(),
-    fast=topology_fast,
+    vector=topology_vector,
 ))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from spectrial.logs.core import NUM, TS_ISO, register
+from spectrial.logs.registry import register
 from spectrial.logs.sglang import TS as SGLANG_TS
+from spectrial.logs.text import NUM, TS_ISO
 
 _PHASE = re.compile(rf"(?P<label>[A-Za-z][A-Za-z0-9_ /+&().-]*?)\s*:\s*(?P<ms>{NUM})\s*ms\s*/\s*cyc(?:le)?\b"
                     rf"(?:\s*\(\s*(?P<pct>{NUM})\s*%\s*\))?")

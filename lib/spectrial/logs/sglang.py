@@ -7,7 +7,7 @@ Kinds and columns (engine "sglang"):
   graph; clipped lines keep the fields that survived. One row per DP rank (ranks are not samples).
 - ``prefill``: new_seq, new_token, cached_token, cache_hit_rate (fraction), token_usage, running_req,
   queue_req, input_throughput, graph, dp_rank, tp_rank.
-- ``ready`` (``The server is fired up and ready to roll``), ``kv_cache`` (kv_tokens, k_gb, v_gb),
+- ``ready`` (``The server is fired up and ready to roll``), ``kv_cache`` (kv_tokens, k_gb, v_gb, kv_dtype),
   ``graph_capture`` (phase "begin"/"end", graph_name e.g. "main", "target verify", elapsed_s, mem_gb,
   avail_mem_gb), ``server_args`` (``args``: the ``ServerArgs(...)`` dump as a dict; hard-wrapped pastes
   and fragments are joined and parsed as far as they go).
@@ -18,26 +18,48 @@ Kinds and columns (engine "sglang"):
 - ``bench_one_batch``: gen_throughput, accept_len (``last generation throughput: X tok/s``,
   ``acc_length: X``; also ``sglang.test.send_one``'s ``acc_length=X`` / ``speed=X token/s``).
 - ``bench_mtbench``: label, questions, gen_throughput, accept_len (``benchmark/mtbench`` output).
+- ``startup_timings`` (``Engine startup timings (s): load_weight=..., kv_cache_allocation=...,
+  scheduler_e2e=..., cuda_graph={prefill=..., decode=..., ...}, tokenizer_e2e=...``): load_weight_s,
+  kv_cache_allocation_s, scheduler_e2e_s, tokenizer_e2e_s, cuda_graph_s (the sum of the cuda_graph
+  phases); NaN where a value is not a number.
+- ``event``: event, message (the line after its prefix). event is one of "graceful_exit"
+  (``Gracefully exiting...``: a clean stop, even when the exit status is -9), "scheduler_exception"
+  (``Scheduler hit an exception``: a crash), "sigquit" (``SIGQUIT received`` / ``Received sigquit``: a
+  child failed), "sigterm" (``SIGTERM received``), "deprecation" (the bold-yellow warning SGLang's
+  ``print_deprecated_warning`` prints, e.g. for ``--disable-cuda-graph``; its colour codes stripped).
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from typing import Any
 
-from spectrial.logs.core import (
-    NUM,
-    TS_ISO,
-    BlockFormat,
-    BlockResult,
-    FastResult,
-    LineFormat,
-    Text,
-    Window,
-    bnum,
-    num,
-    registry,
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spectrial.logs.chunks import Chunk, Window
+from spectrial.logs.columns import numbers
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat
+from spectrial.logs.pyrepr import parse_kwargs
+from spectrial.logs.registry import registry
+from spectrial.logs.text import NUM, TS_ISO, WS, named, num, re2
+from spectrial.logs.vector import (
+    LAST,
+    ROW,
+    SKIP,
+    STOP,
+    first_group,
+    float_column,
+    head_char,
+    last_per,
+    lookup,
+    np_bool,
+    object_column,
+    scan,
+    split_once,
+    texts_at,
+    to_str_numpy,
 )
 
 TS = (r"\[(?P<timestamp>(?:[0-9]{4}-[0-9]{2}-[0-9]{2}[ T])?[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?)"
@@ -80,11 +102,66 @@ registry.add(LineFormat(
 registry.add(LineFormat(
     "sglang", "kv_cache", ("KV Cache is allocated",),
     (*PREFIX,
+     r"dtype: (?P<kv_dtype>[A-Za-z0-9_.]+)",
      r"#tokens: (?P<kv_tokens>[0-9]+)",
      rf"K size: (?P<k_gb>{NUM}) ?GB",
      rf"V size: (?P<v_gb>{NUM}) ?GB"),
-    require=("kv_tokens", "k_gb", "v_gb"),
+    types={"kv_dtype": "str"}, require=("kv_tokens", "k_gb", "v_gb"),
     key_metrics=("kv_tokens", "k_gb", "v_gb"),
+))
+
+_TIMINGS = ("load_weight", "kv_cache_allocation", "scheduler_e2e", "tokenizer_e2e")
+_PHASE_S = re.compile(rf"=\s*({NUM})")
+
+
+def _startup_timings(df: Any) -> Any:
+    """cuda_graph={prefill=64.55, decode=4.58, ...} -> cuda_graph_s, the sum of its phases."""
+    sums = []
+    for text in df["cuda_graph"]:
+        vals = [num(v) for v in _PHASE_S.findall(text)] if isinstance(text, str) else []
+        vals = [v for v in vals if v is not None]
+        sums.append(float(sum(vals)) if vals else np.nan)
+    df["cuda_graph_s"] = np.array(sums, dtype=float)
+    return df.drop(columns=["cuda_graph"])
+
+
+registry.add(LineFormat(
+    "sglang", "startup_timings", ("Engine startup timings",),
+    (*PREFIX, *(rf"\b{t}=(?P<{t}_s>{NUM})" for t in _TIMINGS), r"\bcuda_graph=\{(?P<cuda_graph>[^}]*)\}"),
+    types={"cuda_graph": "str"}, require=(), finalize=_startup_timings,
+    output={"timestamp": "str", "dp_rank": "float", "tp_rank": "float", **{f"{t}_s": "float" for t in _TIMINGS},
+            "cuda_graph_s": "float"},
+    key_metrics=("load_weight_s", "scheduler_e2e_s", "tokenizer_e2e_s", "cuda_graph_s"),
+))
+
+EVENTS = {"Gracefully exiting": "graceful_exit", "Scheduler hit an exception": "scheduler_exception",
+          "SIGQUIT received": "sigquit", "Received sigquit": "sigquit", "SIGTERM received": "sigterm"}
+_EVENT_RX = "|".join(re.escape(e) for e in EVENTS)
+
+
+def _events(df: Any) -> Any:
+    df["event"] = df["event"].map(EVENTS)
+    return df
+
+
+registry.add(LineFormat(
+    "sglang", "event", tuple(EVENTS),
+    (*PREFIX, rf"(?P<event>{_EVENT_RX})", rf"(?P<message>(?:{_EVENT_RX}).*?)\s*$"),
+    types={"event": "str", "message": "str"}, require=("event",), finalize=_events,
+    output={"timestamp": "str", "dp_rank": "float", "tp_rank": "float", "event": "str", "message": "str"},
+))
+
+
+def _deprecation(df: Any) -> Any:
+    df["event"] = "deprecation"
+    return df
+
+
+registry.add(LineFormat(
+    "sglang", "event", ("\x1b[1;33m",),  # print_deprecated_warning: logger.warning(f"\033[1;33m{message}\033[0m")
+    (*PREFIX, r"^(?:\[[^\]]*\] *)?(?:[A-Z]+:? +)?(?P<message>\S.*?)\s*$"),
+    types={"message": "str"}, require=(), finalize=_deprecation,
+    output={"timestamp": "str", "dp_rank": "float", "tp_rank": "float", "event": "str", "message": "str"},
 ))
 
 
@@ -112,91 +189,6 @@ registry.add(LineFormat(
 # ---------------------------------------------------------------- server_args
 _LOG_START = re.compile(r"^\s*(?:\[[0-9]|\(\w+ pid=|(?:INFO|WARNING|ERROR|DEBUG)\b|[0-9]{4}-[0-9]{2}-[0-9]{2}"
                         r"|[0-9]+\.[0-9]{2}\.[0-9]{3}\.[0-9]{3} )")
-
-
-def _scan_value(text: str, i: int) -> tuple[str, int, bool]:
-    """Read one value from text[i:]; returns (value, end, closed) where closed means the dump's ')'."""
-    depth: list[str] = []
-    quote = ""
-    j = i
-    while j < len(text):
-        c = text[j]
-        if quote:
-            if c == "\\":
-                j += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in "([{":
-            depth.append(c)
-        elif c in ")]}":
-            if not depth:
-                return text[i:j], j, c == ")"
-            depth.pop()
-        elif c == "," and not depth:
-            return text[i:j], j, False
-        j += 1
-    return text[i:j], j, False
-
-
-def _literal(value: str) -> Any:
-    v = value.strip()
-    if len(v) <= 20000:
-        try:
-            return ast.literal_eval(v)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            pass
-    return v
-
-
-# one `key=value`: a simple value (quoted without escapes, or no brackets) up to `,` / `)`, or the start of
-# a bracketed / escaped value that _scan_value reads
-_ITEM = re.compile(r"""([A-Za-z_][A-Za-z0-9_]*)=(?:('[^'\\\n]*'|"[^"\\\n]*"|[^,()\[\]{}'"\n]*?)\s*(?=[,)]|$)|(?=.))""")
-_PAREN = re.compile(r"\s*\)")
-_CONST = {"None": None, "True": True, "False": False}
-
-
-def _simple_value(v: str) -> Any:
-    if v in _CONST:
-        return _CONST[v]
-    if v[:1] in ("'", '"') and len(v) >= 2:
-        return v[1:-1]
-    if v.isascii() and v.isdigit():  # the common number, without the cost of an exception below
-        return int(v)
-    try:
-        return int(v)
-    except ValueError:
-        pass
-    try:
-        return float(v)
-    except ValueError:
-        return v
-
-
-def parse_kwargs(text: str) -> tuple[dict[str, Any], bool]:
-    """`a=1, b='x', c=[1, 2]` (a Python repr of keyword arguments) -> (dict, closed by ')')."""
-    out: dict[str, Any] = {}
-    pos = 0
-    while True:
-        # simple items follow each other: one finditer (each match starts where the last one ended, as a
-        # search from there would) until a bracketed or escaped value, which _scan_value reads
-        m = None
-        for m in _ITEM.finditer(text, pos):
-            value = m.group(2)
-            if value is None:
-                break
-            out[m.group(1)] = _simple_value(value)
-            pos = m.end()
-            if text[pos:pos + 1] != "," and _PAREN.match(text, pos):
-                return out, True
-        else:
-            return out, False
-        value, end, closed = _scan_value(text, m.end())
-        out[m.group(1)] = _literal(value)
-        if closed:
-            return out, True
-        pos = max(end, m.end() + 1)
 
 
 def server_args(w: Window) -> BlockResult:
@@ -307,50 +299,79 @@ def bench_serving(w: Window) -> BlockResult:
     return [(0, {"engine": engine, **rec})], k
 
 
-_CLOSE_B = re.compile(_CLOSE.pattern.encode())
-_SECTION_B = re.compile(_SECTION.pattern.encode())
-_BLABEL: dict[bytes, str | None] = {}
+_CLOSE_V = rf"^{WS}*={{10,}}{WS}*$"
+_SECTION_V = rf"^{WS}*-{{3,}}.*-{{3,}}{WS}*$"
+_BENCH_NAMES = list(BENCH_COLUMNS)
+_BACKEND = _BENCH_NAMES.index("backend")
+_ACCEPT_RATE = _BENCH_NAMES.index("accept_rate")
+_FAILED = _BENCH_NAMES.index("failed_requests")
 
 
-def bench_serving_fast(text: Text, i: int) -> FastResult | None:
-    """:func:`bench_serving` over the plain bytes of the block."""
-    rec: dict[str, Any] = {}
-    k = 1
-    labels = _BLABEL
-    for s in text.iter_lines(i + 1, 24):
-        if s[:1] in (b" ", b"=", b"-"):
-            head = s.lstrip()[:1]
-            if head == b"=" and _CLOSE_B.match(s):
-                k += 1
-                examined = k
-                break
-            if head == b"-" and _SECTION_B.match(s):
-                k += 1
-                continue
-        label, sep, rest = s.partition(b":")
-        value = rest.strip()
-        if not sep or not value or len(label) > 80 or len(s) - len(rest.lstrip()) < 30:
-            examined = k + 1
-            break
-        col = labels.get(label, "")
-        if col == "":
-            col = labels[label] = _bench_label(label.decode())
-        if col == "backend":
-            rec[col] = value.decode()
-        elif col is not None:
-            v = bnum(value)
-            rec[col] = v / 100 if (col == "accept_rate" and v is not None) else v
-        k += 1
-    else:
-        return None  # the block goes on past what was read
-    if not any(v is not None for c, v in rec.items() if c != "backend"):
-        return [], 0, examined
-    engine = "vllm" if "backend" not in rec and "failed_requests" in rec else "sglang"
-    return [(0, {"engine": engine, **rec})], k, examined
+def _bench_row(text: pa.Array) -> np.ndarray:
+    """Whether each (plain) line is a `{:<40} {:<10}` row as bench_serving reads it: a `:` within the first
+    81 characters, a value after it, and the value starting at character 30 or later."""
+    colon = pc.find_substring(text, ":").to_numpy(zero_copy_only=False)
+    head = pc.utf8_length(pc.ascii_rtrim_whitespace(pc.utf8_slice_codeunits(text, 0, 30))).to_numpy(
+        zero_copy_only=False)
+    end = pc.utf8_length(pc.ascii_rtrim_whitespace(text)).to_numpy(zero_copy_only=False)
+    # text[colon + 1:30] is whitespace (or the colon is at 29 or later), and something follows the colon
+    return (colon >= 0) & (colon <= 80) & ((head <= colon + 1) | (colon >= 29)) & (end > colon + 1)
+
+
+def _bench_classify(text: pa.Array, block: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    row = _bench_row(text)
+    code = np.where(row, ROW, STOP)
+    head = head_char(text)
+    for char, pattern, value in (("=", _CLOSE_V, LAST), ("-", _SECTION_V, SKIP)):
+        cand = np.flatnonzero(np_bool(pc.equal(head, char)))
+        if len(cand):
+            hit = np_bool(pc.match_substring_regex(text.take(pa.array(cand)), pattern))
+            code[cand[hit]] = value
+    return code
+
+
+def bench_serving_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`bench_serving` of all the chunk's blocks at once."""
+    sc = scan(chunk, at, _bench_classify, first=32)
+    nb = len(at)
+    rows = sc.rows(ROW)
+    label, rest = split_once(sc.text.take(pa.array(rows)), ":")
+    value = pc.ascii_trim_whitespace(rest)
+    col = lookup(label, _bench_label, _BENCH_NAMES)
+    sel = np.flatnonzero(col >= 0)
+    blk, col = sc.block[rows][sel], col[sel]
+    value = value.take(pa.array(sel))
+    last = last_per(blk, col)  # a label printed twice: the later value
+    blk, col = blk[last], col[last]
+    value = value.take(pa.array(last))
+    nums, found = numbers(value)
+    nums = np.where(col == _ACCEPT_RATE, nums / 100, nums)
+    present = np.zeros((len(_BENCH_NAMES), nb), dtype=bool)
+    present[col, blk] = True
+    valid = np.zeros(nb, dtype=bool)
+    valid[blk[found & (col != _BACKEND)]] = True
+    recs = np.flatnonzero(valid)
+    pos = np.full(nb, -1, np.int64)
+    pos[recs] = np.arange(len(recs))
+    cols: dict[str, np.ndarray] = {}
+    for c in np.unique(col).tolist():
+        sel = np.flatnonzero((col == c) & valid[blk])
+        if not len(sel):
+            continue
+        if c == _BACKEND:
+            cols["backend"] = object_column(len(recs), pos[blk[sel]], to_str_numpy(value.take(pa.array(sel))))
+        else:
+            cols[_BENCH_NAMES[c]] = float_column(len(recs), pos[blk[sel]], nums[sel])
+    vllm = ~present[_BACKEND] & present[_FAILED]
+    cols["engine"] = np.where(vllm[recs], "vllm", "sglang").astype(object)
+    used = np.where(valid, sc.end, 0)
+    status = np.where(sc.more, MORE, 0)
+    return Blocks(used, sc.examined, recs, np.zeros(len(recs), np.int64), cols, status)
 
 
 registry.add(BlockFormat(
-    "sglang", "bench_serving", ("Serving Benchmark Result",), bench_serving, BENCH_COLUMNS, fast=bench_serving_fast,
+    "sglang", "bench_serving", ("Serving Benchmark Result",), bench_serving, BENCH_COLUMNS,
+    vector=bench_serving_vector,
     key_metrics=("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "accept_len"),
 ))
 
@@ -381,9 +402,46 @@ def bench_one_batch(w: Window) -> BlockResult:
     return ([(0, rec)], used) if rec else ([], 0)
 
 
+_ONE_V = {c: re2(named(rx.pattern)) for c, rx in _ONE.items()}
+
+
+def bench_one_batch_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`bench_one_batch` of all the chunk's marker lines at once (its 8-line loop over columns)."""
+    nb = len(at)
+    rec = {c: np.full(nb, np.nan) for c in _ONE}
+    have = {c: np.zeros(nb, dtype=bool) for c in _ONE}
+    used = np.zeros(nb, np.int64)
+    active = np.ones(nb, dtype=bool)
+    more = np.zeros(nb, dtype=bool)
+    for k in range(8):
+        text, inside = texts_at(chunk, at, k)
+        if not chunk.final:
+            more |= active & (at + k >= chunk.n)
+        active &= inside
+        found = {c: numbers(first_group(text, rx)) for c, rx in _ONE_V.items()}
+        hit = {c: active & found[c][1] for c in _ONE}
+        clash = np.logical_or.reduce([hit[c] & have[c] for c in _ONE])
+        active &= ~clash
+        any_hit = np.zeros(nb, dtype=bool)
+        for c in _ONE:
+            upd = active & hit[c]
+            rec[c] = np.where(upd, found[c][0], rec[c])
+            have[c] |= upd
+            any_hit |= upd
+        used = np.where(any_hit, k + 1, used)
+        full = np.logical_and.reduce([have[c] for c in _ONE])
+        blank = np_bool(pc.equal(pc.ascii_trim_whitespace(text), ""))
+        active &= ~(~any_hit & ~blank & full)
+    recs = np.flatnonzero(np.logical_or.reduce([have[c] for c in _ONE]))
+    cols = {c: rec[c][recs] for c in _ONE}
+    return Blocks(np.where(np.isin(np.arange(nb), recs), used, 0), np.full(nb, 8), recs,
+                  np.zeros(len(recs), np.int64), cols, np.where(more, MORE, 0))
+
+
 registry.add(BlockFormat(
     "sglang", "bench_one_batch", ("last generation throughput", "acc_length"), bench_one_batch,
     {"gen_throughput": "float", "accept_len": "float"}, key_metrics=("gen_throughput", "accept_len"),
+    vector=bench_one_batch_vector,
 ))
 
 _MT = {
@@ -407,22 +465,35 @@ def bench_mtbench(w: Window) -> BlockResult:
     return [(0, rec)], 1
 
 
-def bench_mtbench_fast(text: Text, i: int) -> FastResult | None:
-    """:func:`bench_mtbench` on the chunk's own (plain) lines."""
-    s = text.line(i)
-    rec: dict[str, Any] = {c: num(m.group(1)) for c, rx in _MT.items() if (m := rx.search(s))}
-    if not rec.get("gen_throughput") and not rec.get("accept_len"):
-        return [], 0, 1
+_MT_V = {c: re2(named(rx.pattern)) for c, rx in _MT.items()}
+
+
+def bench_mtbench_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`bench_mtbench` of all the chunk's marker lines at once."""
+    nb = len(at)
+    text = chunk.texts(at)
+    vals = {c: numbers(first_group(text, rx)) for c, rx in _MT_V.items()}
+    gt, al = vals["gen_throughput"], vals["accept_len"]
+    valid = (gt[1] & (gt[0] != 0)) | (al[1] & (al[0] != 0))  # `not rec.get(...)`: NaN counts, 0 does not
+    recs = np.flatnonzero(valid)
+    label = np.empty(nb, object)
+    seen = np.zeros(nb, dtype=bool)
     for k in (-1, -2):
-        prev = text.line(i + k).strip()
-        if prev:
-            rec["label"] = prev[:-1].strip() if prev.endswith(":") else None
-            break
-    return [(0, rec)], 1, 1
+        prev, inside = texts_at(chunk, at, k)
+        prev = pc.ascii_trim_whitespace(prev)
+        here = inside & ~seen & np_bool(pc.not_equal(prev, ""))
+        colon = np_bool(pc.ends_with(prev, ":"))
+        name = to_str_numpy(pc.ascii_trim_whitespace(pc.utf8_slice_codeunits(prev, 0, -1)))
+        label[here & colon] = name[here & colon]
+        seen |= here
+    cols = {c: v[0][recs] for c, v in vals.items() if c != "questions"}
+    cols["questions"] = np.where(vals["questions"][1], vals["questions"][0], np.nan)[recs]
+    cols["label"] = label[recs]
+    return Blocks(valid.astype(np.int64), np.ones(nb, np.int64), recs, np.zeros(len(recs), np.int64), cols)
 
 
 registry.add(BlockFormat(
     "sglang", "bench_mtbench", ("#questions:",), bench_mtbench,
     {"label": "str", "questions": "float", "gen_throughput": "float", "accept_len": "float"},
-    key_metrics=("gen_throughput", "accept_len"), fast=bench_mtbench_fast, lookback=2,
+    key_metrics=("gen_throughput", "accept_len"), lookback=2, vector=bench_mtbench_vector,
 ))

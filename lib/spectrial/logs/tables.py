@@ -10,11 +10,19 @@ method, max_concurrency, mean/median/p99 ttft and tpot in ms, per_user_throughpu
 
 from __future__ import annotations
 
-import operator
 import re
 from typing import Any
 
-from spectrial.logs.core import BlockFormat, BlockResult, FastResult, Rows, Text, Window, num, registry
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spectrial.logs.chunks import Chunk, Window
+from spectrial.logs.columns import numbers
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks
+from spectrial.logs.registry import registry
+from spectrial.logs.text import WS, num
+from spectrial.logs.vector import ROW, SKIP, STOP, cells_of, head_char, np_bool, scan, texts_at, to_str_numpy
 
 TABLE_COLUMNS: dict[str, str] = {
     "batch_size": "float", "tp_size": "float", "ep_size": "float", "steps": "float", "topk": "float",
@@ -93,86 +101,90 @@ def results_table(w: Window) -> BlockResult:
     return ([(off, {**r, "engine": engine}) for off, r in recs], k) if recs else ([], 0)
 
 
-_BORDER_B = re.compile(_BORDER.pattern.encode())
-_HEADERS: dict[bytes, tuple[int, Any, list[str], list[tuple[int, str]], bool] | None] = {}
+_BORDER_V = rf"^{WS}*\+[-=+:]+\+?{WS}*$"
+_PLANS: dict[str, tuple[int, tuple[tuple[int, str, bool], ...], bool] | None] = {}
 
 
-def _header_plan(header: bytes) -> tuple[int, Any, list[str], list[tuple[int, str]], bool] | None:
-    """What a header line says, cached by its text: cell count, a getter of the number cells and their
-    columns, the text cells (index, column), and whether it names vLLM; None for other tables."""
+def _plan(header: str) -> tuple[int, tuple[tuple[int, str, bool], ...], bool] | None:
+    """What a header line says (cached by its text): cell count, the known columns (cell, name, is text)
+    and whether it names vLLM; None for other tables."""
     try:
-        return _HEADERS[header]
+        return _PLANS[header]
     except KeyError:
         pass
-    if len(_HEADERS) > 1024:
-        _HEADERS.clear()
-    text = header.decode()
-    names = [ALIASES.get(re.sub(r"\s+", " ", c.lower())) for c in _cells(text)]
+    if len(_PLANS) > 4096:
+        _PLANS.clear()
+    names = [ALIASES.get(re.sub(r"\s+", " ", c.lower())) for c in _cells(header)]
     plan = None
     if sum(1 for n in names if n) >= 2 and any(n in _RESULT for n in names):
-        nums = [(j, n) for j, n in enumerate(names) if n and TABLE_COLUMNS[n] != "str"]
-        strs = [(j, n) for j, n in enumerate(names) if n and TABLE_COLUMNS[n] == "str"]
-        getter = (lambda cells: ()) if not nums else (
-            (lambda cells, j=nums[0][0]: (cells[j],)) if len(nums) == 1 else operator.itemgetter(*(j for j, _ in nums)))
-        plan = (len(names), getter, [n for _, n in nums], strs, "vllm" in text.lower())
-    _HEADERS[header] = plan
+        fields = tuple((j, n, TABLE_COLUMNS[n] == "str") for j, n in enumerate(names) if n)
+        plan = (len(names), fields, "vllm" in header.lower())
+    _PLANS[header] = plan
     return plan
 
 
-def results_table_fast(text: Text, i: int) -> FastResult | None:
-    """:func:`results_table` over the plain bytes of the table."""
-    above = text.lines_at(i - 2, 2)
-    header = next((h for h in (above[1], above[0]) if h.strip() and b"|" in h), None)
-    if header is None:
-        return [], 0, 1
-    plan = _header_plan(header)
-    if plan is None:
-        return [], 0, 1
-    ncells, getter, num_n, strs, vllm = plan
-    engine = "vllm" if vllm else "sglang"
-    offsets: list[int] = []
-    values: list[list[Any]] = []
-    k = 1
-    for s in text.iter_lines(i + 1):
-        if b"|" not in s:
-            if _BORDER_B.match(s):
-                k += 1
-                continue
-            break
-        t = s.strip()
-        if t[:1] == b"+" and _BORDER_B.match(s):
-            k += 1
-            continue
-        if t[:1] == b"|":
-            t = t[1:]
-        if t[-1:] == b"|":
-            t = t[:-1]
-        cells = t.split(b"|")
-        if len(cells) != ncells:
-            break
-        if engine == "sglang" and b"vllm" in s.lower():
-            engine = "vllm"
-        vals = getter(cells)
-        try:
-            row = list(map(float, vals))  # float() ignores the spaces around a cell
-        except ValueError:
-            row = [_cell_value(v.strip().decode()) for v in vals]
-        for j, _ in strs:
-            row.append(cells[j].strip().decode())
-        offsets.append(k)
-        values.append(row)
-        k += 1
-    else:
-        return None  # the table goes on past what was read
-    if not offsets:
-        return [], 0, k + 1
-    for row in values:
-        row.append(engine)
-    return Rows(offsets, (*num_n, *(n for _, n in strs), "engine"), values), k, k + 1
+def results_table_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`results_table` of all the chunk's tables at once (the rows split with column kernels)."""
+    nb = len(at)
+    header = np.empty(nb, object)
+    for k in (-2, -1):  # the nearer line wins
+        text, inside = texts_at(chunk, at, k)
+        ok = inside & np_bool(pc.match_substring(text, "|")) & np_bool(pc.not_equal(pc.ascii_trim_whitespace(text), ""))
+        header[ok] = to_str_numpy(text)[ok]
+    plans = [_plan(h) if h is not None else None for h in header.tolist()]
+    width = np.array([p[0] if p else 0 for p in plans], np.int64)
+    tables = np.flatnonzero(width > 0)
+    used = np.zeros(nb, np.int64)
+    examined = np.ones(nb, np.int64)
+    status = np.zeros(nb, np.int64)
+    if not len(tables):
+        return Blocks(used, examined, np.zeros(0, np.int64), np.zeros(0, np.int64), {}, status)
+
+    def classify(text: pa.Array, block: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        pipe = np_bool(pc.match_substring(text, "|"))
+        border = np_bool(pc.match_substring_regex(text, _BORDER_V))
+        grid = np_bool(pc.equal(head_char(text), "+")) & border
+        _, counts = cells_of(text)
+        row = counts == width[tables[block]]
+        return np.where(~pipe, np.where(border, SKIP, STOP), np.where(grid, SKIP, np.where(row, ROW, STOP)))
+
+    sc = scan(chunk, at[tables], classify)
+    rows = sc.rows(ROW)
+    blk = sc.block[rows]
+    text = sc.text.take(pa.array(rows))
+    cells, _ = cells_of(text)
+    starts = np.concatenate(([0], np.cumsum(width[tables[blk]])))[:-1]
+    vllm_row = np_bool(pc.match_substring(text, "vllm", ignore_case=True))
+    has = np.zeros(len(tables), dtype=bool)
+    has[blk] = True
+    vllm = np.array([bool(plans[t][2]) for t in tables.tolist()])  # type: ignore[index]
+    vllm |= np.bincount(blk[vllm_row], minlength=len(tables)) > 0
+    plan_ids: dict[tuple[tuple[int, str, bool], ...], int] = {}
+    plan_of = np.array([plan_ids.setdefault(plans[t][1], len(plan_ids)) for t in tables.tolist()],  # type: ignore[index]
+                       np.int64)
+    cols: dict[str, np.ndarray] = {}
+    nrec = len(rows)
+    for fields, pid in plan_ids.items():  # each header's columns, over the rows of its tables
+        mine = np.flatnonzero(plan_of[blk] == pid)
+        for j, name, is_str in fields:
+            if is_str:
+                col = cols.setdefault(name, np.empty(nrec, object))
+                col[mine] = to_str_numpy(cells.take(pa.array(starts[mine] + j)))
+        nums = [(j, name) for j, name, is_str in fields if not is_str]
+        if nums:  # every number cell of these tables in one go
+            at = (starts[mine][None, :] + np.array([j for j, _ in nums])[:, None]).ravel()
+            vals = numbers(cells.take(pa.array(at)), _cell_value)[0].reshape(len(nums), len(mine))
+            for (_, name), v in zip(nums, vals, strict=True):
+                cols.setdefault(name, np.full(nrec, np.nan))[mine] = v
+    cols["engine"] = np.where(vllm[blk], "vllm", "sglang").astype(object)
+    used[tables] = np.where(has, sc.end, 0)
+    examined[tables] = sc.examined
+    status[tables] = np.where(sc.more, MORE, 0)
+    return Blocks(used, examined, tables[blk], sc.offset[rows], cols, status)
 
 
 registry.add(BlockFormat(
     "sglang", "results_table", ("-|-", "- | -", ":|-", "-|:", ":|:", "- | :", ": | -", "+====", "+:==="),
     results_table, TABLE_COLUMNS, key_metrics=("gen_throughput", "output_throughput", "accept_len"), timestamps=(),
-    fast=results_table_fast, lookback=2,
+    lookback=2, vector=results_table_vector,
 ))

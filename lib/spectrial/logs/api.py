@@ -1,0 +1,129 @@
+"""`parse` and `summary`: server logs into one pandas DataFrame.
+
+Output schema of :func:`parse` (one row per recognised record, in input order):
+
+- ``line``: 1-based line of the record's first line; ``engine``: "sglang", "vllm", "llamacpp",
+  "profile", "nccl", "nvidia-smi" or "http" (uvicorn access lines); ``kind``; ``timestamp``: as printed,
+  or None.
+- then every column of every selected format, NaN (numbers) or None where a record lacks it.
+  Units are in the names: ``_ms``, ``_s``, ``_gb``, ``_mib``, ``_w``, ``_c``, ``_mhz``; ``_pct`` is 0..100;
+  ``*_rate`` and ``*_usage`` are fractions 0..1 (converted from percent where a log prints ``%``);
+  throughputs are tokens per second. Exceptions, as the tools print them: bench_serving's
+  ``request_rate`` and ``request_throughput`` are requests per second; results_table's ``latency`` keeps
+  the table's own unit; ``system_efficiency`` (vLLM V0) is a fraction.
+- ``df.attrs``: ``lines`` (lines read), ``unparsed_lines`` (non-blank lines that no format recognised),
+  ``parser_errors`` (at most 20 ``(line, format, error)`` tuples; a bug, never a crash), ``read_error``.
+
+How it is fast: the input is read in blocks of whole lines (16 MiB); each block is one arrow string array
+over its bytes. One Aho-Corasick pass over the bytes (ahocorasick_rs; else an RE2 union) finds each line's
+leftmost marker and so its format. Block formats (tables, benchmark blocks, dumps) are read first, in line
+order, each by its vectorised reader over all its marker lines at once (their lines walked and split with
+arrow kernels; the format's Python function reads what the reader declines). Meanwhile, in a worker
+thread, each line format extracts its columns from its lines with one RE2 pass per pattern (pyarrow
+``extract_regex``, which releases the GIL) and one ``key: value`` split; rows inside a block are dropped.
+Records stay columns and meet once, at the end, in two 2D blocks (floats, objects). During a parse the
+cyclic GC and numpy's huge-page hint are off (see :func:`madvise_hugepage`). Details: docs/LOGS.md.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pandas as pd
+
+from spectrial.errors import ConfigError
+from spectrial.logs.chunks import CONTEXT, Chunk
+from spectrial.logs.driver import Plan
+from spectrial.logs.registry import Registry, registry
+from spectrial.logs.source import line_blocks, raw_blocks
+from spectrial.logs.table import assemble
+from spectrial.logs.table import summary as _summary
+
+DEFAULT_BLOCK_BYTES = 16 << 20
+
+
+def parse(source: Any, kinds: str | Iterable[str] | None = None, *, registry: Registry | None = None,
+          block_bytes: int = DEFAULT_BLOCK_BYTES) -> pd.DataFrame:
+    """Parse server logs into one DataFrame (schema: see the module docstring).
+
+    `source`: a path (plain or gzip), log text, bytes, a binary/text file object, or an iterable of
+    lines. `kinds`: keep only these kinds or engines (e.g. "decode", "nccl", "llamacpp:request_timing").
+    `registry`: the formats to use (default: all registered). `block_bytes`: how much is read at once.
+    Unrecognised, truncated or binary lines are counted in ``df.attrs["unparsed_lines"]``, never fatal.
+    """
+    reg = registry if registry is not None else _DEFAULT
+    wanted = None if kinds is None else ({kinds} if isinstance(kinds, str) else set(kinds))
+    plan = Plan(reg.select(kinds))
+    if block_bytes < 1:
+        raise ConfigError(f"block_bytes: must be positive, got {block_bytes}")
+    errors: list[str] = []
+    blocks = line_blocks(raw_blocks(source, block_bytes, errors), block_bytes)
+    huge = madvise_hugepage(False)
+    collect = gc.isenabled()
+    gc.disable()  # parse makes many objects and no cycles: the cyclic GC would only rescan them
+    try:
+        read(plan, blocks)
+        df = assemble(plan, wanted)
+    finally:
+        if collect:
+            gc.enable()
+        if huge is not None:
+            madvise_hugepage(huge)
+    df.attrs["read_error"] = errors[0] if errors else None
+    return df
+
+
+def read(plan: Plan, blocks: Iterator[bytes]) -> None:
+    """Feed `plan` chunks of whole lines: each holds up to CONTEXT lines handled before, the lines the
+    chunk before left (a block that ran past its end, and what follows), then the next input block(s)."""
+    raw = iter(blocks)
+    block = next(raw, None)
+    ctx = carry = b""
+    ctx_n = start = 0
+    while block is not None or carry:
+        new: list[bytes] = []
+        size = 0
+        while block is not None and (not new or size < len(carry)):  # at least as much new as carried
+            new.append(block)
+            size += len(block)
+            block = next(raw, None)
+        data = b"".join((ctx, carry, *new))
+        # a chunk cut inside a line (no newline in 64 MiB of binary data) is read as if the input ended
+        ch = Chunk(data, start, ctx_n, final=block is None or not data.endswith(b"\n"))
+        done = plan.process(ch)
+        if block is None:
+            break  # the last chunk is read to its end
+        c0 = max(done - CONTEXT, 0)
+        a, b = int(ch.offs[c0]), int(ch.offs[done])
+        ctx, carry = ch.data[a:b], ch.data[b:]
+        ctx_n, start = done - c0, ch.start + c0
+
+
+def summary(df: pd.DataFrame, *, registry: Registry | None = None) -> pd.DataFrame:
+    """Per engine and kind (and DP rank where several print): record count and median of key metrics.
+
+    Long format: one row per (engine, kind[, dp_rank], metric) with `count` (records), `n` (records
+    with that metric) and `median`; metrics no record printed are left out, and a kind without any
+    gets one row with metric None.
+    """
+    return _summary(df, registry=registry if registry is not None else _DEFAULT)
+
+
+def madvise_hugepage(enabled: bool) -> bool | None:
+    """Switch numpy's transparent-huge-page hint for new arrays; returns the previous setting (None where
+    this numpy has no switch). parse turns it off: the table's columns are written once, and on virtual
+    machines that back guest memory lazily a huge page costs several times the 4 KiB pages it replaces
+    (measured: 1 GB of new float64 columns 1.8-2.6 s with the hint, 0.6-0.8 s without)."""
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            module = importlib.import_module(name)
+            return bool(module._set_madvise_hugepage(enabled))
+        except (ImportError, AttributeError):
+            continue
+    return None  # pragma: no cover - every numpy >= 1.20 has the switch
+
+
+_DEFAULT = registry

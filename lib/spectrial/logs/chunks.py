@@ -1,0 +1,255 @@
+"""A chunk of the input: whole lines as one arrow string array over the raw bytes, and the Window that a
+block format's Python function reads.
+
+The driver cuts the input into chunks of whole lines. Each chunk starts with up to :data:`CONTEXT` lines
+already handled (so that a block may look back at the lines above its marker) and ends where its input
+block ended; a block that runs past the end is carried into the next chunk with the lines after it
+(:class:`NeedMore`), so every block is read within one chunk.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor, Future
+
+import numpy as np
+import pyarrow as pa
+
+from spectrial.logs.text import NOT_PLAIN, strip_ansi
+
+CONTEXT = 64  # lines above a marker line a block may read (Window: w[-1] .. w[-64])
+MAX_BLOCK_LINES = 20000  # lines from a marker line on a block may read (Window: w[0] .. w[19999])
+
+
+class NeedMore(BaseException):  # noqa: N818 - a signal, not an error; BaseException passes `except Exception`
+    """A block asked for a line past the end of a chunk that is not the last one."""
+
+
+class Chunk:
+    """Whole lines of the input, local line 0 being global line `start` (0-based).
+
+    Lines ``first ..`` are the chunk's own lines; those before are context (handled with the chunk before).
+    ``lines`` holds each line with its newline, zero-copy over ``data``.
+    """
+
+    __slots__ = ("data", "offs", "start", "first", "n", "final", "lines", "has_ansi", "_offl", "_nb", "_bad",
+                 "_ansi", "_bad_soon")
+
+    def __init__(self, data: bytes, start: int, first: int = 0, final: bool = True) -> None:
+        offs = line_offsets(data)
+        lines = _string_array(data, offs)
+        try:
+            lines.validate(full=True)
+        except pa.ArrowInvalid:  # invalid UTF-8 (binary noise): replace, keep the line structure
+            data = data.decode("utf-8", "replace").encode("utf-8")
+            offs = line_offsets(data)
+            lines = _string_array(data, offs)
+        self.data, self.offs, self.lines = data, offs, lines
+        self.start, self.first, self.n, self.final = start, first, len(offs) - 1, final
+        self.has_ansi = b"\x1b" in data or b"?[" in data or b"^[[" in data
+        self._offl: list[int] | None = None
+        self._nb: np.ndarray | None = None
+        self._bad: np.ndarray | None = None
+        self._ansi: np.ndarray | None = None
+        self._bad_soon: Future[np.ndarray] | None = None
+
+    # ------------------------------------------------------------ lines as Python text (a Window's view)
+    @property
+    def starts(self) -> list[int]:
+        """Byte offsets of the local lines (and of the end), as a list."""
+        if self._offl is None:
+            self._offl = self.offs.tolist()
+        return self._offl
+
+    def line(self, i: int) -> str | None:
+        """Local line `i` as a Window gives it: no line ending, no ANSI codes; None outside the input.
+
+        Raises NeedMore for a line past the end of a chunk that is not the last one."""
+        if i < 0:
+            return None  # the chunk holds CONTEXT lines above its own ones, or the input starts here
+        if i >= self.n:
+            if self.final:
+                return None
+            raise NeedMore
+        offl = self.starts
+        s = self.data[offl[i]:offl[i + 1]].decode("utf-8", "replace").rstrip("\r\n")
+        return strip_ansi(s) if self.has_ansi else s
+
+    def lines_from(self, i: int, count: int) -> list[str]:
+        """Up to `count` local lines from `i` on (fewer at the chunk's end), decoded in one go."""
+        j = min(i + count, self.n)
+        if j <= i:
+            return []
+        offl = self.starts
+        text = self.data[offl[i]:offl[j]].decode("utf-8", "replace")
+        if self.has_ansi:
+            text = strip_ansi(text)
+        out = text.split("\n")
+        if len(out) > j - i:  # the text ended with a newline
+            out.pop()
+        if "\r" in text:
+            out = [x.rstrip("\r") for x in out]
+        return out
+
+    def strings(self, idx: np.ndarray) -> list[str | None]:
+        """Local lines at `idx` as a Window gives them (None outside the chunk)."""
+        return [self.line(i) if 0 <= i < self.n else None for i in idx.tolist()]
+
+    # ------------------------------------------------------------ lines as columns (vectorised readers)
+    def texts(self, idx: np.ndarray) -> pa.Array:
+        """Local lines at `idx` (all within the chunk) as an arrow string array, each with its newline (the
+        last line of the input may have none): readers strip or split them, so a copy without the newline
+        would only cost time."""
+        return self.lines.take(pa.array(idx, pa.int64()))
+
+    def plain(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per range: whether local lines a..b-1 are plain (printable ASCII without the bytes a Window changes
+        or strips: \\r, ESC, \\x1c-\\x1f, the ``?[``/``^[[`` colour forms) and complete. Lines before the
+        input's start and, in the last chunk, after its end are None to a Window and count as plain."""
+        a = np.asarray(a, np.int64)
+        if self.start == 0:  # local line 0 is the input's first
+            a = np.maximum(a, 0)
+        b = np.asarray(b, np.int64)
+        if self.final:
+            b = np.minimum(b, self.n)
+        ok = (a >= 0) & (b <= self.n)
+        if not self.n:
+            return ok
+        if self._bad is None:
+            self._bad = self._bad_soon.result() if self._bad_soon is not None else self._bad_lines()
+        cum = self._bad
+        return ok & (cum[np.clip(b, 0, self.n)] == cum[np.clip(a, 0, self.n)])
+
+    def prepare_plain(self, pool: Executor) -> None:
+        """Find the lines that are not plain in `pool`'s thread (numpy, mostly without the GIL) meanwhile."""
+        if self._bad is None and self._bad_soon is None:
+            self._bad_soon = pool.submit(self._bad_lines)
+
+    def _bad_lines(self) -> np.ndarray:
+        """Cumulative count of the lines that are not plain (a Window's text differs from the bytes)."""
+        data = self.data
+        bad = np.zeros(self.n, dtype=bool)
+        where = _not_plain_bytes(data)
+        if len(where):
+            bad[np.searchsorted(self.offs, where, side="right") - 1] = True
+        if self.n and not data.endswith(b"\n") and not self.final:  # an incomplete last line is never plain
+            bad[-1] = True
+        return np.concatenate(([0], np.cumsum(bad)))
+
+    def ansi(self, idx: np.ndarray) -> np.ndarray:
+        """Which of the local lines `idx` hold an ANSI escape or a ``?[`` / ``^[[`` paste of one."""
+        if not self.has_ansi:
+            return np.zeros(len(idx), dtype=bool)
+        if self._ansi is None:
+            raw = np.frombuffer(self.data, np.uint8)
+            pos = [np.flatnonzero(raw == 27)]
+            for first, form in ((63, b"?["), (94, b"^[[")):
+                if form in self.data:
+                    cand = np.flatnonzero(raw[:len(raw) - len(form) + 1] == first)
+                    ok = np.ones(len(cand), dtype=bool)
+                    for k in range(1, len(form)):
+                        ok &= raw[cand + k] == form[k]
+                    pos.append(cand[ok])
+            flag = np.zeros(self.n + 1, dtype=bool)
+            flag[np.searchsorted(self.offs, np.concatenate(pos), side="right") - 1] = True
+            self._ansi = flag
+        return self._ansi[idx]
+
+    # ------------------------------------------------------------ counting
+    def _nonblank_cum(self) -> np.ndarray:
+        if self._nb is None:
+            lens = np.diff(self.offs)
+            nonblank = lens > 1
+            two = np.flatnonzero(lens == 2)
+            if len(two):
+                nonblank[two] = np.frombuffer(self.data, np.uint8)[self.offs[two]] != 13
+            self._nb = np.concatenate(([0], np.cumsum(nonblank)))
+        return self._nb
+
+    def nonblank(self, a: int, b: int) -> int:
+        """Non-blank lines among local lines a..b-1."""
+        cum = self._nonblank_cum()
+        return int(cum[min(max(b, 0), self.n)] - cum[min(max(a, 0), self.n)])
+
+    def nonblank_ranges(self, a: np.ndarray, b: np.ndarray) -> int:
+        """Non-blank lines in all the ranges a[j]..b[j]-1 together."""
+        if not len(a):
+            return 0
+        cum = self._nonblank_cum()
+        return int((cum[np.clip(b, 0, self.n)] - cum[np.clip(a, 0, self.n)]).sum())
+
+
+def _not_plain_bytes(data: bytes) -> np.ndarray:
+    """Offsets of the bytes that make a line not plain: non-ASCII, NOT_PLAIN, ``?[`` and ``^[[``."""
+    raw = np.frombuffer(data, np.uint8)
+    pos: list[np.ndarray] = []
+    if not data.isascii():  # eight bytes at a time, then the bytes of the words that have a high bit
+        cut = len(data) // 8 * 8
+        words = np.flatnonzero(np.frombuffer(data, np.uint64, cut // 8) & np.uint64(0x8080808080808080))
+        if len(words):
+            cand = (words[:, None] * 8 + np.arange(8)).ravel()
+            pos.append(cand[raw[cand] >= 0x80])
+        pos.append(np.flatnonzero(raw[cut:] >= 0x80) + cut)
+    pos += [np.flatnonzero(raw == c) for c in NOT_PLAIN if bytes((c,)) in data]
+    for first, form in ((63, b"?["), (94, b"^[[")):
+        if form in data:
+            cand = np.flatnonzero(raw[:len(raw) - len(form) + 1] == first)
+            ok = np.ones(len(cand), dtype=bool)
+            for k in range(1, len(form)):
+                ok &= raw[cand + k] == form[k]
+            pos.append(cand[ok])
+    return np.concatenate(pos) if pos else np.zeros(0, np.int64)
+
+
+def line_offsets(data: bytes) -> np.ndarray:
+    """Byte offset of each line's start, then the end of the data (int32 where the data allows)."""
+    a = np.frombuffer(data, np.uint8)
+    step = 1 << 22
+    parts = [np.flatnonzero(a[i:i + step] == 10) + (i + 1) for i in range(0, len(a), step)]
+    ends = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if len(a) and a[-1] != 10:
+        ends = np.append(ends, len(a))
+    offs = np.zeros(len(ends) + 1, np.int32 if len(a) < 2**31 - 1 else np.int64)
+    offs[1:] = ends
+    return offs
+
+
+def _string_array(data: bytes, offs: np.ndarray) -> pa.Array:
+    typ = pa.string() if offs.dtype == np.int32 else pa.large_string()
+    return pa.Array.from_buffers(typ, len(offs) - 1, [None, pa.py_buffer(offs), pa.py_buffer(data)])
+
+
+class Window:
+    """Lines around a marker line: ``w[0]`` is that line, ``w[1]`` the next, ``w[-1]`` the previous.
+
+    Lines come without line ending and ANSI codes; outside the input (or more than 64 lines above, or
+    20000 below) they are None.
+    """
+
+    __slots__ = ("_chunk", "_i", "_buf", "_end")
+
+    def __init__(self, chunk: Chunk, i: int) -> None:
+        self._chunk, self._i = chunk, i
+        self._buf: list[str] = []
+        self._end = False
+
+    @property
+    def line(self) -> int:
+        """1-based line number of the marker line."""
+        return self._chunk.start + self._i + 1
+
+    def __getitem__(self, k: int) -> str | None:
+        buf = self._buf
+        if 0 <= k < len(buf):
+            return buf[k]
+        if k < 0:
+            return self._chunk.line(self._i + k) if k >= -CONTEXT else None
+        if k >= MAX_BLOCK_LINES:
+            return None
+        if not self._end:
+            want = max(k + 1 - len(buf), 16, len(buf))  # read ahead, doubling (within the chunk)
+            more = self._chunk.lines_from(self._i + len(buf), min(want, MAX_BLOCK_LINES - len(buf)))
+            self._end = len(more) < want
+            buf += more
+            if k < len(buf):
+                return buf[k]
+        return self._chunk.line(self._i + k)  # past the chunk: None at the input's end, else NeedMore

@@ -1,0 +1,313 @@
+"""The driver: per chunk, markers -> formats, blocks first (in line order, each claiming its lines), then
+every line format over its remaining marker lines at once. Records are kept as columns per format."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spectrial.logs.chunks import Chunk, NeedMore, Window
+from spectrial.logs.columns import floats, objects
+from spectrial.logs.formats import DECLINE, MORE, BlockFormat, Blocks, Format, LineFormat
+from spectrial.logs.markers import Markers
+from spectrial.logs.text import ANSI, re2
+
+MAX_ERRORS = 20
+THREAD_ROWS = 2000  # line-format rows in a chunk from which their extraction runs in the worker thread
+_POOL: dict[int, ThreadPoolExecutor] = {}  # per process: a forked child has none of its parent's threads
+
+
+def pool() -> ThreadPoolExecutor:
+    """The one worker thread (line formats run there while the blocks are resolved)."""
+    pid = os.getpid()
+    if pid not in _POOL:
+        _POOL.clear()
+        _POOL[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spectrial-logs")
+    return _POOL[pid]
+
+
+@dataclass
+class Batch:
+    """Records of one format from one chunk: 1-based line numbers and columns (numpy or arrow)."""
+
+    lines: np.ndarray
+    columns: dict[str, np.ndarray]
+
+
+class Plan:
+    """Per-parse state: the formats, their markers, and what they found so far."""
+
+    def __init__(self, formats: Sequence[Format]) -> None:
+        self.formats = list(formats)
+        self.markers = Markers(self.formats)
+        self.is_block = np.array([isinstance(f, BlockFormat) for f in self.formats] + [False], dtype=bool)
+        self.line_parts: list[list[tuple[np.ndarray, dict[str, pa.Array]]]] = [[] for _ in self.formats]
+        self.block_parts: list[list[Batch]] = [[] for _ in self.formats]
+        self.sinks: list[Sink] = [Sink() for _ in self.formats]
+        self.total = self.blank = self.recognised = 0
+        self.errors: list[tuple[int, str, str]] = []
+
+    def error(self, line: int, fmt: Format, exc: BaseException) -> None:
+        """Note a parser bug (at most MAX_ERRORS), never raise it."""
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append((line, f"{fmt.engine}/{fmt.kind}", f"{exc.__class__.__name__}: {exc}"))
+
+    def process(self, ch: Chunk) -> int:
+        """Read the chunk's own lines up to the first block that runs past its end; returns that local line
+        (``ch.n`` when all were read). Lines from there on are read again with the next chunk.
+
+        The line formats' extraction (arrow kernels, which release the GIL) runs in a worker thread while
+        this one resolves the blocks; rows inside a block or past `done` are dropped afterwards."""
+        done = ch.n
+        idx = fid = np.zeros(0, np.int64)
+        if self.formats and ch.n > ch.first:
+            idx, fid = self.markers.find(ch)
+            keep = idx >= ch.first
+            idx, fid = idx[keep], fid[keep]
+        blk = self.is_block[fid]
+        line_rows = ~blk & (fid >= 0)
+        jobs = [(f, idx[line_rows & (fid == f)]) for f in np.unique(fid[line_rows]).tolist()]
+        pending = None
+        if blk.any() and ch.n >= THREAD_ROWS:
+            ch.prepare_plain(pool())
+        if jobs and blk.any() and sum(len(r) for _, r in jobs) >= THREAD_ROWS:
+            pending = pool().submit(self._extract_all, ch, jobs)
+        starts = ends = np.zeros(0, np.int64)
+        try:
+            if blk.any():
+                done, starts, ends = self._blocks(ch, idx[blk], fid[blk])
+        finally:
+            found = pending.result() if pending is not None else None
+        if found is None:
+            found = self._extract_all(ch, jobs)
+        for f, rows, cols, ok in found:
+            if isinstance(cols, BaseException):
+                self.error(ch.start + int(rows[0]) + 1, self.formats[f], cols)
+                continue
+            ok = ok & (rows < done)
+            if len(starts):
+                k = np.searchsorted(starts, rows, side="right") - 1
+                ok &= ~((k >= 0) & (rows < ends[np.maximum(k, 0)]))
+            if ok.any():
+                self.recognised += int(ok.sum())
+                mask = pa.array(ok)
+                self.line_parts[f].append((ch.start + rows[ok] + 1, {c: a.filter(mask) for c, a in cols.items()}))
+        self.total += done - ch.first
+        self.blank += (done - ch.first) - ch.nonblank(ch.first, done)
+        self.recognised += ch.nonblank_ranges(starts, ends)
+        return done
+
+    # ------------------------------------------------------------ line formats
+    def _extract_all(self, ch: Chunk, jobs: list[tuple[int, np.ndarray]]) -> list[tuple[Any, ...]]:
+        """Each line format's columns for its rows: (format, rows, columns, is-a-record mask)."""
+        out: list[tuple[Any, ...]] = []
+        for f, rows in jobs:
+            fmt = self.formats[f]
+            assert isinstance(fmt, LineFormat)
+            try:
+                sel = ch.lines.take(pa.array(rows))
+                colour = ch.ansi(rows)
+                if colour.any():
+                    sel = _strip_ansi_rows(sel, colour)
+                cols = fmt.extract(sel)
+                out.append((f, rows, cols, fmt.required(cols, len(sel))))
+            except Exception as e:  # a format's bug must not lose the rest of the log
+                out.append((f, rows, e, None))
+        return out
+
+    # ------------------------------------------------------------ block formats
+    def _blocks(self, ch: Chunk, at: np.ndarray, fid: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """Resolve the blocks at local lines `at` in order; returns (done, claimed starts, claimed ends)."""
+        pos = np.zeros(len(at), np.int64)
+        answers: dict[int, tuple[np.ndarray, Blocks, np.ndarray, np.ndarray]] = {}
+        for f in np.unique(fid).tolist():
+            sel = np.flatnonzero(fid == f)
+            pos[sel] = np.arange(len(sel))
+            fmt = self.formats[f]
+            assert isinstance(fmt, BlockFormat)
+            if fmt.vector is None:
+                continue
+            mine = at[sel]
+            try:
+                got = fmt.vector(ch, mine)
+            except NeedMore:
+                raise
+            except Exception:  # a vectorised reader's bug: the Python function decides (and reports its own)
+                continue
+            status = np.zeros(len(mine), np.int64) if got.status is None else np.asarray(got.status, np.int64)
+            used = np.asarray(got.used, np.int64).copy()
+            if len(got.block):  # a block claims at least the lines of its records
+                np.maximum.at(used, got.block, got.offset + 1)
+            reach = np.maximum(np.maximum(np.asarray(got.examined, np.int64), used), 1)
+            plain = ch.plain(mine - fmt.lookback, mine + reach)
+            status = np.where((status != MORE) & ~plain, DECLINE, status)
+            answers[f] = (sel, got, status, used)
+        kept = {f: np.zeros(len(a[0]), dtype=bool) for f, a in answers.items()}
+        status_of = {f: a[2].tolist() for f, a in answers.items()}
+        used_of = {f: a[3].tolist() for f, a in answers.items()}
+        done = ch.n
+        skip = -1
+        starts: list[int] = []
+        ends: list[int] = []
+        for i, f, p in zip(at.tolist(), fid.tolist(), pos.tolist(), strict=True):
+            if i < skip:
+                continue
+            st = status_of[f][p] if f in status_of else DECLINE
+            if st == MORE:
+                done = i
+                break
+            if st == DECLINE:
+                try:
+                    used = self._run_fn(ch, f, i)
+                except NeedMore:
+                    done = i
+                    break
+            else:
+                used = used_of[f][p]
+                if used:
+                    kept[f][p] = True
+            if used:
+                skip = i + used
+                starts.append(i)
+                ends.append(i + used)
+        for f, (sel, got, _, _) in answers.items():
+            if kept[f].any():
+                self._commit(ch, f, at[sel], got, kept[f])
+        return done, np.array(starts, np.int64), np.array(ends, np.int64)
+
+    def _commit(self, ch: Chunk, f: int, at: np.ndarray, got: Blocks, kept: np.ndarray) -> None:
+        """Keep the records of the blocks the resolution kept."""
+        fmt = self.formats[f]
+        assert isinstance(fmt, BlockFormat)
+        recs = np.flatnonzero(kept[got.block]) if len(got.block) else np.zeros(0, np.int64)
+        if not len(recs):
+            return
+        local = at[got.block[recs]] + got.offset[recs]
+        cols: dict[str, np.ndarray] = {}
+        for c, v in got.columns.items():
+            v = np.asarray(v)[recs]
+            if fmt.columns.get(c) == "float":
+                cols[c] = v.astype(np.float64) if v.dtype != object else floats(v.tolist())
+            else:
+                cols[c] = v if v.dtype == object else objects(v.tolist())
+        if fmt.timestamps:
+            ts = cols.get("timestamp")
+            missing = np.arange(len(recs)) if ts is None else np.flatnonzero(np.equal(ts, None))
+            if len(missing):
+                found = _timestamps(ch, local[missing], fmt)
+                if ts is None:
+                    ts = np.empty(len(recs), object)
+                ts[missing] = found
+            cols["timestamp"] = ts
+        self.block_parts[f].append(Batch(ch.start + local + 1, cols))
+
+    def _run_fn(self, ch: Chunk, f: int, i: int) -> int:
+        """The format's Python function on the block at local line `i`; returns the lines it claims."""
+        fmt = self.formats[f]
+        assert isinstance(fmt, BlockFormat)
+        w = Window(ch, i)
+        try:
+            got, used = fmt.fn(w)
+            recs = [(int(off), rec) for off, rec in (got or []) if rec]
+            used = max(int(used or 0), max((off + 1 for off, _ in recs), default=0))
+        except NeedMore:
+            raise
+        except Exception as e:  # a parser bug must not lose the rest of the log
+            self.error(ch.start + i + 1, fmt, e)
+            return 0
+        if used:
+            w[used - 1]  # the lines of the block exist (past a chunk's end: NeedMore)
+        if not recs:
+            return used
+        sink = self.sinks[f]
+        has_ts = bool(fmt.timestamps)
+        for off, rec in recs:
+            if "timestamp" not in rec:
+                rec["timestamp"] = fmt.timestamp(w[off]) if has_ts else None
+            sink.add(ch.start + i + off + 1, rec)
+        return used
+
+
+class Sink:
+    """Records of a format's Python function, kept as value tuples grouped by their field names (turned
+    into columns once, at the end)."""
+
+    __slots__ = ("n", "groups")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+
+    def add(self, line: int, rec: dict[str, Any]) -> None:
+        """Append one record found at 1-based `line`."""
+        key = tuple(rec)
+        rows = self.groups.get(key)
+        if rows is None:
+            rows = self.groups[key] = []
+        rows.append((self.n, line, *rec.values()))
+        self.n += 1
+
+    def batch(self, types: dict[str, str]) -> Batch:
+        """The records in insertion order: line numbers and typed columns (NaN / None where one lacks a
+        field); fields not in `types` are left out."""
+        n = self.n
+        lines = np.empty(n, np.int64)
+        parts: dict[str, list[tuple[np.ndarray, Sequence[Any]]]] = {}
+        for key, rows in self.groups.items():
+            seq, ln, *vals = zip(*rows, strict=True)
+            at = np.array(seq, np.int64)
+            lines[at] = ln
+            for c, v in zip(key, vals, strict=True):
+                if c in types:
+                    parts.setdefault(c, []).append((at, v))
+        cols: dict[str, np.ndarray] = {}
+        for c, pieces in parts.items():
+            if types[c] == "float":
+                arr = np.full(n, np.nan)
+                for at, v in pieces:
+                    arr[at] = floats(v)
+            else:
+                arr = np.empty(n, object)
+                for at, v in pieces:
+                    arr[at] = objects(v)
+            cols[c] = arr
+        return Batch(lines, cols)
+
+
+def _timestamps(ch: Chunk, local: np.ndarray, fmt: BlockFormat) -> np.ndarray:
+    """Each record line's timestamp, as the format's patterns find it: RE2 over the (plain) lines, the
+    patterns in order, as Python `re` finds them on a Window's text."""
+    uniq, inv = np.unique(local, return_inverse=True)
+    text = ch.texts(uniq)
+    found = np.empty(len(uniq), object)
+    todo = np.arange(len(uniq))
+    for pattern in fmt.timestamps:
+        if not len(todo):
+            break
+        sub = text if len(todo) == len(uniq) else text.take(pa.array(todo))
+        got = pc.struct_field(pc.extract_regex(sub, _timestamp_pattern(pattern)), "timestamp")
+        hit = pc.is_valid(got).to_numpy(zero_copy_only=False)
+        found[todo[hit]] = got.filter(pa.array(hit)).to_numpy(zero_copy_only=False)
+        todo = todo[~hit]
+    return found[inv]
+
+
+@functools.lru_cache(maxsize=64)
+def _timestamp_pattern(pattern: str) -> str:
+    """A timestamp pattern for arrow's RE2: only the `timestamp` group named, others made non-capturing."""
+    return re2(re.sub(r"\(\?P<(?!timestamp>)[A-Za-z_][A-Za-z0-9_]*>", "(?:", pattern))
+
+
+def _strip_ansi_rows(lines: pa.Array, rows: np.ndarray) -> pa.Array:
+    """`lines` without ANSI colour sequences (the regex runs on the `rows` that may hold one)."""
+    mask = pa.array(rows)
+    return pc.replace_with_mask(lines, mask, pc.replace_substring_regex(lines.filter(mask), ANSI, ""))

@@ -1,0 +1,180 @@
+"""Python reprs printed into logs: keyword arguments (``ServerArgs(a=1, b='x', ...)``, vLLM's engine config)
+and dict literals (vLLM's ``non-default args: {...}``), read as far as they go (a dump cut off or elided
+with ``...`` keeps what precedes the damage)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+
+def _scan_value(text: str, i: int) -> tuple[str, int, bool]:
+    """Read one value from text[i:]; returns (value, end, closed) where closed means the dump's ')'."""
+    depth: list[str] = []
+    quote = ""
+    j = i
+    while j < len(text):
+        c = text[j]
+        if quote:
+            if c == "\\":
+                j += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth.append(c)
+        elif c in ")]}":
+            if not depth:
+                return text[i:j], j, c == ")"
+            depth.pop()
+        elif c == "," and not depth:
+            return text[i:j], j, False
+        j += 1
+    return text[i:j], j, False
+
+
+def _literal(value: str) -> Any:
+    v = value.strip()
+    if len(v) <= 20000:
+        try:
+            return ast.literal_eval(v)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    return v
+
+
+# one `key=value`: a simple value (quoted without escapes, or no brackets) up to `,` / `)`, or the start of
+# a bracketed / escaped value that _scan_value reads
+_ITEM = re.compile(r"""([A-Za-z_][A-Za-z0-9_]*)=(?:('[^'\\\n]*'|"[^"\\\n]*"|[^,()\[\]{}'"\n]*?)\s*(?=[,)]|$)|(?=.))""")
+_PAREN = re.compile(r"\s*\)")
+_CONST = {"None": None, "True": True, "False": False}
+
+
+_VALUES: dict[str, Any] = {}  # value text -> value: dumps repeat the same few (None, False, 1, 'auto')
+
+
+def _simple_value(v: str) -> Any:
+    got = _VALUES.get(v, _VALUES)
+    if got is not _VALUES:
+        return got
+    if len(_VALUES) > 8192:
+        _VALUES.clear()
+    got = _VALUES[v] = _convert_value(v)
+    return got
+
+
+def _convert_value(v: str) -> Any:
+    if v in _CONST:
+        return _CONST[v]
+    if v[:1] in ("'", '"') and len(v) >= 2:
+        return v[1:-1]
+    if v.isascii() and v.isdigit():  # the common number, without the cost of an exception below
+        return int(v)
+    try:
+        return int(v)
+    except ValueError:
+        pass
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+# a run of `key=value, ` items whose values hold no bracket, comma or escape: split with str.split (the
+# regex loop below reads them the same way, one by one)
+_PLAIN_ITEMS = re.compile(r"""(?:[A-Za-z_][A-Za-z0-9_]*=(?:'[^',\\\n]*'|"[^",\\\n]*"|[^,()\[\]{}'"\n]*), )*""")
+
+
+def parse_kwargs(text: str) -> tuple[dict[str, Any], bool]:
+    """`a=1, b='x', c=[1, 2]` (a Python repr of keyword arguments) -> (dict, closed by ')')."""
+    out: dict[str, Any] = {}
+    pos = 0
+    while True:
+        start = pos + 2 if text.startswith(", ", pos) else pos  # a search from `pos` starts its match there
+        end = _PLAIN_ITEMS.match(text, start).end()  # type: ignore[union-attr]  # (matches "" at least)
+        if end > start:
+            for item in text[start:end - 2].split(", "):
+                key, _, value = item.partition("=")
+                out[key] = _simple_value(value.rstrip())
+            pos = end
+        # simple items follow each other: one finditer (each match starts where the last one ended, as a
+        # search from there would) until a bracketed or escaped value, which _scan_value reads
+        m = None
+        for m in _ITEM.finditer(text, pos):
+            value = m.group(2)
+            if value is None:
+                break
+            out[m.group(1)] = _simple_value(value)
+            pos = m.end()
+            if text[pos:pos + 1] != "," and _PAREN.match(text, pos):
+                return out, True
+        else:
+            return out, False
+        value, end, closed = _scan_value(text, m.end())
+        out[m.group(1)] = _literal(value)
+        if closed:
+            return out, True
+        pos = max(end, m.end() + 1)
+
+
+def parse_mapping(text: str) -> tuple[dict[Any, Any], bool]:
+    """`{'a': 1, 'b': {'c': 2}}` (a dict literal) -> (dict, complete). A literal that does not evaluate (cut
+    off, or elided with ``...``) is read item by item: each `key: value` pair at the top level whose key
+    evaluates, nested dicts the same way, other unreadable values as text."""
+    t = text.strip()
+    if t.startswith("{") and len(t) <= 200000:
+        try:
+            got = ast.literal_eval(t)
+            if isinstance(got, dict):
+                return got, True
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    return _items(t[1:] if t.startswith("{") else t), False
+
+
+def _items(text: str) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    i = 0
+    while i < len(text):
+        item, end, closed = _scan_value(text, i)
+        key, sep, value = _split_pair(item)
+        if sep:
+            try:
+                k = ast.literal_eval(key.strip())
+                hash(k)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                k = None
+            if k is not None:
+                v = value.strip()
+                out[k] = parse_mapping(v)[0] if v.startswith("{") else _literal(v)
+        if closed or end >= len(text):
+            break
+        i = end + 1
+    return out
+
+
+def _split_pair(item: str) -> tuple[str, str, str]:
+    """`'k': v` -> ('k', ':', v), splitting at the first top-level colon (not inside quotes or brackets)."""
+    quote = ""
+    depth = 0
+    j = 0
+    while j < len(item):
+        c = item[j]
+        if quote:
+            if c == "\\":
+                j += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == ":" and depth == 0:
+            return item[:j], ":", item[j + 1:]
+        j += 1
+    return item, "", ""
+

@@ -183,14 +183,14 @@ def test_prepare_reads_version_source_and_checks_argv_with_the_hosts_parser(tmp_
     eng = engine_for(params_data(tmp_path))
     out = eng.prepare()
     v = eng.version()
-    assert v["sglang_version"] == "0.5.20+standin" and v["package_dir"] == str(STANDIN / "sglang")
+    assert v["sglang_version"] == "0.5.17+standin" and v["package_dir"] == str(STANDIN / "sglang")
     assert out["models"]["model"] == str(TARGET)
-    assert any("accepted by SGLang 0.5.20+standin's own parser" in n for n in out["notes"])
+    assert any("accepted by SGLang 0.5.17+standin's own parser" in n for n in out["notes"])
     assert any("no GPU" in n for n in out["notes"])
     bad = engine_for(params_data(tmp_path, engine_config={"extra_args": ["--no-such-flag"]}))
     with pytest.raises(ConfigError, match="rejects the command: .*unrecognized arguments: --no-such-flag"):
         bad.prepare()
-    with pytest.raises(ConfigError, match="'0.5.10' given but host local has SGLang '0.5.20"):
+    with pytest.raises(ConfigError, match="'0.5.10' given but host local has SGLang '0.5.17"):
         engine_for(params_data(tmp_path, engine_config={"sglang_version": "0.5.10"})).prepare()
 
 

@@ -469,7 +469,7 @@ class SGLang(Engine):
                           probe_timeout_s=HEALTH_TIMEOUT_S, poll_s=HEALTH_POLL_S, exit_rule=classify_exit)
 
     def version(self) -> dict[str, Any]:
-        return {"engine": "sglang", **self.identity} if self.identity else {"engine": "sglang"}
+        return {"engine": "sglang", "version": self.sglang_version, **self.identity}
 
     # --- benchmark hooks -----------------------------------------------------------------------------
     def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:

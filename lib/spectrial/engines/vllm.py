@@ -278,7 +278,7 @@ class VLLM(Engine):
                           bind=p.bind)
 
     def version(self) -> dict[str, Any]:
-        return {"engine": "vllm", **self.identity}
+        return {"engine": "vllm", "version": self.identity.get("vllm_version"), **self.identity}
 
     def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         body = super().completion_payload(prompt, max_tokens)

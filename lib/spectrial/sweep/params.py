@@ -132,11 +132,7 @@ class SweepParams(BaseModel):
 
     @model_validator(mode="after")
     def _grid_fits_engine(self) -> SweepParams:
-        t, g = self.trial, self.grid
-        rates = g.synthetic_accept or [None]
-        if t.engine != "llamacpp" and any(r is not None for r in rates):
-            raise ValueError(f"grid.synthetic_accept: only llama.cpp takes synthetic acceptance (engine is "
-                             f"{t.engine}); use [null]")
+        t, g = self.trial, self.grid  # synthetic acceptance: each engine adapter says whether and how it forces it
         if t.engine == "llamacpp" and any(k != 1 for k in (g.topk or [t.topk])):
             raise ValueError("grid.topk: llama.cpp drafts a chain; use [1]")
         return self

@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Issue 15, ON THE DEVICE (`nvidia-h200`), from the repository root, with $OUT set: real SGLang 0.5.17 (the
+# trimmed bundle of scripts/sglang_bundle.py) driven by spectrial. Prepared here by
+# scripts/device_sglang_prepare.sh. Three calls on one machine kept warm (each within 30 s of the last):
+#
+#   call1  carry .device/sglang-0.5.17.tar.xz, .whl-sglang/cli: unpack; the 8B-shaped random set written in the
+#          background; the counting pair through `spectrial trial` (first start = SGLang's JIT warm-up, and the
+#          CUDA-graph probe: graphs on, else off for every later run)                              (~6-7 min)
+#   call2  carry .whl-sglang/nb: the depth x forced-acceptance sweep on the 8B set (budgeted)    (~9 min)
+#   call3  carry .whl-sglang/nb: notebook 02 on the counting pair (2 starts per arm), notebook 05 (the SGLang
+#          sweep beside the committed llama.cpp sweep)                                           (~4-5 min)
+#   PHASE...  any of: setup models warm trial sweep nb02 nb05 pack
+#
+# Records go to $RUNS; `pack` puts one $OUT/<run-id>.tar.gz per record made in the call and one
+# $OUT/device-<call>.tar.gz (device.log, device-info.txt, timings.tsv, gpu-samples.csv). Work that starts
+# servers stops at BUDGET_S (555 s) after the script started: the sweep by its own time budget, the trial and
+# the notebooks by SIGINT (spectrial stops its server and writes the record). EXTRA_P adds `-p NAME=VALUE`
+# options to the CLI runs (a rehearsal here with the SGLang double: EXTRA_P="-p require_gpu=false ...").
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+REPO=$PWD
+: "${OUT:?OUT is not set: run this through the device tool (or set OUT=some/folder)}"
+mkdir -p "$OUT"
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-555}
+CALL=${1:-help}
+export SPECTRIAL_CACHE=${SPECTRIAL_CACHE:-$HOME/.cache/spectrial}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_VISIBLE_DEVICES=0
+export PYTHONUNBUFFERED=1 PYDEVD_DISABLE_FILE_VALIDATION=1 SPECTRIAL_PROGRESS=line
+for d in /usr/local/cuda/bin /opt/torch/.venv/bin; do
+  [ -d "$d" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH="$d:$PATH" ;; esac
+done
+export PATH
+PY=$(command -v python3)
+SGL_SITE=${SGL_SITE:-/tmp/sglang-site}
+SITE=${SITE:-/tmp/site}
+RUNS=${RUNS:-/tmp/spectrial-runs}
+WORK=${WORK:-/tmp/spectrial-device}
+TARBALL=${TARBALL:-.device/sglang-0.5.17.tar.xz}
+WHEEL_DIRS=${WHEEL_DIRS:-.whl-sglang/cli .whl-sglang/nb}
+COUNTING=params/h200-sglang-counting.yaml
+SWEEP=params/sweep-h200-sglang-8b.yaml
+LLAMACPP_SWEEP=outputs/examples/h200-llamacpp-8b/20261129-151623-h200-8b-sweep
+# the bundle FIRST: its transformers/tokenizers shadow the image's (REAL_ENGINES.md)
+export PYTHONPATH="$SGL_SITE:$SITE:$REPO/lib"
+mkdir -p "$WORK" "$RUNS"
+MARKER="$WORK/start-$CALL-$T0"
+: > "$MARKER"
+exec > >(tee -a "$WORK/device.log") 2>&1
+trap 'sleep 0.5' EXIT
+
+elapsed() { echo $(( $(date +%s) - T0 )); }
+remaining() { echo $(( BUDGET_S - $(elapsed) )); }
+say() { echo "[device_sglang +$(elapsed)s] $*"; }
+graphs() { cat "$WORK/cuda-graph.txt" 2>/dev/null || echo on; }
+graph_args() {  # -p overrides for CUDA graphs off (the probe of call1 decides)
+  if [ "$(graphs)" = off ]; then
+    echo '-p engine_config.extra_args=[--attention-backend,triton,--sampling-backend,pytorch,--disable-cuda-graph]'
+  fi
+}
+
+phase() {
+  local name=$1 t rc
+  t=$(date +%s)
+  say "=== $name: start"
+  "phase_$name"
+  rc=$?
+  printf '%s\t%s\t%s\t%s\n' "$CALL" "$name" "$(( $(date +%s) - t ))" "$rc" >> "$WORK/timings.tsv"
+  say "=== $name: rc=$rc in $(( $(date +%s) - t )) s"
+  return "$rc"
+}
+
+phase_setup() {  # the bundle into $SGL_SITE and the carried wheels into $SITE (once per machine), device facts
+  if [ -f "$TARBALL" ] && [ "$(cat "$SGL_SITE/.sha" 2>/dev/null)" != "$(sha256sum "$TARBALL" | cut -c1-16)" ]; then
+    rm -rf "$SGL_SITE" && mkdir -p "$SGL_SITE" && tar -C "$SGL_SITE" -xJf "$TARBALL" || return 1
+    sha256sum "$TARBALL" | cut -c1-16 > "$SGL_SITE/.sha"
+    say "unpacked the SGLang bundle: $(du -sh "$SGL_SITE" | cut -f1)"
+  fi
+  [ -f "$SGL_SITE/.sha" ] || { say "no SGLang bundle on this machine (a fresh machine: start with call1)"; return 1; }
+  for d in $WHEEL_DIRS; do
+    [ -d "$d" ] || continue
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$d"/*.whl \
+      || return 1
+    say "installed $(ls "$d" | wc -l) wheels from $d"
+  done
+  "$PY" -c 'import sglang, spectrial.session, spectrial.models.hf; print("sglang", sglang.__version__)' || return 1
+  {
+    echo "== date"; date -u +%FT%TZ
+    echo "== nvidia-smi"; nvidia-smi
+    echo "== nvidia-smi -q (clocks, power, temperature, performance)"; nvidia-smi -q -d CLOCK,POWER,TEMPERATURE,PERFORMANCE
+    echo "== nproc"; nproc
+    echo "== python"; "$PY" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__)'
+    echo "== image versions the bundle could not check"; "$PY" -m pip show numba timm regex cuda-bindings typing-extensions 2>&1 | grep -E "^(Name|Version)"
+  } > "$WORK/device-info.txt" 2>&1
+  if [ ! -s "$WORK/gpu-samples.pid" ] || ! kill -0 "$(cat "$WORK/gpu-samples.pid")" 2>/dev/null; then
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu,memory.used,clocks_event_reasons.active \
+      --format=csv,nounits -lms 1000 >> "$WORK/gpu-samples.csv" 2>/dev/null &
+    echo $! > "$WORK/gpu-samples.pid"
+  fi
+}
+
+phase_models() {  # the HF sets into the cache (`tiny:` refs of the params resolve there): counting, 8B random
+  SETS=${SETS:-counting random8b} "$PY" - <<'EOF'
+import os, time
+from spectrial.models.hf import ensure_hf_models
+sets = {"counting": {"kind": "counting"}, "random8b": {"kind": "random", "shape": "llama3-8b"}}
+for knobs in (sets[s] for s in os.environ["SETS"].split()):
+    t0 = time.monotonic()
+    m = ensure_hf_models(**knobs)
+    size = sum(f.bytes for f in m.files.values()) / 1e9
+    print(f"{knobs}: {m.dir} ({size:.2f} GB) in {time.monotonic() - t0:.0f} s")
+EOF
+}
+
+run_trial() {  # run_trial PARAMS RUN_ID [-p ...]: the CLI trial, SIGINT at the deadline
+  local params=$1 rid=$2 t; shift 2
+  t=$(( $(remaining) - 40 ))
+  if [ "$t" -lt 60 ]; then say "only $(remaining) s left: $rid not started"; return 124; fi
+  # shellcheck disable=SC2046
+  timeout -s INT -k 40 "$t" "$PY" -m spectrial.cli trial "$params" -p "output_dir=$RUNS" --run-id "$rid" "$@" \
+    $(graph_args) ${EXTRA_P:-}
+}
+
+phase_warm() {  # the counting pair's first start: SGLang's JIT builds, and whether CUDA graphs work here
+  local rid
+  rid=h200-sglang-counting-cli-$(date +%H%M%S)
+  if run_trial "$COUNTING" "$rid" -p restarts=1 -p repeats=3; then
+    say "CUDA graphs: $(graphs)"; return 0
+  fi
+  if [ "$(graphs)" = on ]; then
+    say "the trial failed with CUDA graphs on: trying again with --disable-cuda-graph"
+    echo off > "$WORK/cuda-graph.txt"
+    run_trial "$COUNTING" "$rid-nograph" -p restarts=1 -p repeats=3
+  else
+    return 1
+  fi
+}
+
+phase_trial() {  # the counting pair through the CLI, as notebook 02 runs it (2 starts per arm)
+  run_trial "$COUNTING" "h200-sglang-counting-$(date +%H%M%S)"
+}
+
+phase_sweep() {  # the depth x forced-acceptance grid on the 8B set, stopped by its own time budget
+  local rid b
+  rid=h200-sglang-8b-sweep-$(date +%H%M%S)
+  echo "$rid" > "$WORK/sweep-run-id"
+  b=$(( $(remaining) - 90 ))
+  if [ "$b" -lt 60 ]; then say "only $(remaining) s left: sweep not started"; return 124; fi
+  say "sweep $rid, budget $b s, CUDA graphs $(graphs)"
+  # shellcheck disable=SC2046
+  timeout -s INT -k 40 $(( b + 60 )) "$PY" -m spectrial.cli sweep "$SWEEP" -p "output_dir=$RUNS" -p "budget_s=$b" \
+    --run-id "$rid" --quiet $(graph_args) ${EXTRA_P:-}
+}
+
+run_notebook() {  # run_notebook NB OUT_NB PARAMS_JSON
+  local nb=$1 out=$2 params=$3 t
+  t=$(( $(remaining) - 30 ))
+  if [ "$t" -lt 30 ]; then say "only $(remaining) s left: $nb not started"; return 124; fi
+  "$PY" -m papermill "$nb" "$out" --cwd . --no-progress-bar --execution-timeout "$t" -y "$params"
+}
+
+phase_nb02() {  # notebook 02 on the counting pair, into its own record
+  local rid over
+  rid=h200-sglang-counting-nb02-$(date +%H%M%S)
+  mkdir -p "$RUNS/$rid"
+  over='{}'
+  [ "$(graphs)" = off ] && over='{"engine_config.extra_args": ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-cuda-graph"]}'
+  run_notebook notebooks/02_eagle3.ipynb "$RUNS/$rid/02_eagle3.ipynb" \
+    "{\"params_file\": \"$COUNTING\", \"run_id\": \"$rid\", \"output_dir\": \"$RUNS\", \"overrides\": $over}"
+}
+
+phase_nb05() {  # notebook 05: the SGLang sweep beside the committed llama.cpp sweep (same shapes, same GPU kind)
+  local rid
+  rid=$(cat "$WORK/sweep-run-id" 2>/dev/null)
+  if [ -z "$rid" ] || [ ! -f "$RUNS/$rid/manifest.json" ]; then say "no sweep record on this machine: skipped"; return 1; fi
+  touch "$RUNS/$rid"  # packed by this call
+  run_notebook notebooks/05_verify_wall.ipynb "$RUNS/$rid/05_verify_wall.ipynb" \
+    "{\"run_dir\": [\"$RUNS/$rid\", \"$LLAMACPP_SWEEP\"], \"out_dir\": \"$RUNS/$rid\"}"
+}
+
+phase_pack() {  # one tar.gz per record made or touched in this call (each under 16 MiB), one of the logs
+  local rid f limit=$((16 * 1024 * 1024))
+  [ -s "$WORK/gpu-samples.pid" ] && kill "$(cat "$WORK/gpu-samples.pid")" 2>/dev/null && rm -f "$WORK/gpu-samples.pid"
+  find "$RUNS" -mindepth 1 -maxdepth 1 -type d -newer "$MARKER" -printf '%f\n' | sort | while read -r rid; do
+    [ -f "$RUNS/$rid/manifest.json" ] || continue
+    f="$OUT/$rid.tar.gz"
+    tar -C "$RUNS" -czf "$f" "$rid"
+    if [ "$(stat -c %s "$f")" -gt "$limit" ]; then
+      for log in "$RUNS/$rid"/logs/*.log; do tail -n 20000 "$log" > "$log.tmp" && mv "$log.tmp" "$log"; done
+      tar -C "$RUNS" -czf "$f" "$rid"
+    fi
+    say "packed $f ($(stat -c %s "$f") bytes)"
+  done
+  f="$OUT/device-$CALL.tar.gz"
+  tar -C "$WORK" -czf "$f" --ignore-failed-read $(cd "$WORK" && ls device.log device-info.txt timings.tsv gpu-samples.csv cuda-graph.txt 2>/dev/null)
+  say "packed $f; \$OUT holds: $(cd "$OUT" && find . -type f | tr '\n' ' ')"
+}
+
+abort() { say "$1"; phase pack; exit 1; }
+
+case "$CALL" in
+  call1)
+    phase setup || abort "setup failed"
+    SETS=random8b phase models > "$WORK/models.log" 2>&1 &  # the counting set: written by the trial's prepare
+    models=$!
+    phase warm || say "the counting trial failed: see its record"
+    wait "$models"; cat "$WORK/models.log"
+    phase pack
+    ;;
+  call2)
+    phase setup || abort "setup failed (no bundle: this is a fresh machine, start again with call1)"
+    phase models || abort "models failed"
+    phase sweep
+    phase pack
+    ;;
+  call3)
+    phase setup || abort "setup failed (no bundle: this is a fresh machine, start again with call1)"
+    phase nb02
+    phase nb05
+    phase pack
+    ;;
+  setup|models|warm|trial|sweep|nb02|nb05|pack)
+    for p in "$@"; do phase "$p" || { [ "$p" = pack ] && exit 1; abort "phase $p failed"; }; done
+    ;;
+  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
+esac
+say "done in $(elapsed) s"

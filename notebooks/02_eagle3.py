@@ -135,5 +135,19 @@ trial.explain(target_tok_s=target_tok_s).show()
 
 # %%
 trial.close()
+
+# %% [markdown]
+# ## 7 · Why is speculation slower here? The doctor
+# `spectrial doctor RUN_DIR` on this run's record, server logs and GPU samples: each cause found, ranked
+# (critical: makes speculation lose by itself; warning: the measurement cannot say what it seems to; info),
+# with its evidence (a record field or a log file:line), the fix, and the public thread where the pattern
+# was seen.
+
+# %%
+from spectrial.diagnose import diagnose
+
+diagnose(trial.run_dir).show()
+
+# %%
 attach_notebook(trial.run_dir)
 print(f"status: {trial.manifest.status}; record: {trial.run_dir}")

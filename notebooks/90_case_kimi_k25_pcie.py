@@ -27,7 +27,8 @@
 # 3. the arithmetic that settled it: break-even, what accept length 2.1 gives, what 150 tok/s needs;
 # 4. the analysis section of notebook 02, on the one session whose arms share a baseline;
 # 5. why 94 and 60 tok/s cannot be compared;
-# 6. what a spectrial trial would have recorded.
+# 6. what a spectrial trial would have recorded;
+# 7. what `spectrial doctor` names on the case's own record, with the evidence for each cause.
 
 # %% tags=["parameters"]
 case_dir = "outputs/examples/case-kimi-k25-pcie"  # the case's run record (relative to the checkout)
@@ -183,3 +184,29 @@ if case is not None:
         ("baseline drift between sessions", round(drift, 4)),
         ("baseline share of the bandwidth roofline", round(later.numbers.get("baseline_roofline_fraction"), 4)),
     ], columns=["quantity", "value"]))
+
+# %% [markdown]
+# ## 7 · What the doctor says
+# `spectrial doctor outputs/examples/case-kimi-k25-pcie` runs every detector of `spectrial.diagnose` on the
+# record: the same causes the investigation spent a day on, named with the record field that shows each one
+# and the public thread where the pattern was seen. Ranked: critical (makes speculation lose by itself), then
+# warnings (the measurement cannot say what it seems to), then information.
+
+# %%
+if case is not None:
+    from spectrial.diagnose import diagnose
+
+    doctor = diagnose(history.resolve_dir(case_dir))
+    doctor.show()
+
+# %% [markdown]
+# The three things the original investigation could not see, as the doctor names them: the NCCL environment
+# that was never verified, the baseline that moved from 89 to 82 tok/s between sessions, and the 94 tok/s run
+# that nothing can be compared with.
+
+# %%
+if case is not None:
+    display(Markdown("\n".join(
+        f"- **{kind}** ({f.severity}): {f.title}\n"
+        + "".join(f"    - `{e.where}` = `{e.text}`\n" for e in f.evidence[:4])
+        for kind in ("env_not_in_effect", "stale_baseline", "not_comparable") for f in doctor.of(kind))))

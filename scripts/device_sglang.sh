@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 15, ON THE DEVICE (`nvidia-h200`), from the repository root, with $OUT set: real SGLang 0.5.17 (the
 # trimmed bundle of scripts/sglang_bundle.py) driven by spectrial. Prepared here by
-# scripts/device_sglang_prepare.sh. Three calls on one machine kept warm (each within 30 s of the last):
+# scripts/device_sglang_prepare.sh. Two calls on one machine kept warm (the second within 30 s of the first):
 #
 #   call1  carry .device/sglang-0.5.17.tar.xz, .whl-sglang/cli: unpack; the 8B-shaped random set written in the
-#          background; the counting pair through `spectrial trial` (first start = SGLang's JIT warm-up, and the
-#          CUDA-graph probe: graphs on, else off for every later run)                              (~6-7 min)
-#   call2  carry .whl-sglang/nb: the depth x forced-acceptance sweep on the 8B set (budgeted)    (~9 min)
-#   call3  carry .whl-sglang/nb: notebook 02 on the counting pair (2 starts per arm), notebook 05 (the SGLang
+#          background; the counting pair's baseline through `spectrial trial` (its start is SGLang's JIT warm-up,
+#          and the CUDA-graph probe: graphs on, else off for every later run); the depth x forced-acceptance
+#          sweep on the 8B set, stopped by its time budget                                       (~9.5 min)
+#   call2  carry .whl-sglang/nb: notebook 02 on the counting pair (2 starts per arm), notebook 05 (the SGLang
 #          sweep beside the committed llama.cpp sweep)                                           (~4-5 min)
 #   PHASE...  any of: setup models warm trial sweep nb02 nb05 pack
 #
@@ -84,7 +84,8 @@ phase_setup() {  # the bundle into $SGL_SITE and the carried wheels into $SITE (
       || return 1
     say "installed $(ls "$d" | wc -l) wheels from $d"
   done
-  "$PY" -c 'import sglang, spectrial.session, spectrial.models.hf; print("sglang", sglang.__version__)' || return 1
+  [ -f "$SGL_SITE/sglang/launch_server.py" ] || { say "no sglang in $SGL_SITE"; return 1; }
+  "$PY" -c 'import spectrial.session, spectrial.models.hf' || return 1
   {
     echo "== date"; date -u +%FT%TZ
     echo "== nvidia-smi"; nvidia-smi
@@ -125,13 +126,13 @@ run_trial() {  # run_trial PARAMS RUN_ID [-p ...]: the CLI trial, SIGINT at the 
 phase_warm() {  # the counting pair's first start: SGLang's JIT builds, and whether CUDA graphs work here
   local rid
   rid=h200-sglang-counting-cli-$(date +%H%M%S)
-  if run_trial "$COUNTING" "$rid" -p restarts=1 -p repeats=3; then
+  if run_trial "$COUNTING" "$rid" -p restarts=1 -p repeats=2 -p 'arms=[{"name":"baseline"}]'; then
     say "CUDA graphs: $(graphs)"; return 0
   fi
   if [ "$(graphs)" = on ]; then
     say "the trial failed with CUDA graphs on: trying again with --disable-cuda-graph"
     echo off > "$WORK/cuda-graph.txt"
-    run_trial "$COUNTING" "$rid-nograph" -p restarts=1 -p repeats=3
+    run_trial "$COUNTING" "$rid-nograph" -p restarts=1 -p repeats=2 -p 'arms=[{"name":"baseline"}]'
   else
     return 1
   fi
@@ -204,17 +205,12 @@ case "$CALL" in
     phase setup || abort "setup failed"
     SETS=random8b phase models > "$WORK/models.log" 2>&1 &  # the counting set: written by the trial's prepare
     models=$!
-    phase warm || say "the counting trial failed: see its record"
+    phase warm || abort "the counting baseline failed: see its record"
     wait "$models"; cat "$WORK/models.log"
-    phase pack
-    ;;
-  call2)
-    phase setup || abort "setup failed (no bundle: this is a fresh machine, start again with call1)"
-    phase models || abort "models failed"
     phase sweep
     phase pack
     ;;
-  call3)
+  call2)
     phase setup || abort "setup failed (no bundle: this is a fresh machine, start again with call1)"
     phase nb02
     phase nb05

@@ -63,7 +63,10 @@ BUILD_DIR = Path(os.environ.get("SPECTRIAL_SGLANG_BUILD", Path.home() / ".cache/
 LIMIT_BYTES = 60 * 1024 * 1024
 
 # What the bundle is for; everything else in the lock is their closure.
-ROOTS = ("sglang==0.5.17", "sglang-kernel==0.4.5", "transformers==5.12.1", "tokenizers==0.22.2")
+ROOTS = ("sglang==0.5.17", "sglang-kernel==0.4.5", "transformers==5.12.1", "tokenizers==0.22.2",
+         # imported at module level by sglang.srt.sampling.custom_logit_processor (every server start) but not in
+         # sglang's Requires-Dist: without it the first device run died in `import dill`
+         "dill==0.4.0")
 
 # Image packages carried anyway, at another version (the bundle comes first on PYTHONPATH).
 REPLACE_IMAGE = {

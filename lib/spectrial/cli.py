@@ -123,6 +123,22 @@ def diff(run_a: Annotated[Path, typer.Argument(help="First run folder")],
 
 
 @app.command()
+def doctor(run_dir: Annotated[Path, typer.Argument(
+               help="Run folder (outputs/<run-id>); a server log file also works when there is no record.")],
+           logs: Annotated[list[Path] | None, typer.Argument(help="Server logs to read too (plain or .gz).")] = None,
+           as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False) -> None:
+    """Why is speculation slower here? The causes found in a run record and its logs, ranked, with evidence."""
+    from spectrial.diagnose import diagnose, to_json
+
+    try:
+        found = diagnose(None, [run_dir, *(logs or [])]) if run_dir.is_file() else diagnose(run_dir, logs or [])
+    except SpectrialError as exc:
+        _fail(exc)
+        return
+    typer.echo(to_json(found) if as_json else found.text())
+
+
+@app.command()
 def report(run_dir: Annotated[Path | None, typer.Argument(
                help="Run folder, e.g. outputs/<run-id> (default: the newest run under --output-dir).")] = None,
            output_dir: Annotated[str, typer.Option(help="Folder of run records, searched when RUN_DIR is omitted.")]

@@ -1,6 +1,10 @@
-"""`spectrial diff RUN_A RUN_B`: what differs between two runs, most consequential first.
+"""`spectrial diff RUN_A RUN_B`: whether two runs can be compared at all, then what differs, most consequential first.
 
-Order of consequence (what most often explains a different number):
+The verdict (`comparability`) comes first: "not comparable: different GPU, model and engine build" when the
+machine, the model or the engine build differ (or one run does not record them), "comparable: only NCCL_PROTO
+differs" when only launch settings (environment variables, flags) differ: the experiment itself.
+
+Order of consequence of the detailed lines (what most often explains a different number):
     0 environment that did not reach the server (variables missing from worker processes), env requested
     1 engine build / version / source diff, model files
     2 machine state (driver, GPUs, clocks, kernel, governor, throttling)
@@ -11,12 +15,13 @@ Order of consequence (what most often explains a different number):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spectrial.fingerprint import stable_view
-from spectrial.schema import ArmRecord, load_record
+from spectrial.schema import ArmRecord, Manifest, load_record
 
 
 @dataclass(order=True)
@@ -91,8 +96,16 @@ def _env_reach(arm: ArmRecord) -> dict[str, int]:
     return out
 
 
-def diff_runs(run_a: str | Path, run_b: str | Path) -> list[Finding]:
-    """Findings between two run records, most consequential first."""
+class DiffResult(list[Finding]):
+    """The findings of `diff_runs` (a list, most consequential first) with the runs' `comparability`."""
+
+    def __init__(self, findings: list[Finding], comparability: Comparability) -> None:
+        super().__init__(findings)
+        self.comparability = comparability
+
+
+def diff_runs(run_a: str | Path, run_b: str | Path) -> DiffResult:
+    """Findings between two run records, most consequential first; `.comparability` holds the verdict."""
     a, b = load_record(run_a), load_record(run_b)
     f: list[Finding] = []
     arms_a = {x.name: x for x in a.arms}
@@ -147,11 +160,165 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> list[Finding]:
             f.append(Finding(5, f"arm {n}: {xa.tok_s:.2f} -> {xb.tok_s:.2f} tok/s ({rel:+.1%}; {note})"))
     if a.status != b.status:
         f.append(Finding(5, f"status: {a.status} -> {b.status}"))
-    return sorted(f)
+    return DiffResult(sorted(f), comparability(a, b))
 
 
 def format_findings(findings: list[Finding]) -> str:
+    """The verdict line (when `findings` came from `diff_runs`), then one line per finding."""
     labels = {0: "environment", 1: "engine/model", 2: "machine", 3: "launch", 4: "params", 5: "results"}
+    verdict = getattr(findings, "comparability", None)
+    head = [f"verdict: {verdict.verdict}"] if verdict is not None else []
     if not findings:
-        return "no differences found"
-    return "\n".join(f"[{labels[x.severity]}] {x.text}" for x in findings)
+        return "\n".join([*head, "no differences found"])
+    return "\n".join([*head, *(f"[{labels[x.severity]}] {x.text}" for x in findings)])
+
+
+# ------------------------------------------------------------------ comparability
+# what must be the same for two numbers to be compared, in the order the verdict names them
+CATEGORIES = ("GPU", "GPU unit", "driver", "clocks and power limits", "topology", "CUDA", "host", "model",
+              "engine build", "workload")
+_GPU_FIELDS = {"name": "GPU", "memory.total": "GPU", "compute_cap": "GPU", "uuid": "GPU unit",
+               "driver_version": "driver", "clocks.max.sm": "clocks and power limits",
+               "clocks.max.mem": "clocks and power limits", "power.limit": "clocks and power limits",
+               "persistence_mode": "clocks and power limits", "ecc.mode.current": "clocks and power limits",
+               "pcie.link.gen.max": "topology", "pcie.link.width.current": "topology"}
+_GPU_BOUND = frozenset({"driver", "clocks and power limits", "topology", "CUDA"})
+_HOST_FIELDS = {"hostname": "host", "kernel": "host", "cpu_model": "host", "cpu_count": "host",
+                "cpu_governor": "host"}
+
+
+@dataclass(frozen=True)
+class Comparability:
+    """Whether two runs measure the same thing: `differs` names what makes them not comparable (machine, model,
+    engine build, workload), `unknown` what only one run records, `only` the launch settings that differ (the
+    experiment, when nothing else does)."""
+
+    differs: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def comparable(self) -> bool:
+        return not self.differs and not self.unknown
+
+    @property
+    def verdict(self) -> str:
+        """'not comparable: different GPU, model and engine build', 'comparable: only NCCL_PROTO differs', ..."""
+        if self.differs or self.unknown:
+            parts = []
+            if self.differs:
+                parts.append("different " + _and(list(self.differs)))
+            if self.unknown:
+                parts.append(_and(list(self.unknown)) + " recorded in only one run")
+            return "not comparable: " + "; ".join(parts)
+        if not self.only:
+            return "comparable: no recorded difference"
+        return f"comparable: only {_and(list(self.only))} differ{'s' if len(self.only) == 1 else ''}"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _gpus(host: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The GPUs a run records (an empty list: recorded, none), as fingerprint fields; None: not recorded."""
+    fp = host.get("fingerprint") or {}
+    if fp.get("gpus") is not None:
+        return stable_view(fp)["gpus"]
+    if isinstance(host.get("gpus"), Mapping):
+        return [{"name": g.get("name"), "uuid": g.get("uuid")} for g in host["gpus"].get("gpus") or []]
+    if host.get("gpu_key"):
+        return [{"name": host["gpu_key"], "driver_version": host.get("driver")}] * int(host.get("gpu_count") or 1)
+    return None
+
+
+def _models(m: Manifest) -> dict[str, Any] | None:
+    """Model files by path (their identity), with the target's path under 'target'; None: not recorded."""
+    files = {str(x.get("path")): (x.get("head_tail_sha256"), x.get("size")) for x in m.models}
+    target = m.params.get("model") or (m.model_info or {}).get("name")
+    if not files and not target:
+        return None
+    return {"target": target, "files": files}
+
+
+def _same_models(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Same target, and the same identity for every file both runs name (a file only one run uses belongs to
+    an arm only that run has)."""
+    common = set(a["files"]) & set(b["files"])
+    return a["target"] == b["target"] and all(a["files"][p] == b["files"][p] for p in common)
+
+
+def _facets(m: Manifest) -> dict[str, Any]:
+    """Per category, what a run records (None: not recorded)."""
+    host, eng = m.host, m.engine
+    out: dict[str, Any] = {c: None for c in CATEGORIES}
+    gpus = _gpus(host)
+    if gpus is not None:
+        out["GPU"] = sorted(str(g.get("name")) for g in gpus)
+        units = sorted(str(g["uuid"]) for g in gpus if g.get("uuid"))
+        out["GPU unit"] = units or None
+        drivers = sorted({str(g["driver_version"]) for g in gpus if g.get("driver_version")})
+        out["driver"] = drivers or None
+        for cat in ("clocks and power limits", "topology"):
+            keys = [k for k, c in _GPU_FIELDS.items() if c == cat]
+            vals = [tuple(g.get(k) for k in keys) for g in gpus if any(g.get(k) is not None for k in keys)]
+            out[cat] = vals or None
+    if host.get("driver") and out["driver"] is None:
+        out["driver"] = [str(host["driver"])]
+    if host.get("interconnect"):
+        out["topology"] = [str(host["interconnect"])]
+    fp = host.get("fingerprint") or {}
+    view = stable_view(fp) if fp else {}
+    cuda = view.get("cuda_version") or host.get("cuda")
+    out["CUDA"] = str(cuda) if cuda else None
+    hostv = {k: view[k] for k, c in _HOST_FIELDS.items() if c == "host" and view.get(k) is not None}
+    out["host"] = hostv or None
+    out["model"] = _models(m)
+    build = {k: eng.get(k) for k in ("name", "version", "commit", "diff_hash") if eng.get(k)}
+    ident = eng.get("binary_identity") or {}
+    if ident:
+        build["binary"] = (ident.get("head_tail_sha256"), ident.get("size"))
+    out["engine build"] = build if {"version", "commit", "binary"} & set(build) else None
+    work = {k: m.params.get(k) for k in ("prompts", "max_tokens", "concurrency", "workload") if k in m.params}
+    out["workload"] = work or None
+    return out
+
+
+def _launch_differences(a: Manifest, b: Manifest) -> list[str]:
+    """Names of the environment variables and flags that differ between the runs' common arms (or their
+    run-level environment)."""
+    names: list[str] = []
+    arms_a, arms_b = {x.name: x for x in a.arms}, {x.name: x for x in b.arms}
+    pairs = [(arms_a[n].env or {}, arms_b[n].env or {}, arms_a[n].argv or [], arms_b[n].argv or [])
+             for n in arms_a if n in arms_b]
+    pairs.append((a.params.get("env") or {}, b.params.get("env") or {}, [], []))
+    for ea, eb, va, vb in pairs:
+        names += [k for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)]
+        oa, ob = _argv_options(va) if va else {}, _argv_options(vb) if vb else {}
+        names += [k for k in sorted(set(oa) | set(ob)) if oa.get(k) != ob.get(k)]
+    if {x for x in arms_a} != {x for x in arms_b}:
+        names.append("the set of arms")
+    return list(dict.fromkeys(names))
+
+
+def comparability(a: Manifest, b: Manifest) -> Comparability:
+    """Whether runs `a` and `b` can be compared, and if not, why (see `Comparability.verdict`)."""
+    fa, fb = _facets(a), _facets(b)
+    differs, unknown, reasons = [], [], []
+    for cat in CATEGORIES:
+        va, vb = fa[cat], fb[cat]
+        if va is None and vb is None:
+            continue
+        if va is None or vb is None:
+            if cat != "GPU unit":
+                unknown.append(cat)
+                reasons.append(f"{cat}: recorded in {'B' if va is None else 'A'} only")
+        elif (not _same_models(va, vb)) if cat == "model" else va != vb:
+            if cat == "GPU unit" and "GPU" in differs:
+                continue
+            differs.append("GPU (another unit of the same model)" if cat == "GPU unit" else cat)
+            reasons.append(f"{cat}: {va!r} vs {vb!r}")
+    if "GPU" in differs:  # another GPU (or none): its driver, clocks, links and CUDA go with it
+        unknown = [c for c in unknown if c not in _GPU_BOUND]
+    return Comparability(tuple(differs), tuple(unknown), tuple(_launch_differences(a, b)), tuple(reasons))

@@ -3,7 +3,8 @@
 The report is the run's executed notebook (``manifest.notebook``) converted with nbconvert's
 ``HTMLExporter`` (lab template, code hidden by default); a run without one (a CLI trial, the case
 record) gets a notebook built from its manifest: a header, the arms table and the analysis sections
-of :func:`spectrial.explain.explain`.
+of :func:`spectrial.explain.explain`. Either way the doctor's findings (:func:`spectrial.diagnose.diagnose` on
+the run folder and its logs) come first, under the title.
 
 Offline by construction: plotly.js (``plotly.offline.get_plotlyjs()``) is inlined once in the page head,
 every figure output (mimetype ``application/vnd.plotly.v1+json``) becomes a ``<div>`` drawn by
@@ -25,11 +26,13 @@ from typing import Any
 
 import nbformat
 
+from spectrial.diagnose.model import Diagnosis
 from spectrial.errors import ConfigError
 from spectrial.records import list_runs, update_manifest
 from spectrial.schema import ArmRecord, Manifest, as_manifest, load_record
 
-__all__ = ["REPORT_NAME", "build_notebook", "latest_run", "prepare_notebook", "render_html", "write_report"]
+__all__ = ["REPORT_NAME", "build_notebook", "diagnosis_cell", "latest_run", "prepare_notebook", "render_html",
+           "write_report"]
 
 REPORT_NAME = "report.html"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -124,11 +127,20 @@ def render_html(nb: Any, title: str, show_code: bool = False) -> str:
     return body
 
 
-def build_notebook(source: Manifest | Mapping[str, Any]) -> Any:
-    """A notebook with outputs built from a manifest: header, arms table, the explain sections."""
+def diagnosis_cell(diagnosis: Diagnosis) -> Any:
+    """A markdown cell with the doctor's ranked findings (evidence in code spans, no raw HTML from logs)."""
+    import nbformat.v4 as nbf
+
+    return nbf.new_markdown_cell("## Why is speculation slower here? (spectrial doctor)\n\n" + diagnosis.markdown())
+
+
+def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | None = None) -> Any:
+    """A notebook with outputs built from a manifest: header, the doctor's findings (`diagnosis`, default: the
+    manifest's own, without logs), arms table, the explain sections."""
     import nbformat.v4 as nbf
     import pandas as pd
 
+    from spectrial.diagnose import diagnose
     from spectrial.explain import explain
     from spectrial.history import fill_derived, record_rows
 
@@ -142,7 +154,7 @@ def build_notebook(source: Manifest | Mapping[str, Any]) -> Any:
             f"{manifest.finished_at or 'not recorded'}"]
     if manifest.get("description"):
         head += ["", str(manifest.get("description"))]
-    cells = [nbf.new_markdown_cell("\n".join(head))]
+    cells = [nbf.new_markdown_cell("\n".join(head)), diagnosis_cell(diagnosis or diagnose(manifest))]
     arms = [ArmRecord.model_validate(fill_derived(a.model_dump())) if a.status == "ok" else a for a in manifest.arms]
     if arms:
         rows, _ = record_rows(manifest, str(manifest.run_id))
@@ -192,14 +204,18 @@ def write_report(run_dir: str | Path, *, show_code: bool = False) -> Path:
         raise ConfigError(f"{run / 'manifest.json'} is not valid JSON: {exc}") from exc
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{run / 'manifest.json'} is not a readable run record: {exc}") from exc
+    from spectrial.diagnose import diagnose
+
+    found = diagnose(run)
     nb_name = manifest.notebook
     nb_path = run / nb_name if nb_name else None
     if nb_path is not None and nb_path.is_file():
         nb = nbformat.read(nb_path, as_version=4)
         nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
+        nb.cells.insert(1 if nb.cells and nb.cells[0].get("cell_type") == "markdown" else 0, diagnosis_cell(found))
         source = nb_path.name
     else:
-        nb, source = build_notebook(manifest), "manifest"
+        nb, source = build_notebook(manifest, found), "manifest"
     body = render_html(nb, title=f"spectrial report: {manifest.run_id}", show_code=show_code)
     out = run / REPORT_NAME
     tmp = out.with_name(out.name + ".tmp")

@@ -346,9 +346,9 @@ class Server:
                             return self.ready_s
                     except httpx.HTTPError as exc:
                         last = f"{type(exc).__name__}: {exc}"
-                    if n % check_every == 1:
+                    if (n - 1) % check_every == 0:
                         self._check_companions()
-                    if n % check_every == 1 and not self.running():
+                    if (n - 1) % check_every == 0 and not self.running():
                         code = self.exit_code()
                         raise ServerError(
                             f"{self.spec.name} exited before it became ready (exit code "

@@ -129,8 +129,9 @@ phase_warm() {  # the counting pair's first start: SGLang's JIT builds, and whet
   if run_trial "$COUNTING" "$rid" -p restarts=1 -p repeats=2 -p 'arms=[{"name":"baseline"}]'; then
     say "CUDA graphs: $(graphs)"; return 0
   fi
-  if [ "$(graphs)" = on ]; then
-    say "the trial failed with CUDA graphs on: trying again with --disable-cuda-graph"
+  # graphs off only when the server's own log blames them (a missing module is no reason to lose graphs)
+  if [ "$(graphs)" = on ] && grep -qiE "cuda.?graph|graph capture|capture_one_batch" "$RUNS/$rid"/logs/*.log 2>/dev/null; then
+    say "the server failed in CUDA-graph capture: trying again with --disable-cuda-graph"
     echo off > "$WORK/cuda-graph.txt"
     run_trial "$COUNTING" "$rid-nograph" -p restarts=1 -p repeats=2 -p 'arms=[{"name":"baseline"}]'
   else

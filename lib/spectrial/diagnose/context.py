@@ -5,7 +5,6 @@ finding can name its evidence."""
 from __future__ import annotations
 
 import gzip
-import math
 import re
 import shlex
 from collections.abc import Iterator, Mapping
@@ -16,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from spectrial.records import finite
 from spectrial.schema import ArmRecord, Manifest
 from spectrial.serverlog import ServerLog
 
@@ -26,15 +26,7 @@ _INT = re.compile(r"-?\d+")
 LOG_SUFFIXES = (".log", ".log.gz", ".txt")
 
 
-def number(x: Any) -> float | None:
-    """x as a finite float, else None (bools, text that is not a number, NaN)."""
-    if isinstance(x, bool) or x is None:
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+number = finite  # a record value as a finite float, else None
 
 
 def ints(text: Any) -> list[int]:

@@ -3,7 +3,7 @@
 Headless Chromium (Debian package `chromium`, installed by scripts/ensure-chromium.sh) loads the report
 from file:// with every host name unresolvable, so nothing can come from a CDN. The DOM after the
 scripts ran must hold plotly's SVG elements for every figure, and a screenshot tall enough to hold the first figure
-must show drawn pixels in plotly's trace colours (decoded with a small zlib + struct PNG reader).
+(below the doctor's findings, which come first) must show drawn pixels in plotly's trace colours (decoded with a small zlib + struct PNG reader).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}",
-           "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=5000", "--window-size=1200,3000", *args]
+           "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=5000", "--window-size=1200,9000", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # type: ignore[arg-type]
 
 
@@ -104,7 +104,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     res = chromium(tmp_path, f"--screenshot={shot}", url)
     assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
     img = read_png(shot)[..., :3].astype(int)
-    assert img.shape[:2] == (3000, 1200)
+    assert img.shape[:2] == (9000, 1200)
     assert img.std() > 10, "screenshot is blank"
     non_white = float(np.mean(np.any(img < 240, axis=2)))
     assert non_white > 0.02, f"only {non_white:.1%} of the screenshot is not white"

@@ -148,7 +148,7 @@ def test_notebook_02_through_ssh_masks_secrets(sshd: SshdServer, tiny_params: di
     assert res.returncode == 0, res.stderr[-4000:]
     nb = nbformat.read(out, as_version=4)
     text = "\n".join(json.dumps(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
-    assert sshd.spec in text and "The baseline decoded at" in text
+    assert sshd.spec in text and "The baseline takes" in text
     run = only_run(Path(tiny_params["output_dir"]))
     m = manifest_json(run)
     assert m["status"] == "ok" and m["host"]["name"] == sshd.spec

@@ -68,7 +68,7 @@ def test_both_layouts_give_the_same_sweep(write_params):
     ({"model": "m", "stratgy": "grid"}, ["stratgy", "strategy", "repeats"]),
     ({"model": "m", "method": "none"}, ["method", "speculative"]),
     ({"model": "m", "grid": {"topk": [1, 4]}}, ["grid.topk", "chain"]),
-    ({"model": "m", "engine": "sglang", "grid": {"synthetic_accept": [0.5]}}, ["synthetic_accept", "llama.cpp"]),
+    ({"model": "m", "engine": "sglang", "grid": {"synthetic_accept": [1.5]}}, ["synthetic_accept", "[0, 1]"]),
     ({"model": "m", "grid": {"steps": [0, 2]}}, ["grid.steps", ">= 1"]),
     ({"model": "m", "budget_restarts": 1}, ["budget_restarts"]),
     ({"trial": {"model": "m"}, "repeats": 2}, ["repeats", "trial"]),

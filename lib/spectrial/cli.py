@@ -30,19 +30,13 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (timeout, a CI cancel, a service manager): handled as Ctrl-C is, wherever the run is."""
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Terminated("SIGTERM")
-
-
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """Stop the run on SIGTERM as on Ctrl-C (servers stopped, the record written with the reason), then exit
     130 (Ctrl-C) or 143 (SIGTERM)."""
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    from spectrial.interrupts import Terminated, on_sigterm
+
+    old = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     except KeyboardInterrupt as exc:

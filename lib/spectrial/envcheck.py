@@ -125,6 +125,15 @@ def _probe_of(p: ProcInfo, probes: Mapping[int, dict[str, Any]]) -> dict[str, An
     return rec if not ticks or not p.start_ticks or ticks == p.start_ticks else None  # a recycled pid: not it
 
 
+def _as_launched(requested: str, launched: str | None) -> str:
+    """The value the process should hold: the launched one where spectrial added to the requested value
+    (a path list with the probe's folder in front), else the requested one (a check against a different
+    value than launched must report the launched value as wrong)."""
+    if launched is not None and launched != requested and requested in launched.split(":"):
+        return launched
+    return requested
+
+
 def check_env(procs: list[ProcInfo], requested: Mapping[str, str], tag_var: str, *,
               launched: Mapping[str, str] | None = None,
               probes: Mapping[int, dict[str, Any]] | None = None) -> EnvCheckRecord:
@@ -145,7 +154,7 @@ def check_env(procs: list[ProcInfo], requested: Mapping[str, str], tag_var: str,
                                "readable": p.environ is not None, "verified_by": {}, "unverified": []}
         where = f"pid {p.pid} ({shlex.join(p.cmdline)[:80]})"
         for k in requested:
-            want = launched.get(k, requested[k])
+            want = _as_launched(requested[k], launched.get(k))
             if probe is not None:
                 held = (probe.get("vars") or {}).get(k, "absent")
                 how, got = "probe", None if held is None else ("?" if held == "absent" else held)

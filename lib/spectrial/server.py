@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from spectrial import interrupts
 from spectrial.envcheck import (
     PROBE_DIR_VAR,
     PROBE_NAMES_VAR,
@@ -225,8 +226,9 @@ class Server:
     def start(self) -> Server:
         """Start the companions meant to come first, then the server detached, then the other companions.
 
-        The state file is written right after the launch; if that fails the server is stopped again, so no
-        process is ever left without the state file that lets the next trial find it.
+        The state file is written right after the launch, with interrupts held in between; if that fails the
+        server is stopped again, so no process is ever left without the state file that lets the next trial
+        find it. Any exception from here on (an interrupt included) stops what was started.
         """
         before = [c for c in self.companions if c.before_head]
         try:
@@ -234,7 +236,7 @@ class Server:
             self._launch()
             self._start_companions([c for c in self.companions if not c.before_head], wait=False)
         except BaseException:
-            self._stop_companions()
+            self.stop()  # itself, when launched (an interrupt delivered right after the launch), and companions
             raise
         return self
 
@@ -255,21 +257,23 @@ class Server:
         wrapped = ["sh", "-c", 'trap : TERM INT; "$@"; echo $? > "$0"', self.exit_path, *self.spec.argv]
         self._t0 = time.monotonic()
         self.started_at = utc_now()
-        self.pid = self.host.start_detached(wrapped, env=self.launch_env, log_path=self.log_path,
-                                            cwd=self.work_dir)
-        self.state = {"pid": self.pid, "pgid": self.pid, "sid": self.pid, "tag": self.tag, "port": self.spec.port,
-                      "argv": mask_argv(self.spec.argv), "env": mask_env(self.spec.env), "log": self.log_path,
-                      "started_at": self.started_at, "run_id": self.run_id, "arm": self.arm, "members": []}
-        try:
-            leader = next((p for p in self.host.processes(self.pid) if p.pid == self.pid), None)
-            self.state.update(start_ticks=leader.start_ticks if leader else 0, boot_id=boot_id(self.host))
-            self._write_state()
-            if self.spec.http:
-                self.base_url = self.host.client_url(self.spec.port, self.spec.bind)
-        except BaseException:
-            self.host.stop_group(self.pid, self.grace_s)
-            self.pid = None
-            raise
+        with interrupts.deferred():  # an interrupt here would leave a server that no state file names
+            self.pid = self.host.start_detached(wrapped, env=self.launch_env, log_path=self.log_path,
+                                                cwd=self.work_dir)
+            self.state = {"pid": self.pid, "pgid": self.pid, "sid": self.pid, "tag": self.tag,
+                          "port": self.spec.port, "argv": mask_argv(self.spec.argv), "env": mask_env(self.spec.env),
+                          "log": self.log_path, "started_at": self.started_at, "run_id": self.run_id,
+                          "arm": self.arm, "members": []}
+            try:
+                leader = next((p for p in self.host.processes(self.pid) if p.pid == self.pid), None)
+                self.state.update(start_ticks=leader.start_ticks if leader else 0, boot_id=boot_id(self.host))
+                self._write_state()
+                if self.spec.http:
+                    self.base_url = self.host.client_url(self.spec.port, self.spec.bind)
+            except BaseException:
+                self.host.stop_group(self.pid, self.grace_s)
+                self.pid = None
+                raise
 
     def _write_state(self) -> None:
         self.host.write_text(state_path(self.state_dir, self.spec.port), json.dumps(self.state, indent=1))

@@ -51,7 +51,8 @@ class SweepGrid(BaseModel):
     concurrency: list[int] | None = Field(None, description="Concurrent request streams (batch sizes); all "
                                                             "levels are measured on each server start.")
     synthetic_accept: list[float | None] | None = Field(
-        None, description="Per-token synthetic acceptance rates a (llama.cpp --spec-synth-rates a, a^2, ...); "
+        None, description="Per-token synthetic acceptance rates a (llama.cpp --spec-synth-rates a, a^2, ...; "
+                          "SGLang SGLANG_SIMULATE_ACC_LEN; vLLM rejection_sample_method synthetic); "
                           "null = the draft's real acceptance. Each rate is a scenario with its own best setting.")
 
     @field_validator("steps", "topk", "concurrency")

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -34,6 +36,8 @@ topk = None  # draft tree top-k (SGLang); llama.cpp drafts a chain (1)
 draft_tokens = None  # tokens verified per cycle (SGLang); None: steps + 1
 repeats = None  # measured requests per arm
 max_tokens = None  # generated tokens per request (fixed length)
+workload = None  # bundled | sharegpt | humaneval | a JSONL/JSON file, or a list: ["sharegpt", "humaneval"] (None: as in the params file)
+request_format = None  # "chat" (the server's chat template) or "completion" (raw prompts); None: as in the params file
 overrides = {}  # any other parameter, dotted: {"engine_config.threads": 1}
 run_id = None  # run record id (None: generated)
 output_dir = None  # folder of run records (None: as in the params file)
@@ -48,7 +52,8 @@ from spectrial.notebooks import attach_notebook, log_table, params_from_notebook
 from spectrial.trial import Trial
 
 params = params_from_notebook(params_file, overrides, steps=steps, topk=topk, draft_tokens=draft_tokens,
-                              repeats=repeats, max_tokens=max_tokens, output_dir=output_dir)
+                              repeats=repeats, max_tokens=max_tokens, output_dir=output_dir, workload=workload,
+                              request_format=request_format)
 trial = Trial(params, run_id=run_id)
 display(Markdown(f"**Trial** `{params.name}` on host `{params.host}` with engine `{params.engine}`, "
                  f"model `{params.model}`, steps {params.steps}, {params.repeats} requests x "
@@ -101,6 +106,20 @@ trial.table_of(trial.experiment_arms)
 
 # %%
 trial.compare().round(3)
+
+# %% [markdown]
+# ### Per workload category
+# Acceptance depends on what is asked. With a workload of two categories or more (chat, code, ...): each arm over
+# the requests of each category, with speed-up and verdict against the baseline's requests of the same category.
+# `break_even_own` is the category's own line: its cycles' time over the baseline's time per token on the same
+# prompts.
+
+# %%
+from spectrial.report import workload_line
+
+display(Markdown(f"**Workload**: {workload_line(trial.manifest.workload)}"))
+cats = trial.categories()
+cats.round(3) if len(cats) else Markdown("One category: the arms table above is the whole story.")
 
 # %%
 show_figure(plots.tok_s_figure(trial.manifest.arms))

@@ -194,6 +194,18 @@ def test_fires_on_a_record_built_to_trigger_it(kind: str) -> None:
     assert f.evidence and all(e.where for e in f.evidence) and f.fix and f.sources
 
 
+def test_raw_prompts_quiet_once_the_requests_were_chat() -> None:
+    """Since workloads: the record's `request_format` decides; `workload` is quoted as the evidence."""
+    m = clean()
+    _mutate("raw_prompts", m)
+    del m["params"]["prompts"]
+    m["params"]["workload"] = [{"source": "sharegpt", "n": 64}]
+    f = diagnose(m).findings
+    assert [x.kind for x in f] == ["raw_prompts"] and f[0].evidence[0].where == "params.workload" and "sharegpt" in f[0].evidence[0].text
+    m["params"]["request_format"] = "chat"
+    assert diagnose(m).kinds() == []
+
+
 def test_ranked_by_severity_then_detector() -> None:
     m = clean()
     for kind in ("throttling", "below_break_even", "debug_switches", "global_counter"):

@@ -86,3 +86,16 @@ def test_bad_env_name_is_refused():
 def test_repo_params_files_validate():
     p = load_params("params/local.yaml")
     assert p.engine == "llamacpp" and [a.method for a in p.arms] == ["none", "draft", "eagle3"]
+
+
+def test_workload_identity_decides_what_is_comparable():
+    """Drift and diff compare runs only on the same workload: an old record's `prompts` reads as today's default
+    workload; another dataset, request format, sampling or seed is another workload."""
+    from spectrial.params import workload_identity
+
+    old = {"prompts": "bundled", "max_tokens": 64}  # a record from before workloads
+    new = load_params(data={"model": "m"}).model_dump(mode="json")
+    assert workload_identity(old) == workload_identity(new)
+    for change in ({"workload": "sharegpt"}, {"request_format": "chat"}, {"sampling": {"temperature": 0.7}},
+                   {"seed": 1}, {"output_len": "dataset"}, {"max_tokens": 32}):
+        assert workload_identity({**new, **change}) != workload_identity(new), change

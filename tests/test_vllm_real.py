@@ -27,13 +27,13 @@ import psutil
 import pytest
 import yaml
 
-from spectrial.bench import load_prompts
 from spectrial.errors import ConfigError, ResourceBusyError
 from spectrial.host import LocalHost
 from spectrial.params import load_params
 from spectrial.records import manifest_json
 from spectrial.server import read_state, stop_previous
 from spectrial.trial import run_trial
+from spectrial.workloads import bundled_items
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def predicted(run: Path, arm: str, method: str) -> tuple[int, list[int]]:
     from spectrial.models.hf import ensure_hf_models, simulate_counting
 
     tok = Tokenizer.from_file(str(ensure_hf_models(kind="counting").target / "tokenizer.json"))
-    text = {p["id"]: p["prompt"] for p in load_prompts()}
+    text = {p.id: p.prompt for p in bundled_items()}
     rows = [r for r in _csv(run / "requests.csv") if r["arm"] == arm and not r.get("error")]
     drafts, accepted = 0, [0] * K
     for r in rows:

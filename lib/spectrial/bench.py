@@ -1,4 +1,5 @@
-"""Benchmark client: OpenAI-compatible streaming completions of fixed length, timed per request.
+"""Benchmark client: OpenAI-compatible streaming completions (or chat completions, or SGLang's native
+/generate), timed per request.
 
 Each request becomes a record (failures are data, not exceptions) with raw monotonic timestamps;
 metrics are derived afterwards:
@@ -6,51 +7,25 @@ metrics are derived afterwards:
     itl_ms_median  = median gap between content chunks (speculative servers send several tokens at once)
     client_tok_s   = (tokens - 1) / (last chunk - first chunk)      decode rate seen by the client
     server_*       = the engine's own per-request stats (llama.cpp `timings`), when it reports them
+A request that asked for its full length (ignore_eos, no stop strings) and got fewer tokens is an error
+("short output"); with ignore_eos off or stop strings, an early end is the model's choice, not an error.
+Each record carries its work item's category and source, and the max_tokens it asked.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from spectrial.errors import ConfigError
 from spectrial.progress import Progress
 from spectrial.schema import RequestRecord
-
-
-def load_prompts(source: str = "bundled") -> list[dict[str, str]]:
-    """Prompts as [{'id', 'prompt'}]: spectrial's own set, or a user JSONL file of {"prompt": ...} lines."""
-    if source == "bundled":
-        text = resources.files("spectrial").joinpath("data/prompts.jsonl").read_text()
-        where = "bundled prompts"
-    else:
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"prompts: file {source!r} not found; give a JSONL file or 'bundled'")
-        text, where = path.read_text(), str(path)
-    out = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"prompts: {where} line {i} is not JSON: {exc}") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-            raise ConfigError(f"prompts: {where} line {i} needs a string field 'prompt'")
-        out.append({"id": str(rec.get("id", f"line{i}")), "prompt": rec["prompt"]})
-    if not out:
-        raise ConfigError(f"prompts: {where} holds no prompts")
-    return out
+from spectrial.workloads import WorkItem, as_items, request_order
 
 
 def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
@@ -83,8 +58,8 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
                 except json.JSONDecodeError:
                     continue
                 now = time.monotonic()
-                if "choices" in obj:
-                    text = "".join(c.get("text") or "" for c in obj.get("choices") or [])
+                if "choices" in obj:  # completion chunks carry `text`, chat chunks `delta.content`
+                    text = "".join(c.get("text") or _delta_text(c.get("delta")) for c in obj.get("choices") or [])
                 else:  # native /generate: cumulative text
                     full = obj.get("text") or ""
                     text, seen_len = full[seen_len:], max(seen_len, len(full))
@@ -101,6 +76,8 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
         rec["error"] = f"{type(exc).__name__}: {exc}"
     rec["t_end"] = time.monotonic()
     rec.update(stats_fn(final) if final else {})
+    if rec.get("server_prompt_n") is None and isinstance(usage.get("prompt_tokens"), int):
+        rec["server_prompt_n"] = usage["prompt_tokens"]  # the prompt as the server tokenized it (chat: templated)
     tokens = usage.get("completion_tokens") or rec.get("server_predicted_n") or n_text
     rec["tokens"] = tokens
     rec["chunks"] = len(chunks)
@@ -110,35 +87,52 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
         rec["itl_ms_median"] = statistics.median(gaps) * 1000 if gaps else None
         span = chunks[-1] - chunks[0]
         rec["client_tok_s"] = (tokens - 1) / span if span > 0 and tokens > 1 else None
-    if rec["error"] is None and tokens < max_tokens:
+    if rec["error"] is None and tokens < max_tokens and full_length(body):
         rec["error"] = f"short output: {tokens} of {max_tokens} tokens"
     return RequestRecord(**rec)
 
 
-def run_requests(base_url: str, prompts: list[dict[str, str]], *, n: int, max_tokens: int,
-                 payload: Callable[[str, int], dict[str, Any]], stats_fn: Callable[[dict[str, Any]], dict[str, Any]],
+def _delta_text(delta: Any) -> str:
+    """The text of a chat chunk's delta (content, and reasoning content where a server splits it off)."""
+    if not isinstance(delta, dict):
+        return ""
+    return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+
+
+def full_length(body: dict[str, Any]) -> bool:
+    """Whether a request body asks for exactly its max tokens (ignore_eos and no stop strings)."""
+    sp = body.get("sampling_params") or {}
+    return bool(body.get("ignore_eos", sp.get("ignore_eos"))) and not (body.get("stop") or sp.get("stop"))
+
+
+def run_requests(base_url: str, prompts: Sequence[WorkItem | dict[str, Any]], *, n: int, max_tokens: int,
+                 payload: Callable[[WorkItem, int], dict[str, Any]],
+                 stats_fn: Callable[[dict[str, Any]], dict[str, Any]],
                  concurrency: int = 1, timeout_s: float = 300, seed: int = 0, phase: str = "measure",
                  label: str = "", progress: bool = True, path: str = "/v1/completions",
-                 tags: dict[str, Any] | None = None,
+                 tags: dict[str, Any] | None = None, output_len: str = "fixed",
                  counters: tuple[Callable[[], dict[str, float]],
                                  Callable[[dict[str, float], dict[str, float]], dict[str, Any]]] | None = None
                  ) -> list[RequestRecord]:
-    """Send `n` requests (prompts drawn in a seeded order), `concurrency` at a time; one record each,
-    carrying `tags` (arm, restart, start, concurrency). With `counters` = (snapshot, stats) and concurrency 1,
-    the server's counters are read around each request and `stats(before, after)` adds the engine's own
-    per-request figures (server_*) to its record."""
-    rng = random.Random(seed)
-    order = [prompts[rng.randrange(len(prompts))] for _ in range(n)]
+    """Send `n` requests (work items in a seeded order, categories taking turns: `request_order`),
+    `concurrency` at a time; `payload(item, max_tokens)` builds each body. Each request asks `max_tokens`, or
+    with `output_len` "dataset" its item's own length capped at `max_tokens`. One record each, carrying `tags`
+    (arm, restart, start, concurrency), the item's id, category and source. With `counters` = (snapshot,
+    stats) and concurrency 1, the server's counters are read around each request and `stats(before, after)`
+    adds the engine's own per-request figures (server_*) to its record."""
+    order = request_order(as_items(prompts), n, seed)
     bar = Progress(f"{label} {phase}".strip(), total=n, unit="req", enabled=progress)
 
     def one(i: int) -> RequestRecord:
         p = order[i]
+        mt = min(max_tokens, p.output_len) if output_len == "dataset" and p.output_len else max_tokens
         before = counters[0]() if counters and concurrency == 1 else None
-        rec = stream_completion(client, base_url, payload(p["prompt"], max_tokens), stats_fn, timeout_s, path)
+        rec = stream_completion(client, base_url, payload(p, mt), stats_fn, timeout_s, path)
         if before is not None and counters and not rec.error:
             for k, v in counters[1](before, counters[0]()).items():
                 setattr(rec, k, v)
-        for k, v in {"index": i, "phase": phase, "prompt_id": p["id"], **(tags or {})}.items():
+        for k, v in {"index": i, "phase": phase, "prompt_id": p.id, "category": p.category, "source": p.source,
+                     "max_tokens": mt, "prompt_len": p.prompt_len, **(tags or {})}.items():
             setattr(rec, k, v)
         bar.update(1)
         return rec

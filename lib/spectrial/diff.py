@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from spectrial.fingerprint import stable_view
+from spectrial.params import workload_identity
 from spectrial.schema import ArmRecord, Manifest, load_record
 
 
@@ -280,7 +281,7 @@ def _facets(m: Manifest) -> dict[str, Any]:
     if ident:
         build["binary"] = (ident.get("head_tail_sha256"), ident.get("size"))
     out["engine build"] = build if {"version", "commit", "binary"} & set(build) else None
-    work = {k: m.params.get(k) for k in ("prompts", "max_tokens", "concurrency", "workload") if k in m.params}
+    work = {**workload_identity(m.params), "concurrency": m.params.get("concurrency", 1)} if m.params else {}
     out["workload"] = work or None
     return out
 

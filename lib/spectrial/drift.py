@@ -1,7 +1,7 @@
 """Baseline drift: is this run's baseline where earlier baselines of the same fingerprint were?
 
 Earlier runs are the run records under a folder whose `fingerprint_key` (host state + engine build) and
-workload (model identity, max_tokens, prompts) match. The current baseline is flagged when its confidence
+workload (model identity and `params.workload_identity`: the items asked, their format, sampling and length) match. The current baseline is flagged when its confidence
 interval lies outside the band spanned by the earlier baselines' intervals, widened by the server-start to
 server-start spread: a request-level interval does not cover it (restarts differ by several percent even on
 an unchanged machine, see benchmarks/bench_noise.py). The widening is `tolerance` (default 10 %), or three
@@ -11,10 +11,12 @@ The message names what else differs from those runs (argv, environment), the usu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from spectrial.figures import pick_baseline
+from spectrial.params import workload_identity
 from spectrial.records import list_runs
 from spectrial.schema import ArmRecord, DriftRecord, Manifest, load_record
 
@@ -26,7 +28,7 @@ def _baseline(manifest: Manifest) -> ArmRecord | None:
 def _workload(manifest: Manifest) -> tuple[Any, ...]:
     p = manifest.params
     models = tuple(sorted((m.get("size"), m.get("head_tail_sha256")) for m in manifest.models))
-    return p.get("engine"), p.get("model"), p.get("max_tokens"), p.get("prompts"), models
+    return p.get("engine"), p.get("model"), json.dumps(workload_identity(p), sort_keys=True), models
 
 
 def check_drift(manifest: Manifest, folder: str | Path, tolerance: float = 0.10) -> DriftRecord:

@@ -20,6 +20,11 @@ each a title, a markdown paragraph, and optionally a table and a plotly figure:
 5. **Roofline**: the baseline against the memory-bandwidth limit of batch-1 decode, when the record (or
    ``roofline=``) names the GPU model and count and the model's size (``analysis.decode_roofline_tok_s``).
 
+With a workload of two categories or more (chat, code, ...), a **Per workload** section follows the
+break-even: a cycle costs the same whatever the prompt, the acceptance does not; per arm, which categories'
+accept length crosses the arm's break-even line, their speed-up and verdict against the baseline's requests of
+the same category, and a sentence when one category wins while another loses.
+
 k, the drafted tokens per cycle, is the arm's ``steps`` (llama.cpp ``--spec-draft-n-max``; SGLang
 ``--speculative-num-steps`` with top-k 1). Notebooks call ``explain(...).show()``; ``spectrial report``
 renders the same sections (``Explanation.cells``).
@@ -305,6 +310,7 @@ def explain(source: Manifest | Mapping[str, Any] | Sequence[ArmRecord | Mapping[
     numbers["target_tok_s"] = target
     models = _fit_models(spec, problems)
     sections = [_break_even_section(base, base_ms, spec, target, numbers),
+                *_workload_sections(base, spec, manifest, numbers),
                 _model_section(models, spec, base, numbers),
                 _needed_section(models, spec, base, target, numbers),
                 _roofline_section(roofline, base, numbers)]
@@ -361,6 +367,81 @@ def _break_even_section(base: _Arm | None, base_ms: float | None, spec: list[_Ar
             "pays only when it commits more tokens than the baseline decodes in the same time: break-even "
             "accept length = cycle time / baseline time per token.\n\n" + "\n".join(lines))
     return Section(title, text, pd.DataFrame(rows), _wall_figure(base, spec, target))
+
+
+def _workload_sections(base: _Arm | None, spec: list[_Arm], manifest: Manifest | None,
+                       numbers: dict[str, Any]) -> list[Section]:
+    """The per-workload break-even (none unless a speculative arm has two categories or more)."""
+    arms = [a for a in spec if a.raw.categories]
+    if not arms:
+        return []
+    title = "Per workload: which categories cross the break-even line"
+    wl = (manifest.workload if manifest is not None else None) or {}
+    head = ("What a speculative cycle costs hardly depends on what is asked, only on how long the context is; what "
+            "the prompt changes is how many tokens a cycle commits. Each category's accept length against its "
+            "break-even line: its own cycles' time over the baseline's time per token on the same category (longer "
+            "prompts slow both), or the arm's line where per-request times are missing")
+    if wl:
+        srcs = ", ".join(str(x.get("source")) for x in wl.get("sources") or [])
+        samp = wl.get("sampling") or {}
+        head += (f" ({wl.get('request_format', 'completion')} requests to {wl.get('endpoint', '?')}; sources: "
+                 f"{srcs}; {'greedy' if samp.get('greedy', True) else 'temperature ' + str(samp.get('temperature'))})")
+    lines, rows, split = [], [], []
+    numbers["categories"] = {}
+    for a in arms:
+        be = a.raw.break_even_accept_len if a.raw.break_even_accept_len is not None else \
+            (figures.break_even(a.raw, base.raw) if base is not None else None)
+        parts = []
+        per: dict[str, Any] = {}
+        for c in a.raw.categories:
+            line = figures.category_line(c)
+            if line is None:
+                line = be
+            pays = None if line is None or c.accept_len is None else c.accept_len > line
+            rows.append({"arm": a.name, "category": c.category, "requests": c.requests_ok,
+                         "accept_len": _r(c.accept_len, 3), "break_even": _r(line, 3),
+                         "arm_break_even": _r(be, 3), "cycle_ms": _r(c.cycle_ms, 3),
+                         "margin": _r(c.accept_len - line, 3) if pays is not None else None,  # type: ignore[operator]
+                         "pays": {True: "yes", False: "no", None: "unknown"}[pays], "tok_s": _r(c.tok_s, 2),
+                         "speedup": _r(c.speedup, 3), "verdict": c.verdict or "n/a"})
+            per[c.category] = {"accept_len": c.accept_len, "break_even": line, "pays": pays, "speedup": c.speedup,
+                               "verdict": c.verdict}
+            side = "unknown" if pays is None else ("above: pays" if pays else "below: does not pay")
+            txt = f"**{c.category}** commits {_f(c.accept_len)} per cycle, its line {_f(line)} ({side}"
+            if c.speedup is not None:
+                txt += f"; {_f(c.speedup)}x the baseline on {c.category}, {c.verdict or 'no verdict'}"
+            parts.append(txt + ")")
+        numbers["categories"][a.name] = per
+        be_txt = f"the arm's break-even {_f(be)} tokens per cycle" if be is not None else "break-even unknown"
+        lines.append(f"- **{a.name}** ({be_txt}): " + "; ".join(parts) + ".")
+        wins = [c.category for c in a.raw.categories if c.verdict == "faster"]
+        loses = [c.category for c in a.raw.categories if c.verdict == "slower"]
+        above = [k for k, v in per.items() if v["pays"] is True]
+        below = [k for k, v in per.items() if v["pays"] is False]
+        if wins and loses:
+            split.append(f"**The verdict depends on the workload**: {a.name} is faster on {', '.join(wins)} and "
+                         f"slower on {', '.join(loses)}; judge it on traffic like yours, not on one number.")
+        elif above and below:
+            split.append(f"{a.name}'s categories fall on both sides of their break-even lines ({', '.join(above)} "
+                         f"above, {', '.join(below)} below): its verdict depends on what is asked.")
+    text = head + ":\n\n" + "\n".join(lines)
+    if split:
+        text += "\n\n" + "\n\n".join(split)
+    return [Section(title, text, pd.DataFrame(rows), _workload_figure(arms))]
+
+
+def _workload_figure(arms: list[_Arm]) -> go.Figure:
+    fig = go.Figure()
+    for a in arms:
+        cats = [c.category for c in a.raw.categories]
+        fig.add_bar(x=cats, y=[_r(c.accept_len) for c in a.raw.categories], name=f"{a.name}: accept length")
+        if a.raw.break_even_accept_len is not None:
+            fig.add_scatter(x=cats, y=[_r(a.raw.break_even_accept_len)] * len(cats), mode="lines+markers",
+                            line={"dash": "dash"}, name=f"{a.name}: break-even")
+    fig.update_layout(title="Accept length per workload category against each arm's break-even",
+                      xaxis_title="workload category", yaxis_title="tokens committed per cycle", barmode="group",
+                      template="plotly_white", height=400)
+    return fig
 
 
 def _wall_figure(base: _Arm, spec: list[_Arm], target: float | None) -> go.Figure:

@@ -10,6 +10,12 @@ Trials, sweeps, explain, history, drift, narrative and the notebooks all take th
     break-even        cycle time / baseline time per token: the accept length a cycle must commit to pay
     speed-up          tok/s / baseline tok/s, CI and verdict (faster, slower, not distinguishable) from
                       analysis.compare_arms over the two arms' request rates
+    per category      the same over the requests of one workload category (chat, code, ...): tok/s, accept
+                      length from the engine's per-request counts (`request_cycles`), speed-up and verdict
+                      against the baseline's requests of that category; the break-even line is the arm's (a
+                      cycle costs about the same whatever the prompt; what changes is how much it commits);
+                      a category whose per-request times give its own cycle time is judged against its own
+                      line (that cycle time / the baseline's time per token on the same category)
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import pandas as pd
 from spectrial import analysis
 from spectrial.errors import SpectrialError
 from spectrial.records import finite
-from spectrial.schema import ArmRecord, Comparison, RequestRecord, WindowStats
+from spectrial.schema import ArmRecord, CategoryRecord, Comparison, RequestRecord, WindowStats
 
 
 def median(values: Iterable[Any]) -> float | None:
@@ -249,3 +255,115 @@ def add_comparisons(arms: Sequence[ArmRecord], requests: Sequence[RequestRecord]
         for f in Comparison.model_fields:
             setattr(a, f, getattr(c, f))
     return base
+
+
+# --- per category of the workload ---------------------------------------------------------------------------
+def request_cycles(r: RequestRecord) -> tuple[float, float, str] | None:
+    """(accepted draft tokens, verify cycles, how) of one request, from the engine's per-request figures:
+    SGLang's meta_info spec_verify_ct (accepted = decoded - cycles), vLLM's counters read around the request
+    (server_verify_steps, server_draft_n_accepted), llama.cpp's timings draft_n_accepted (cycles = decoded -
+    accepted: each cycle commits its accepted tokens plus one). None when the engine reports none."""
+    decoded = float(r.get("server_predicted_n") or r.tokens or 0) - 1
+    verify = r.get("server_spec_verify_ct")
+    if isinstance(verify, int | float) and verify > 0:
+        return max(decoded - float(verify), 0.0), float(verify), "meta_info spec_verify_ct"
+    acc = r.get("server_draft_n_accepted")
+    if not isinstance(acc, int | float) or isinstance(acc, bool):
+        return None
+    steps = r.get("server_verify_steps")
+    if isinstance(steps, int | float) and steps > 0:
+        return float(acc), float(steps), "counters around each request"
+    if decoded > acc:
+        return float(acc), decoded - float(acc), "timings draft_n_accepted (cycles = decoded - accepted)"
+    return None
+
+
+def category_figures(requests: Sequence[RequestRecord], speculative: bool, level: float = 0.95,
+                     seed: int = 0) -> list[CategoryRecord]:
+    """An arm's figures per workload category of its measured requests (rates as `rate_requests` set them):
+    tok/s (median, bootstrap CI), accept length = 1 + accepted / cycles summed over the category's requests
+    (None unless every request reports its counts), cycle time = their decode time / cycles. Empty when the
+    requests span fewer than two categories."""
+    ok = [r for r in requests if r.ok]
+    cats = list(dict.fromkeys(str(r.category) for r in ok if r.category))
+    if len(cats) < 2:
+        return []
+    out = []
+    for cat in cats:
+        mine = [r for r in ok if r.category == cat]
+        rates = [float(r.tok_s) for r in mine if r.tok_s]  # type: ignore[arg-type]
+        c = CategoryRecord(category=cat, sources=sorted({str(r.source) for r in mine if r.source}),
+                           requests_ok=len(mine), tokens=float(sum(r.tokens for r in mine)), tok_s_values=rates,
+                           tok_s=median(rates))
+        if len(rates) >= 2:
+            ci = analysis.bootstrap_ci(rates, level=level, seed=seed)
+            c.tok_s_ci_low, c.tok_s_ci_high = ci.low, ci.high
+        if not speculative:
+            c.accept_len = 1.0
+        else:
+            counts = [request_cycles(r) for r in mine]
+            if counts and all(x is not None for x in counts):
+                c.accepted = sum(x[0] for x in counts)  # type: ignore[index]
+                c.verify_steps = sum(x[1] for x in counts)  # type: ignore[index]
+                c.accept_source = counts[0][2]  # type: ignore[index]
+                if c.verify_steps:
+                    c.accept_len = analysis.accept_len_from_counts(c.accepted, c.verify_steps)
+                    ms = [r.get("server_predicted_ms") for r in mine]
+                    if all(isinstance(x, int | float) and x > 0 for x in ms):
+                        c.cycle_ms = sum(ms) / c.verify_steps
+        out.append(c)
+    return out
+
+
+def add_category_comparisons(arms: Sequence[ArmRecord], requests: Sequence[RequestRecord], level: float = 0.95,
+                             seed: int = 0, base: ArmRecord | None = None) -> None:
+    """Compare each arm's categories with the baseline's same categories, in place: speed-up with its CI and
+    verdict (`compare_requests` over the two categories' request rates), the arm's break-even, the category's
+    own, and whether its accept length clears its line (`category_line`)."""
+    base = base or pick_baseline(arms)
+    by: dict[tuple[str, str], list[RequestRecord]] = {}
+    for r in requests:
+        if r.tok_s and r.category:
+            by.setdefault((str(r.arm), str(r.category)), []).append(r)
+    bcats = {c.category: c for c in (base.categories if base is not None else [])}
+    for a in arms:
+        for c in a.categories:
+            for f in ("baseline_tok_s", "speedup", "speedup_ci_low", "speedup_ci_high", "verdict",
+                      "break_even_accept_len", "break_even_own", "pays"):
+                setattr(c, f, None)
+            b = bcats.get(c.category)
+            if base is None or b is None or a is base or a.status != "ok":
+                continue
+            c.baseline_tok_s = b.tok_s
+            c.speedup = c.tok_s / b.tok_s if positive(c.tok_s) and positive(b.tok_s) else None  # type: ignore[operator]
+            cmp = compare_requests(by.get((a.name, c.category), []), by.get((base.name, c.category), []), level, seed)
+            if cmp is None:
+                c.verdict = "not enough requests for a confidence interval"
+            else:
+                c.speedup_ci_low, c.speedup_ci_high, c.verdict = cmp.ci_low, cmp.ci_high, cmp.verdict
+            c.break_even_accept_len = a.break_even_accept_len
+            if positive(c.cycle_ms) and positive(b.tok_s):
+                c.break_even_own = analysis.break_even_accept_len(c.cycle_ms, analysis.ms_per_token(b.tok_s))
+            line = category_line(c)
+            if line is not None and c.accept_len is not None:
+                c.pays = c.accept_len > line
+
+
+def category_line(c: CategoryRecord) -> float | None:
+    """The break-even a category is judged against: its own (its cycles' time over the baseline's time per token
+    on the same category: longer prompts slow both) where the per-request times give it, else the arm's."""
+    return c.break_even_own if c.break_even_own is not None else c.break_even_accept_len
+
+
+CATEGORY_COLUMNS = ["arm", "category", "sources", "requests_ok", "tok_s", "tok_s_ci_low", "tok_s_ci_high",
+                    "accept_len", "cycle_ms", "break_even_accept_len", "break_even_own", "pays", "speedup",
+                    "speedup_ci_low",
+                    "speedup_ci_high", "verdict"]
+
+
+def category_table(arms: Sequence[ArmRecord]) -> pd.DataFrame:
+    """One row per arm and workload category (columns CATEGORY_COLUMNS); empty when no arm has categories."""
+    rows = [{"arm": a.name, **{k: getattr(c, k) for k in CATEGORY_COLUMNS[1:]}} for a in arms for c in a.categories]
+    for r in rows:
+        r["sources"] = ", ".join(r["sources"])
+    return pd.DataFrame(rows, columns=CATEGORY_COLUMNS)

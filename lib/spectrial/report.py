@@ -28,6 +28,7 @@ import nbformat
 
 from spectrial.diagnose.model import Diagnosis
 from spectrial.errors import ConfigError
+from spectrial.figures import category_table
 from spectrial.records import list_runs, update_manifest
 from spectrial.schema import ArmRecord, Manifest, as_manifest, load_record
 
@@ -152,6 +153,8 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
             f"- host: {host.get('name', 'n/a')}; engine: {engine.get('name', 'n/a')} {engine.get('version') or ''}",
             f"- started: {manifest.started_at or 'not recorded'}; finished: "
             f"{manifest.finished_at or 'not recorded'}"]
+    if manifest.workload:
+        head.append(f"- workload: {workload_line(manifest.workload)}")
     if manifest.get("description"):
         head += ["", str(manifest.get("description"))]
     cells = [nbf.new_markdown_cell("\n".join(head)), diagnosis_cell(diagnosis or diagnose(manifest))]
@@ -163,6 +166,15 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
         cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
             "display_data", data={"text/html": table.to_html(index=False, na_rep="—"),
                                   "text/plain": table.to_string(index=False)})]))
+    cats = category_table(arms)
+    if len(cats):
+        cats = cats.dropna(axis=1, how="all").round(3)
+        cells.append(nbf.new_markdown_cell("## Per workload category\n\nThe same arms over the requests of each "
+                                           "category of the workload; speed-up and verdict against the baseline's "
+                                           "requests of the same category."))
+        cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
+            "display_data", data={"text/html": cats.to_html(index=False, na_rep="—"),
+                                  "text/plain": cats.to_string(index=False)})]))
     sessions = list(dict.fromkeys(a.session for a in arms if a.session is not None))
     if len(sessions) > 1:
         for session in sessions:
@@ -174,6 +186,16 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
     nb = nbf.new_notebook(cells=cells)
     nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
     return nb
+
+
+def workload_line(wl: Mapping[str, Any]) -> str:
+    """One line of what a run's requests asked: sources and sizes, categories, format, sampling, lengths."""
+    srcs = ", ".join(f"{x.get('source')} ({x.get('items')} items)" for x in wl.get("sources") or [])
+    cats = ", ".join(f"{k} {v}" for k, v in (wl.get("categories") or {}).items())
+    samp = wl.get("sampling") or {}
+    how = "greedy" if samp.get("greedy", True) else f"temperature {samp.get('temperature')}, top_p {samp.get('top_p')}"
+    return (f"{srcs}; categories: {cats}; {wl.get('request_format', 'completion')} requests to "
+            f"{wl.get('endpoint', '?')}; {how}; output length {wl.get('output_len')}; seed {wl.get('seed')}")
 
 
 def latest_run(output_dir: str | Path = "outputs") -> Path:

@@ -56,6 +56,10 @@ class RequestRecord(Record):
     restart: int = 0
     start: int | None = None
     concurrency: int = 1
+    category: str | None = None  # the work item's category (spectrial.workloads)
+    source: str | None = None  # the workload source it came from (bundled, sharegpt, humaneval, a file)
+    max_tokens: int | None = None  # what it asked for (fixed, or the item's own length)
+    prompt_len: int | None = None  # the prompt's tokens as spectrial counted them (workload.length_unit)
 
     @property
     def ok(self) -> bool:
@@ -181,6 +185,33 @@ class Comparison(Record):
     ci_basis: str | None = None
 
 
+class CategoryRecord(Record):
+    """An arm's figures over the requests of one category of the workload (spectrial.figures.category_figures),
+    and its comparison with the baseline's requests of the same category."""
+
+    category: str
+    sources: list[str] = Field(default_factory=list)
+    requests_ok: int = 0
+    tokens: float | None = None
+    tok_s: float | None = None
+    tok_s_ci_low: float | None = None
+    tok_s_ci_high: float | None = None
+    tok_s_values: list[float] = Field(default_factory=list)
+    accepted: float | None = None
+    verify_steps: float | None = None
+    accept_len: float | None = None
+    accept_source: str | None = None
+    cycle_ms: float | None = None  # decode time / verify cycles of these requests (per-request decode time)
+    baseline_tok_s: float | None = None
+    speedup: float | None = None
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
+    verdict: str | None = None
+    break_even_accept_len: float | None = None  # the arm's: the cycle's cost does not depend on the prompt
+    break_even_own: float | None = None  # this category's cycle time / the baseline's time per token on it
+    pays: bool | None = None  # accept length above its line (its own break-even, else the arm's)
+
+
 class ArmRecord(Comparison):
     """One arm: its settings and launch, its starts, its figures, and (inherited) its comparison."""
 
@@ -237,6 +268,7 @@ class ArmRecord(Comparison):
     accept_len: float | None = None
     cycle_ms: float | None = None
     draft_ms_per_cycle: float | None = None
+    categories: list[CategoryRecord] = Field(default_factory=list)  # per workload category, when >= 2
     # hand-measured records (the seed case) carry these instead of counters
     session: str | None = None
     nccl_env: str | None = None
@@ -321,6 +353,7 @@ class Manifest(Record):
     engine: dict[str, Any] = Field(default_factory=dict)
     models: list[dict[str, Any]] = Field(default_factory=list)
     model_info: dict[str, Any] | None = None
+    workload: dict[str, Any] | None = None  # what the requests asked and how (spectrial.workloads)
     fingerprint_key: str | None = None
     steps: list[StepRecord] = Field(default_factory=list)
     launch: list[LaunchRecord] = Field(default_factory=list)

@@ -1,8 +1,9 @@
 """One server start, written once: the protocol's preamble and one start of one arm.
 
-    preamble   prepare (engine, models, every arm's exact command) -> kill the old server -> GPUs free
-               -> fingerprint the host
+    preamble   prepare (engine, models, every arm's exact command, the workload sampled by seed) -> kill the
+               old server -> GPUs free -> fingerprint the host
     one start  launch -> ready -> note the server's processes -> verify the environment -> GPU sampler on
+               -> (first start, where only the server can count tokens: the workload's lengths)
                -> warm-up -> measurement windows (counters before/after each, its log lines noted) -> stop
                -> fetch the log once, parse it once -> each window's statistics (engine adapter) and the
                NCCL evidence from that one parse -> fingerprint diff
@@ -15,6 +16,7 @@ Every start becomes a `StartRecord` in the run record; what the session writes t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets as _rnd
 import time
@@ -24,7 +26,7 @@ from typing import Any, Protocol
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from spectrial.bench import load_prompts, run_requests
+from spectrial.bench import run_requests
 from spectrial.connect import get_host
 from spectrial.engines import Engine, Window, get_engine
 from spectrial.engines.nccl_evidence import evidence_summary, nccl_evidence
@@ -41,6 +43,14 @@ from spectrial.schema import LaunchRecord, RequestRecord, StartRecord, WindowRec
 from spectrial.secrets import mask_argv, mask_env, secret_values
 from spectrial.server import LaunchSpec, Server, stop_previous
 from spectrial.serverlog import ServerLog
+from spectrial.workloads import (
+    WorkItem,
+    Workload,
+    build_workload,
+    estimate_lengths,
+    hf_chat_template,
+    local_lengths,
+)
 
 
 @dataclass(frozen=True)
@@ -139,7 +149,8 @@ class Session:
         self.group: HostGroup | None = None
         self.engine: Engine | None = None
         self.specs: dict[str, LaunchSpec] = {}
-        self.prompts: list[dict[str, str]] = []
+        self.prompts: list[WorkItem] = []  # the trial's workload, sampled once by prepare
+        self.workload: Workload | None = None
         self.gpus: GpuStatus | None = None
         self.fp_key = ""
         self.done: set[str] = set()  # preamble steps done
@@ -176,9 +187,44 @@ class Session:
                                                                          strict=True)]
             for s in self.specs.values():
                 self.record.add_secrets(secret_values(s.env, s.argv))
-            self.prompts = load_prompts(self.params.prompts)
+            self.prompts = self._workload()
         self.done.add("prepare")
         return self.specs
+
+    def _workload(self) -> list[WorkItem]:
+        """Read and order the workload once (seeded; `spectrial.workloads`) and count its lengths in the
+        target's tokens: with its local tokenizer now, else by the server at the first start (`_count`), else
+        estimated. What was sampled and how goes into the record."""
+        assert self.engine is not None and self.host is not None
+        p, engine = self.params, self.engine
+        chat = p.request_format == "chat"
+        note = engine.chat_template_note() if chat else None
+        lengths, unit = None, ""
+        if (tok := engine.tokenizer_file()) is not None:
+            template = None
+            if chat and (d := engine.model_dir()) is not None:
+                with contextlib.suppress(ConfigError):  # no template: the server refuses chat, the record says why
+                    template = hf_chat_template(self.host, d)
+            lengths, unit = local_lengths(tok, chat, template), f"tokens of the target's tokenizer ({tok})"
+        elif not engine.counts_on_server:
+            lengths, unit = estimate_lengths(chat), "estimated tokens (UTF-8 bytes / 3: no tokenizer of the target)"
+        self.workload = build_workload(p, lengths=lengths, unit=unit, context=engine.context_tokens(),
+                                       chat_template=note)
+        self.workload.description["endpoint"] = engine.request_target(p.request_format)[0]
+        self.record.manifest.workload = self.workload.description
+        return self.workload.items
+
+    def _count(self, server: Server) -> None:
+        """Count the workload's lengths with the running server's tokenizer (once, at the first start: every
+        arm gets the same items)."""
+        assert self.engine is not None and self.workload is not None
+        lengths = self.engine.server_lengths(server.base_url, self.params.request_format == "chat")
+        assert lengths is not None
+        with self.record.step("workload_lengths", server=server.spec.name):
+            self.workload.finalize(lengths, f"tokens counted by the server ({server.spec.name}: /tokenize)")
+        self.prompts = self.workload.items
+        self.record.manifest.workload = self.workload.description
+        self.record.save()
 
     def spec(self, arm: Arm) -> LaunchSpec:
         """The exact command of `arm` (fixed by `prepare`; arms added later are resolved on first use)."""
@@ -325,9 +371,11 @@ class Session:
         """Warm up once, then each window with counters before and after (appended to `out` as measured)."""
         assert self.engine is not None and self.host is not None
         p, engine = self.params, self.engine
-        path, payload = engine.request_target()
+        if self.workload is not None and not self.workload.ready:
+            self._count(server)
+        path, payload = engine.request_target(p.request_format)
         common = {"max_tokens": p.max_tokens, "payload": payload, "stats_fn": engine.request_stats, "path": path,
-                  "timeout_s": p.request_timeout_s, "progress": self.progress}
+                  "timeout_s": p.request_timeout_s, "progress": self.progress, "output_len": p.output_len}
         if p.warmup:
             run_requests(server.base_url, self.prompts, n=p.warmup, phase="warmup", concurrency=1,
                          seed=p.seed + 1000 + restart, label=label, **common)

@@ -26,7 +26,14 @@ from typing import Any
 import pandas as pd
 
 from spectrial.errors import ConfigError, RunFailed, SpectrialError
-from spectrial.figures import add_comparisons, arm_figures, merge_stats
+from spectrial.figures import (
+    add_category_comparisons,
+    add_comparisons,
+    arm_figures,
+    category_figures,
+    category_table,
+    merge_stats,
+)
 from spectrial.params import Arm, TrialParams, load_params
 from spectrial.records import RunRecord, RunResult
 from spectrial.schema import ArmRecord, Manifest, RequestRecord, StartSummary
@@ -44,6 +51,10 @@ class TrialResult(RunResult):
     def table(self) -> pd.DataFrame:
         """One row per arm with the headline figures."""
         return arms_table(self.manifest.arms)
+
+    def categories(self) -> pd.DataFrame:
+        """One row per arm and workload category (empty unless the workload has two categories or more)."""
+        return category_table(self.manifest.arms)
 
 
 ARM_COLUMNS = ["arm", "method", "status", "steps", "synthetic", "tok_s", "tok_s_ci_low", "tok_s_ci_high",
@@ -189,6 +200,11 @@ class Trial:
         """The arms table (ARM_COLUMNS) of the named arms (default all), as measured so far."""
         return arms_table([a for a in self.manifest.arms if names is None or a.name in names])
 
+    def categories(self, names: list[str] | None = None) -> pd.DataFrame:
+        """Per workload category of the named arms (default all): tok/s, accept length, break-even, speed-up
+        and verdict against the baseline's requests of the same category (filled by `compare`)."""
+        return category_table([a for a in self.manifest.arms if names is None or a.name in names])
+
     def compare(self) -> pd.DataFrame:
         """Figures of every arm run so far, the comparison with the baseline and the drift check; sets the
         record's status (ok, or failed with the reasons). Returns the arms table."""
@@ -196,7 +212,9 @@ class Trial:
 
         with self.record.step("compare"):
             self._summarise(self.params.arms)
-            add_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed)
+            base = add_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed)
+            add_category_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed,
+                                     base)
             self.manifest.drift = check_drift(self.manifest, self.params.drift_dir or self.params.output_dir,
                                               self.params.drift_tolerance)
         self._write_requests()
@@ -284,6 +302,7 @@ class Trial:
             stats = merge_stats([w.stats for m in measured for w in m.windows])
             for k, v in arm_figures(reqs, stats, arm.speculative, self.params.confidence, self.params.seed).items():
                 setattr(a, k, v)
+            a.categories = category_figures(reqs, arm.speculative, self.params.confidence, self.params.seed)
             a.status = "ok" if a.tok_s else "failed"
             a.reason = ("; ".join(f"start {s.restart + 1}: {s.reason}" for s in failed) or None) \
                 if a.status == "ok" else "no successful request"

@@ -128,16 +128,20 @@ _RAW_PATHS = ("/v1/completions", "/generate", "/completion", "/completions")
 def raw_prompts(ctx: Context) -> Iterator[Finding]:
     """Acceptance measured on raw prompts (no chat template) with a draft head trained on chat-formatted output."""
     m = ctx.manifest
-    if m is not None and m.kind in ("trial", "sweep") and "prompts" in ctx.params:
+    fmt = ctx.params.get("request_format") or "completion"  # records before workloads: always raw completions
+    if m is not None and m.kind in ("trial", "sweep") and fmt != "chat" and ("prompts" in ctx.params
+                                                                           or "workload" in ctx.params):
         api = (ctx.params.get("engine_config") or {}).get("client_api") or "openai"
         endpoint = "/generate" if api == "native" else "/v1/completions"
         arms = [(p, a) for p, a in spec_arms(ctx) if a.method in HEAD_METHODS and not a.synthetic
                 and a.synthetic_accept is None
                 and ((number(a.accepted) or 0) > 0 or (number(a.accept_len) or 0) > PINNED)]
         if arms:
-            ev = [rec("params.prompts", ctx.params.get("prompts")),
-                  rec("params.engine_config.client_api", f"{api} (spectrial sends each prompt as raw text to "
-                                                         f"{endpoint}, no chat template)")]
+            what = ("params.workload", [w.get("source") if isinstance(w, dict) else w
+                                        for w in ctx.params["workload"]]) if "workload" in ctx.params \
+                else ("params.prompts", ctx.params.get("prompts"))
+            ev = [rec(*what), rec("params.request_format", f"{fmt} (spectrial sent each prompt as raw text to "
+                                                          f"{endpoint}, no chat template; client_api {api})")]
             ev += [rec(f"{p}.accept_len", a.accept_len) for p, a in arms]
             yield Finding(
                 kind="raw_prompts", severity="warning", arm=None if len(arms) > 1 else arms[0][1].name,
@@ -148,9 +152,10 @@ def raw_prompts(ctx: Context) -> Iterator[Finding]:
                        "3.93 tokens/iteration raw vs 1.94 with the chat template; SGLang PR #4716: acc_length 2.42 "
                        "with a raw prompt vs 5.88 on MT-bench with the system prompt).",
                 evidence=ev,
-                fix="Measure acceptance on your workload's chat-formatted prompts (the chat template applied, or "
-                    "/v1/chat/completions); time the cycle with synthetic acceptance if the prompt set is not "
-                    "representative.")
+                fix="Measure acceptance on your workload's chat-formatted prompts: `request_format: chat` (the "
+                    "server's chat template through /v1/chat/completions, or the model's template applied for "
+                    "SGLang's /generate) with `workload: sharegpt` or your own file; time the cycle with synthetic "
+                    "acceptance if the prompt set is not representative.")
     for lf in ctx.logs:
         yield from _raw_prompt_log(lf)
 

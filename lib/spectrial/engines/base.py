@@ -24,6 +24,7 @@ from spectrial.params import Arm, TrialParams, format_validation_error
 from spectrial.schema import RequestRecord, WindowStats
 from spectrial.server import LaunchSpec
 from spectrial.serverlog import ServerLog
+from spectrial.workloads import Lengths, WorkItem
 
 _REGISTRY: dict[str, type[Engine]] = {}
 _HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -158,14 +159,70 @@ class Engine(ABC):
         return getattr(self.config, "nccl_evidence_check", "warn")
 
     # --- benchmark hooks -----------------------------------------------------------------------------
-    def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
-        """Body of an OpenAI-compatible streaming /v1/completions request of fixed output length."""
-        return {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                "stream": True, "ignore_eos": True}
+    def sampling_fields(self) -> dict[str, Any]:
+        """The sampling keys of an OpenAI-compatible body from `params.sampling` (temperature and ignore_eos
+        always; top_p, top_k, seed and stop only where they differ from the defaults)."""
+        s = self.params.sampling
+        out: dict[str, Any] = {"temperature": s.temperature, "ignore_eos": s.ignore_eos}
+        if s.top_p != 1.0:
+            out["top_p"] = s.top_p
+        if s.top_k is not None:
+            out["top_k"] = s.top_k
+        if s.seed is not None:
+            out["seed"] = s.seed
+        if s.stop:
+            out["stop"] = list(s.stop)
+        return out
 
-    def request_target(self) -> tuple[str, Callable[[str, int], dict[str, Any]]]:
-        """Path and body builder of the benchmark's streaming requests (default: OpenAI completions)."""
-        return "/v1/completions", self.completion_payload
+    def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        """Body of an OpenAI-compatible streaming /v1/completions request (greedy, fixed length by default)."""
+        return {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                **self.sampling_fields()}
+
+    def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+        """Body of an OpenAI-compatible streaming /v1/chat/completions request: the server applies the model's
+        chat template."""
+        return {"model": "default", "messages": messages, "max_tokens": max_tokens, "stream": True,
+                **self.sampling_fields()}
+
+    def request_target(self, request_format: str = "completion"
+                       ) -> tuple[str, Callable[[WorkItem, int], dict[str, Any]]]:
+        """Path and body builder (work item, max tokens) of the benchmark's streaming requests: OpenAI
+        completions, or chat completions for `request_format` "chat"."""
+        if request_format == "chat":
+            return "/v1/chat/completions", lambda item, n: self.chat_payload(item.chat_messages(), n)
+        return "/v1/completions", lambda item, n: self.completion_payload(item.completion_text(), n)
+
+    def chat_template_note(self) -> str:
+        """Where the chat template of chat requests comes from (for the record)."""
+        return "the server's: the model's own chat template"
+
+    def model_dir(self) -> str | None:
+        """The target's Hugging Face model folder on the host (None: not a folder, e.g. a GGUF file)."""
+        path = getattr(self, "paths", {}).get("model")
+        return path if isinstance(path, str) and path.startswith("/") else None
+
+    def tokenizer_file(self) -> str | None:
+        """A local `tokenizer.json` of the target (counts prompt and output lengths exactly), else None."""
+        d = self.model_dir()
+        if d is None or not self.host.is_local:
+            return None
+        f = f"{d.rstrip('/')}/tokenizer.json"
+        return f if self.host.exists(f) else None
+
+    def context_tokens(self) -> int | None:
+        """Tokens one request may hold (prompt + output) on this server as launched, when the params say."""
+        return None
+
+    @property
+    def counts_on_server(self) -> bool:
+        """Whether the running server counts work items' tokens (`server_lengths`)."""
+        return type(self).server_lengths is not Engine.server_lengths
+
+    def server_lengths(self, base_url: str, chat: bool) -> Lengths | None:
+        """A counter of work items' lengths in the target's tokens by the running server (for engines whose
+        tokenizer spectrial cannot read locally); None when the engine has none."""
+        return None
 
     def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
         """Per-request server stats from the final streamed chunk (engine specific)."""

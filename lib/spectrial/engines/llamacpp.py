@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +33,7 @@ from spectrial.host import Host
 from spectrial.params import Arm
 from spectrial.schema import WindowStats
 from spectrial.server import LaunchSpec, Probe
+from spectrial.workloads import Lengths, WorkItem
 
 SPEC_TYPES = {"draft": "draft-simple", "eagle3": "draft-eagle3", "ngram": "ngram-simple"}
 METRIC_PREFIX = "llamacpp:"
@@ -265,6 +267,42 @@ class LlamaCpp(Engine):
         body = super().completion_payload(prompt, max_tokens)
         body.update({"cache_prompt": False, "stream_options": {"include_usage": True}})
         return body
+
+    def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+        body = super().chat_payload(messages, max_tokens)
+        body.update({"cache_prompt": False, "stream_options": {"include_usage": True}})
+        return body
+
+    def chat_template_note(self) -> str:
+        return ("the server's: llama-server renders the GGUF's tokenizer.chat_template with its jinja engine "
+                "(ChatML when the model has none)")
+
+    def context_tokens(self) -> int | None:
+        """The context of one slot: -c / -np."""
+        return self.config.ctx_size // self.config.parallel
+
+    def server_lengths(self, base_url: str, chat: bool) -> Lengths | None:
+        """Lengths by llama-server's own tokenizer: the prompt as the server builds it (chat: `/apply-template`
+        of the messages, then `/tokenize` with the BOS; completion: `/tokenize` with the BOS), the reference
+        output without specials."""
+        def count(items: Sequence[WorkItem]) -> list[tuple[int, int | None]]:
+            out: list[tuple[int, int | None]] = []
+            with httpx.Client(timeout=60) as client:
+                def tokens(text: str, special: bool) -> int:
+                    r = client.post(f"{base_url}/tokenize", json={"content": text, "add_special": special})
+                    r.raise_for_status()
+                    return len(r.json()["tokens"])
+
+                for it in items:
+                    text = it.completion_text()
+                    if chat:
+                        r = client.post(f"{base_url}/apply-template", json={"messages": it.chat_messages()})
+                        r.raise_for_status()
+                        text = r.json()["prompt"]
+                    out.append((tokens(text, True), tokens(it.reference, False) if it.reference else None))
+            return out
+
+        return count
 
     def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
         t = final.get("timings") or {}

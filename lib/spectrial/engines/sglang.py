@@ -40,6 +40,7 @@ from spectrial.params import Arm
 from spectrial.schema import WindowStats
 from spectrial.secrets import mask_argv
 from spectrial.server import LaunchSpec, Probe
+from spectrial.workloads import ChatTemplate, WorkItem, hf_chat_template
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "nextn": "NEXTN", "draft": "STANDALONE", "ngram": "NGRAM"}
 NEEDS_DRAFT = ("eagle3", "eagle", "draft")
@@ -272,6 +273,7 @@ class SGLang(Engine):
         self.notes: list[str] = []
         self.paths: dict[str, str] = {}
         self.pythonpath: list[str] = list(self.config.pythonpath)
+        self._chat_template: ChatTemplate | None = None
 
     # --- preparation ---------------------------------------------------------------------------------
     @property
@@ -477,16 +479,55 @@ class SGLang(Engine):
         body["stream_options"] = {"include_usage": True}
         return body
 
-    def request_target(self) -> tuple[str, Callable[[str, int], dict[str, Any]]]:
+    def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+        body = super().chat_payload(messages, max_tokens)
+        body["stream_options"] = {"include_usage": True}
+        return body
+
+    def request_target(self, request_format: str = "completion"
+                       ) -> tuple[str, Callable[[WorkItem, int], dict[str, Any]]]:
+        """OpenAI completions / chat completions, or with client_api native `/generate`: raw text, or for chat
+        the model's chat template rendered here (BOS stripped: the server adds its own), as SGLang's
+        bench_serving does with --apply-chat-template."""
+        if self.config.client_api != "native":
+            return super().request_target(request_format)
+        if request_format == "chat":
+            template = self.chat_template()
+            return "/generate", lambda item, n: self.generate_payload(template.render(item.chat_messages()), n)
+        return "/generate", lambda item, n: self.generate_payload(item.completion_text(), n)
+
+    def chat_template(self) -> ChatTemplate:
+        """The target's chat template (read once from its folder on the host)."""
+        if self._chat_template is None:
+            d = self.model_dir()
+            if d is None:
+                raise ConfigError(f"request_format: chat through client_api native needs the target's chat "
+                                  f"template, read from its folder; {self.params.model!r} is not a folder on "
+                                  f"{self.host.name}", parameter="request_format",
+                                  hint="give a model path, or use client_api: openai (the server's template)")
+            self._chat_template = hf_chat_template(self.host, d)
+        return self._chat_template
+
+    def chat_template_note(self) -> str:
         if self.config.client_api == "native":
-            return "/generate", self.generate_payload
-        return super().request_target()
+            return (f"applied by spectrial (client_api native): {self.chat_template().origin}, rendered with the "
+                    "generation prompt, BOS stripped")
+        return "the server's: SGLang renders the model's tokenizer chat template"
 
     def generate_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         """Body of a streaming native `POST /generate` request, whose final chunk carries `meta_info`
         (per-request spec_verify_ct, spec_accept_length, ...) for `request_stats`."""
-        return {"text": prompt, "stream": True,
-                "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}
+        s = self.params.sampling
+        sp: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": s.temperature, "ignore_eos": s.ignore_eos}
+        if s.top_p != 1.0:
+            sp["top_p"] = s.top_p
+        if s.top_k is not None:
+            sp["top_k"] = s.top_k
+        if s.seed is not None:
+            sp["sampling_seed"] = s.seed
+        if s.stop:
+            sp["stop"] = list(s.stop)
+        return {"text": prompt, "stream": True, "sampling_params": sp}
 
     def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
         return meta_info_stats(final)

@@ -286,11 +286,30 @@ class VLLM(Engine):
         body["stream_options"] = {"include_usage": True}
         return body
 
+    def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+        body = super().chat_payload(messages, max_tokens)
+        body["model"] = self.config.served_model_name or self.paths.get("model", self.params.model)
+        body["stream_options"] = {"include_usage": True}
+        return body
+
+    def chat_template_note(self) -> str:
+        return "the server's: vLLM renders the model's tokenizer chat template"
+
+    def context_tokens(self) -> int | None:
+        return self.config.max_model_len
+
     per_request_counters = True  # streamed chunks can arrive bunched (a starved API process): time in the engine
 
     def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-        """The engine's own decode time of one request (first to last token, engine timestamps)."""
-        return engine_decode(before, after, per_request=True)
+        """The engine's own decode time of one request (first to last token, engine timestamps), and its
+        speculative counters (verify steps, drafted and accepted tokens) when the server drafts."""
+        out = engine_decode(before, after, per_request=True)
+        steps = metrics.delta(before, after, PREFIX + "num_drafts_total")
+        if steps:
+            out.update(server_verify_steps=steps,
+                       server_draft_n=metrics.delta(before, after, PREFIX + "num_draft_tokens_total"),
+                       server_draft_n_accepted=metrics.delta(before, after, PREFIX + "num_accepted_tokens_total"))
+        return out
 
     def window_stats(self, w: Window) -> WindowStats:
         return vllm_window_stats(w)

@@ -24,7 +24,7 @@ from spectrial.errors import ConfigError
 from spectrial.models.gguf_write import Fill, TensorSpec, Written, write_gguf
 from spectrial.models.vocab import Vocab
 
-WRITER_VERSION = "1"
+WRITER_VERSION = "2"  # 2: the vocabulary carries a chat template (tokenizer.chat_template)
 MANIFEST = "models.json"
 FILES = {"target": "target.gguf", "draft_simple": "draft-simple.gguf", "eagle3": "eagle3.gguf"}
 _EAGLE3_SEED_SALT = 1_000_003

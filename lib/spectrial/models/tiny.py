@@ -3,7 +3,9 @@
 The knob: ``accept_knob`` in [0, 1] sets the residual-branch scale of the target's blocks beyond the
 draft's (``tail_scale = 1 - accept_knob``). At 1 the target equals its one-block draft; at 0 its later
 blocks run at full strength. ``embd_scale`` (default 10) makes token embeddings dominate the residual
-stream, which lifts acceptance overall. ``MEASURED_ACCEPTANCE`` holds what llama-server measured.
+stream, which lifts acceptance overall. ``MEASURED_ACCEPTANCE`` holds what llama-server measured. The
+vocabulary carries a one-line chat template (``tokenizer.chat_template``, ``spectrial.models.vocab.CHAT_TEMPLATE``),
+so llama-server serves ``/v1/chat/completions`` with the model's own template (workload ``request_format: chat``).
 
 Measured on the default set (16 blocks, n_embd 256, f32, seed 0; llama-server 0c1e570 on 2 CPU cores,
 ``-t 1``, greedy, 3 prompts x 128 tokens; acceptance = draft_n_accepted / draft_n):

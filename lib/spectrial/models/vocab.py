@@ -19,6 +19,10 @@ from spectrial.errors import ConfigError
 from spectrial.models.gguf_read import read_header
 
 SPM_SPACE = "\u2581"  # '▁', SentencePiece's visible space
+# The tiny models' chat template (tokenizer.chat_template): one line, like the HF tiny models' (spectrial.models.hf)
+# but without the BOS, which llama-server adds itself (add_bos_token).
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ '\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 # Token types as llama.cpp reads them (gguf.TokenType).
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = (
     int(gguf.TokenType.NORMAL),
@@ -71,6 +75,7 @@ class Vocab(BaseModel):
     eos_id: int = Field(description="end-of-sequence token id")
     unk_id: int | None = Field(default=None, description="unknown token id, if the tokenizer has one")
     add_bos: bool = Field(default=True, description="tokenizer.ggml.add_bos_token")
+    chat_template: str | None = Field(default=None, description="tokenizer.chat_template (Jinja), if any")
     source: str = Field(description="where it came from: 'built:spm-<n>' or the vocab GGUF path")
 
     @property
@@ -94,6 +99,8 @@ class Vocab(BaseModel):
             w.add_unk_token_id(self.unk_id)
         w.add_add_bos_token(self.add_bos)
         w.add_add_eos_token(False)
+        if self.chat_template:
+            w.add_chat_template(self.chat_template)
 
 
 def _spm_pieces() -> itertools.chain[str]:
@@ -146,6 +153,7 @@ def build_spm_vocab(n_vocab: int = 4096) -> Vocab:
         eos_id=2,
         unk_id=0,
         add_bos=True,
+        chat_template=CHAT_TEMPLATE,
         source=f"built:spm-{n_vocab}",
     )
 
@@ -181,5 +189,6 @@ def load_vocab_gguf(path: str | Path) -> Vocab:
         eos_id=kv[t + "eos_token_id"],
         unk_id=kv.get(t + "unknown_token_id"),
         add_bos=bool(kv.get(t + "add_bos_token", True)),
+        chat_template=kv.get("tokenizer.chat_template"),
         source=str(path),
     )

@@ -21,17 +21,9 @@
 # plus, with the nccl phase, scripts/device_nccl_check.sh's 5 files under $OUT/nccl/.
 set -uo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-REPO=$PWD
-: "${OUT:?OUT is not set: run this through the device tool (or set OUT=some/folder)}"
-mkdir -p "$OUT"
-T0=$(date +%s)
-BUDGET_S=${BUDGET_S:-555}
+# shellcheck source=scripts/device_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 CALL=${1:-help}
-export SPECTRIAL_CACHE=${SPECTRIAL_CACHE:-$HOME/.cache/spectrial}
-# NVLink multicast stays off (KINDS.md), here and in everything started from here
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 PYDEVD_DISABLE_FILE_VALIDATION=1
 for d in /usr/local/cuda/bin /opt/torch/.venv/bin; do
   [ -d "$d" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH="$PATH:$d" ;; esac
 done

@@ -17,12 +17,13 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeVar
 
-from spectrial.errors import HostError
+from spectrial.errors import ConfigError, HostError
 from spectrial.progress import Progress
 
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]")
@@ -36,6 +37,9 @@ BASE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_RPC=ON",
 )
+
+
+T = TypeVar("T")
 
 
 def cache_root() -> Path:
@@ -60,6 +64,32 @@ def build_key(cuda: bool = False, cuda_arch: str = "90") -> str:
 
 def binary_path(name: str = "llama-server", cuda: bool = False, cuda_arch: str = "90") -> Path:
     return cache_root() / "llama.cpp" / "bin" / build_key(cuda, cuda_arch) / name
+
+
+def publish(final: Path, write: Callable[[Path], None], usable: Callable[[Path], T | None]) -> T:
+    """A cache entry at `final`: the one there when `usable` accepts it, else one written by `write` into a
+    temporary sibling folder and renamed into place, so readers never see half an entry (a concurrent writer
+    that wins the rename wins)."""
+    if (entry := usable(final)) is not None:
+        return entry
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        write(tmp)
+        if final.exists() and usable(final) is None:
+            shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if (entry := usable(final)) is None:  # lost a race to a writer whose entry is broken
+                raise
+            return entry
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if (entry := usable(final)) is None:
+        raise ConfigError(f"cache_dir={final.parent}: wrote {final} but cannot read it back; check the folder "
+                          "is writable and not shared with another writer version", parameter="cache_dir")
+    return entry
 
 
 @contextmanager

@@ -38,10 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
-import uuid
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -507,26 +504,8 @@ def ensure_hf_models(cache_dir: str | Path | None = None, **knobs: Any) -> HfMod
     Location: ``<cache root>/models/hf/<kind>-<shape>-w<writer version>-<hash of knobs>/``. The set is
     written into a temporary sibling folder and renamed into place, so readers never see half a set.
     """
+    from spectrial.provision import publish
+
     spec = hf_spec(**knobs)
-    final = hf_cache_root(cache_dir) / spec.key()
-    if (ms := _usable(final, spec)) is not None:
-        return ms
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        _write(tmp, spec)
-        if final.exists() and _usable(final, spec) is None:
-            shutil.rmtree(final, ignore_errors=True)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if (ms := _usable(final, spec)) is None:  # lost a race to a writer whose set is broken
-                raise
-            return ms
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    loaded = _usable(final, spec)
-    if loaded is None:
-        raise ConfigError(f"cache_dir={final.parent}: wrote {final} but cannot read it back; "
-                          "check the folder is writable")
-    return loaded
+    return publish(hf_cache_root(cache_dir) / spec.key(), lambda tmp: _write(tmp, spec),
+                   lambda d: _usable(d, spec))

@@ -28,9 +28,6 @@ was 10-40x slower than ``-t 1`` whenever anything else ran: use ``-t 1``.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -198,28 +195,8 @@ def ensure_tiny_models(cache_dir: str | Path | None = None, **knobs: object) -> 
     Location: ``<cache root>/models/tiny-<writer version>-<hash of knobs>/`` (see ``cache_root``). The set
     is written into a temporary sibling directory and renamed into place, so readers never see half a set.
     """
+    from spectrial.provision import publish
+
     spec = tiny_spec(**knobs)
-    final = cache_root(cache_dir) / "models" / spec.key()
-    if (ms := _usable(final, spec)) is not None:
-        return ms
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        _write(tmp, spec)
-        if final.exists() and _usable(final, spec) is None:
-            shutil.rmtree(final, ignore_errors=True)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if (ms := _usable(final, spec)) is None:  # lost a race to a writer whose set is broken
-                raise
-            return ms
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    loaded = _usable(final, spec)
-    if loaded is None:
-        raise ConfigError(
-            f"cache_dir={final.parent}: wrote {final} but cannot read it back; "
-            "check the directory is writable and not shared with another writer version"
-        )
-    return loaded
+    return publish(cache_root(cache_dir) / "models" / spec.key(), lambda tmp: _write(tmp, spec),
+                   lambda d: _usable(d, spec))

@@ -517,16 +517,9 @@ class SGLang(Engine):
     def generate_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         """Body of a streaming native `POST /generate` request, whose final chunk carries `meta_info`
         (per-request spec_verify_ct, spec_accept_length, ...) for `request_stats`."""
-        s = self.params.sampling
-        sp: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": s.temperature, "ignore_eos": s.ignore_eos}
-        if s.top_p != 1.0:
-            sp["top_p"] = s.top_p
-        if s.top_k is not None:
-            sp["top_k"] = s.top_k
-        if s.seed is not None:
-            sp["sampling_seed"] = s.seed
-        if s.stop:
-            sp["stop"] = list(s.stop)
+        sp: dict[str, Any] = {"max_new_tokens": max_tokens, **self.sampling_fields()}
+        if "seed" in sp:  # SGLang's native name
+            sp["sampling_seed"] = sp.pop("seed")
         return {"text": prompt, "stream": True, "sampling_params": sp}
 
     def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Endpoints as SGLang 0.5.17 answers them: `/health` and `/health_generate` (503 w
 starting or shutting down, else a 1-token generation checked once a second), `/server_info` (every
 ServerArgs field, `internal_states`, `version`; answers while /health is still 503) and the deprecated
 `/get_server_info`, `/v1/models`, `/metrics` (with --enable-metrics), `POST /generate` (meta_info with the
-speculative statistics) and `POST /v1/completions` (no speculative statistics). Every request is logged as
+speculative statistics), `POST /v1/completions` and `POST /v1/chat/completions` (no speculative statistics;
+chat messages rendered with the model folder's `tokenizer_config.json` chat template, as SGLang renders them
+with the Hugging Face tokenizer's: 400 without one). Every request is logged as
 uvicorn logs it, when the response starts: `INFO:     127.0.0.1:PORT - "GET /health HTTP/1.1" 200 OK`.
 """
 
@@ -15,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 import sglang
@@ -85,6 +88,8 @@ def make_handler(rt: Runtime) -> type[BaseHTTPRequestHandler]:
                 return
             if self.path == "/v1/completions":
                 self._completions(body)
+            elif self.path == "/v1/chat/completions":
+                self._chat_completions(body)
             elif self.path == "/generate":
                 self._generate(body)
             else:
@@ -129,6 +134,32 @@ def make_handler(rt: Runtime) -> type[BaseHTTPRequestHandler]:
                     "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}})
             self._send("[DONE]")
 
+        def _chat_completions(self, body: dict[str, Any]) -> None:
+            """Streaming chat as SGLang's OpenAI server sends it: a first chunk with the role, content deltas,
+            the finish reason, the usage chunk when asked, [DONE]."""
+            try:
+                prompt = chat_prompt(rt.args.model_path, body.get("messages") or [])
+            except ValueError as exc:
+                self._json(400, {"object": "error", "message": str(exc), "type": "BadRequestError", "code": 400})
+                return
+            max_new = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+            cid = uuid.uuid4().hex
+            base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+                    "model": body.get("model", "")}
+            self._sse_start()
+            self._send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "logprobs": None, "finish_reason": None}]})
+            meta: dict[str, Any] = {}
+            for k, meta, _ in self._run(prompt, max_new):
+                fin = "length" if meta.get("finish_reason") else None
+                self._send({**base, "choices": [{"index": 0, "delta": {"content": " tok" * k}, "logprobs": None,
+                                                 "finish_reason": fin, "matched_stop": None}]})
+            if (body.get("stream_options") or {}).get("include_usage"):
+                self._send({**base, "choices": [], "usage": {
+                    "prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
+                    "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}})
+            self._send("[DONE]")
+
         def _generate(self, body: dict[str, Any]) -> None:
             sp = body.get("sampling_params") or {}
             max_new = sp.get("max_new_tokens") or 16
@@ -146,3 +177,24 @@ def make_handler(rt: Runtime) -> type[BaseHTTPRequestHandler]:
             self._send("[DONE]")
 
     return Handler
+
+
+def chat_prompt(model_path: str, messages: list[dict[str, Any]]) -> str:
+    """The model's chat template (tokenizer_config.json) rendered with the generation prompt, as
+    `tokenizer.apply_chat_template(messages, add_generation_prompt=True)` renders it."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    cfg_file = Path(model_path) / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    template = cfg.get("chat_template")
+    if not template:
+        raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set and no "
+                         "template argument was passed!")
+
+    def token(name: str) -> str:
+        v = cfg.get(name) or ""
+        return v.get("content", "") if isinstance(v, dict) else str(v)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                            bos_token=token("bos_token"), eos_token=token("eos_token"))

@@ -37,7 +37,11 @@ COUNTING=params/h200-sglang-counting.yaml
 SWEEP=params/sweep-h200-sglang-8b.yaml
 LLAMACPP_SWEEP=outputs/examples/h200-llamacpp-8b/20261129-151623-h200-8b-sweep
 # the bundle FIRST: its transformers/tokenizers shadow the image's (REAL_ENGINES.md)
-export PYTHONPATH="$SGL_SITE:$SITE:$REPO/lib"
+# $SHIM: placeholders for what the bundle does not carry but SGLang imports unconditionally (phase_setup)
+SHIM=${SHIM:-/tmp/sglang-shim}
+export PYTHONPATH="$SGL_SITE:$SITE:$REPO/lib:$SHIM"
+# the DeepGEMM placeholder must never be taken for DeepGEMM (its configurer only tries `import deep_gemm`)
+export SGLANG_ENABLE_JIT_DEEPGEMM=0
 mkdir -p "$WORK" "$RUNS"
 MARKER="$WORK/start-$CALL-$T0"
 : > "$MARKER"
@@ -65,6 +69,35 @@ phase() {
   return "$rc"
 }
 
+graph_probe() {  # EAGLE-3 with CUDA graphs: can the draft worker's capture import what it lists? (else graphs off)
+  # SGLang 0.5.17's EAGLEWorkerV2._capture_cuda_graphs imports the DSA, DeepSeek-V4 and FlashMLA backends on
+  # CUDA only to list graph-capable backends (isinstance); dsa_backend does `import deep_gemm` at module level,
+  # and DeepGEMM (sgl-deep-gemm) is not carried. A placeholder package lets that import pass; any use of it
+  # raises, and SGLANG_ENABLE_JIT_DEEPGEMM=0 keeps SGLang's DeepGEMM configurer off it (triton attention and
+  # bf16 weights never call DeepGEMM). Found on the device 2026-12-01: without it every EAGLE-3 start with
+  # CUDA graphs died in "Capture draft extend CUDA graph" (ModuleNotFoundError: deep_gemm).
+  mkdir -p "$SHIM/deep_gemm"
+  cat > "$SHIM/deep_gemm/__init__.py" <<'PY'
+"""Placeholder written by spectrial's scripts/device_sglang.sh: DeepGEMM is not in the trimmed SGLang bundle.
+Importing works (SGLang imports it only to list graph-capable attention backends); using anything raises."""
+
+
+def __getattr__(name):
+    raise ImportError(f"deep_gemm.{name}: DeepGEMM is not carried by spectrial's trimmed SGLang bundle")
+PY
+  if "$PY" -c 'import torch; assert torch.cuda.is_available()
+from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
+from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
+from sglang.srt.layers import deep_gemm_wrapper
+assert not deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM, "DeepGEMM placeholder taken for DeepGEMM"'; then
+    say "CUDA-graph probe: the draft worker's imports pass (placeholder deep_gemm): graphs on"
+  else
+    say "CUDA-graph probe failed (above): CUDA graphs off for every run of this machine"
+    echo off > "$WORK/cuda-graph.txt"
+  fi
+}
+
 phase_setup() {  # the bundle into $SGL_SITE and the carried wheels into $SITE (once per machine), device facts
   if [ -f "$TARBALL" ] && [ "$(cat "$SGL_SITE/.sha" 2>/dev/null)" != "$(sha256sum "$TARBALL" | cut -c1-16)" ]; then
     rm -rf "$SGL_SITE" && mkdir -p "$SGL_SITE" && tar -C "$SGL_SITE" -xJf "$TARBALL" || return 1
@@ -79,6 +112,7 @@ phase_setup() {  # the bundle into $SGL_SITE and the carried wheels into $SITE (
     say "installed $(ls "$d" | wc -l) wheels from $d"
   done
   [ -f "$SGL_SITE/sglang/launch_server.py" ] || { say "no sglang in $SGL_SITE"; return 1; }
+  graph_probe || return 1
   "$PY" -c 'import spectrial.session, spectrial.models.hf' || return 1
   {
     echo "== date"; date -u +%FT%TZ

@@ -252,6 +252,22 @@ def test_committed_sweep_finds_random_drafts_and_losing_what_ifs() -> None:
                           ("below_break_even", "info", "eagle3-s6-a0.6@c1")]
 
 
+def test_committed_sglang_records() -> None:
+    """The real SGLang runs on the H200 (outputs/examples/h200-sglang): forced acceptance says nothing about the
+    prompts, so the forced-acceptance sweep is silent; the counting trial (real acceptance, raw /generate prompts)
+    gets the break-even and raw-prompt findings, with log evidence on the lines the parser read, although the
+    log's progress bars hold carriage returns (str.splitlines() would shift every line number after them)."""
+    sg = EXAMPLES / "h200-sglang"
+    assert summary(diagnose(sg / "h200-sglang-8b-sweep-083946")) == []
+    d = diagnose(sg / "h200-sglang-counting-091935")
+    assert ("below_break_even", "critical", "eagle3") in summary(d)
+    raw = [f for f in d.findings if f.kind == "raw_prompts" and f.title.startswith("logs/sglang-eagle3-1.log")]
+    assert raw, summary(d)
+    texts = [e.text for e in raw[0].evidence]
+    assert '"POST /generate HTTP/1.1" 200' in texts[0] and "accept len: 1.30" in texts[1], texts
+    assert b"\r" in (sg / "h200-sglang-counting-091935" / "logs" / "sglang-eagle3-1.log").read_bytes()
+
+
 def test_committed_cpu_demo_finds_drift_band_and_synthetic_loss() -> None:
     d = diagnose(CPU)
     assert summary(d) == [("stale_baseline", "info", None), ("below_break_even", "info", "eagle3-synthetic")]

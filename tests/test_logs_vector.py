@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from spectrial.logs import BlockFormat, LineFormat, Registry, Window, api, driver, markers, parse, registry
@@ -232,6 +232,9 @@ def test_a_pattern_match_always_holds_its_literal(lines: list[str]) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(st.sampled_from(SNIPPETS), mutated_line()), min_size=1, max_size=12))
+# found by this test (2026-12-01): an NCCL tuning-table header with no row under it (IndexError in the reader)
+@example(["n129-118-012:1802:1851 [0] NCCL INFO Latency/AlgBw |    Tree/    LL |    Tree/ LL128 |    Tree/Simple "
+          "|    Ring/    LL |    Ring/ LL128 |    Ring/Simple | CollNet/    LL | CollNet/ LL128 | CollNet/Simple |"])
 def test_vectorised_readers_match_their_functions_on_mutated_logs(parts: list[str]) -> None:
     check_readers("\n".join(parts))
 

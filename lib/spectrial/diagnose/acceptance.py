@@ -156,8 +156,12 @@ def raw_prompts(ctx: Context) -> Iterator[Finding]:
                     "server's chat template through /v1/chat/completions, or the model's template applied for "
                     "SGLang's /generate) with `workload: sharegpt` or your own file; time the cycle with synthetic "
                     "acceptance if the prompt set is not representative.")
+    # a forced (synthetic) acceptance does not depend on the prompts: those arms' logs say nothing about them
+    forced = {id(lf) for _, a in spec_arms(ctx) if a.synthetic or a.synthetic_accept is not None
+              for lf in arm_logs(ctx, a)}
     for lf in ctx.logs:
-        yield from _raw_prompt_log(lf)
+        if id(lf) not in forced:
+            yield from _raw_prompt_log(lf)
 
 
 def _raw_prompt_log(lf: LogFile) -> Iterator[Finding]:

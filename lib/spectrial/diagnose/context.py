@@ -129,7 +129,9 @@ class LogFile:
 
     @cached_property
     def lines(self) -> list[str]:
-        return self.text.splitlines()
+        # "\n" only, as the log parser numbers lines: str.splitlines() also breaks at "\r" (progress bars),
+        # "\x1c".."\x1e", "\x85", "\u2028", so a line number from the parser would point elsewhere
+        return self.text.split("\n")
 
     def line(self, n: int) -> str:
         """Line n (1-based) as printed, trimmed to 300 characters."""

@@ -317,8 +317,9 @@ def tuning_table_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
     at_j = starts[rb] + rj
     cols: dict[str, np.ndarray] = {
         "collective": coll,
-        "latency_us": np.where(real, lat_v[np.maximum(src, 0)], np.nan),
-        "bw_gbs": np.where(real, bw_v[np.maximum(src, 0)], np.nan),
+        # src -1 (a table without rows) reads the NaN appended: lat_v is empty when no table has a row
+        "latency_us": np.append(lat_v, np.nan)[src],
+        "bw_gbs": np.append(bw_v, np.nan)[src],
         "algorithm": alg_flat[at_j], "protocol": proto_flat[at_j], "nthreads": nth[at_j],
     }
     for c in ("host", "pid", "rank"):

@@ -117,12 +117,12 @@ for record in records:
 # %%
 if analyses:
     fig = go.Figure()
-    for record, _m, _roof, ex in analyses:
+    for record, m, _roof, ex in analyses:
         sec = ex.section("Cycle-cost model")
         if sec.table is None or not len(sec.table):
             continue
         for method, g in sec.table.groupby("method", sort=False):
-            label = f"{record.name}: {method}"
+            label = f"{m.engine.get('name')} ({record.name}): {method}"
             fig.add_scatter(x=g["k"].tolist(), y=g["cycle_ms"].tolist(), mode="markers", name=f"{label} (measured)")
             fit = ex.numbers["models"][method]
             ks = list(range(1, int(g["k"].max()) + 1))

@@ -21,7 +21,7 @@ fragments, Python-repr dumps); one module per engine (``sglang``, ``vllm``, ``ll
 from spectrial.logs import http, llamacpp, nccl, nvidia_smi, profile, sglang, tables, vllm  # noqa: F401  (register)
 from spectrial.logs.api import parse, summary
 from spectrial.logs.chunks import Window
-from spectrial.logs.formats import BlockFormat, LineFormat
+from spectrial.logs.formats import BlockFormat, Finalizer, LineFormat
 from spectrial.logs.registry import Registry, register, registry
 
-__all__ = ["BlockFormat", "LineFormat", "Registry", "Window", "parse", "register", "registry", "summary"]
+__all__ = ["BlockFormat", "Finalizer", "LineFormat", "Registry", "Window", "parse", "register", "registry", "summary"]

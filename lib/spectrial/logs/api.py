@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import gc
 import importlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
 
 from spectrial.errors import ConfigError
-from spectrial.logs.chunks import CONTEXT, Chunk
+from spectrial.logs import parallel
 from spectrial.logs.driver import Plan
 from spectrial.logs.registry import Registry, registry
 from spectrial.logs.source import line_blocks, raw_blocks
@@ -46,12 +46,14 @@ DEFAULT_BLOCK_BYTES = 16 << 20
 
 
 def parse(source: Any, kinds: str | Iterable[str] | None = None, *, registry: Registry | None = None,
-          block_bytes: int = DEFAULT_BLOCK_BYTES) -> pd.DataFrame:
+          block_bytes: int = DEFAULT_BLOCK_BYTES, workers: int | None = None) -> pd.DataFrame:
     """Parse server logs into one DataFrame (schema: see the module docstring).
 
     `source`: a path (plain or gzip), log text, bytes, a binary/text file object, or an iterable of
     lines. `kinds`: keep only these kinds or engines (e.g. "decode", "nccl", "llamacpp:request_timing").
     `registry`: the formats to use (default: all registered). `block_bytes`: how much is read at once.
+    `workers`: processes reading a large plain file at once (None: one per CPU for files of 64 MB and more;
+    1: this process alone); the table is the same either way (:mod:`spectrial.logs.parallel`).
     Unrecognised, truncated or binary lines are counted in ``df.attrs["unparsed_lines"]``, never fatal.
     """
     reg = registry if registry is not None else _DEFAULT
@@ -59,47 +61,26 @@ def parse(source: Any, kinds: str | Iterable[str] | None = None, *, registry: Re
     plan = Plan(reg.select(kinds))
     if block_bytes < 1:
         raise ConfigError(f"block_bytes: must be positive, got {block_bytes}")
+    many = parallel.workers_for(source, workers)
     errors: list[str] = []
     blocks = line_blocks(raw_blocks(source, block_bytes, errors), block_bytes)
     huge = madvise_hugepage(False)
     collect = gc.isenabled()
     gc.disable()  # parse makes many objects and no cycles: the cyclic GC would only rescan them
     try:
-        read(plan, blocks)
+        if many is not None:
+            parallel.read(plan, many[0], many[1], block_bytes)
+        else:
+            plan.feed(blocks)
         df = assemble(plan, wanted)
     finally:
+        parallel.close(plan)
         if collect:
             gc.enable()
         if huge is not None:
             madvise_hugepage(huge)
     df.attrs["read_error"] = errors[0] if errors else None
     return df
-
-
-def read(plan: Plan, blocks: Iterator[bytes]) -> None:
-    """Feed `plan` chunks of whole lines: each holds up to CONTEXT lines handled before, the lines the
-    chunk before left (a block that ran past its end, and what follows), then the next input block(s)."""
-    raw = iter(blocks)
-    block = next(raw, None)
-    ctx = carry = b""
-    ctx_n = start = 0
-    while block is not None or carry:
-        new: list[bytes] = []
-        size = 0
-        while block is not None and (not new or size < len(carry)):  # at least as much new as carried
-            new.append(block)
-            size += len(block)
-            block = next(raw, None)
-        data = b"".join((ctx, carry, *new))
-        # a chunk cut inside a line (no newline in 64 MiB of binary data) is read as if the input ended
-        ch = Chunk(data, start, ctx_n, final=block is None or not data.endswith(b"\n"))
-        done = plan.process(ch)
-        if block is None:
-            break  # the last chunk is read to its end
-        c0 = max(done - CONTEXT, 0)
-        a, b = int(ch.offs[c0]), int(ch.offs[done])
-        ctx, carry = ch.data[a:b], ch.data[b:]
-        ctx_n, start = done - c0, ch.start + c0
 
 
 def summary(df: pd.DataFrame, *, registry: Registry | None = None) -> pd.DataFrame:

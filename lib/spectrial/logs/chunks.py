@@ -28,13 +28,15 @@ class Chunk:
     """Whole lines of the input, local line 0 being global line `start` (0-based).
 
     Lines ``first ..`` are the chunk's own lines; those before are context (handled with the chunk before).
-    ``lines`` holds each line with its newline, zero-copy over ``data``.
+    ``lines`` holds each line with its newline, zero-copy over ``data``. `head`: local line 0 is the input's
+    first line (default: where `start` is 0; a segment of a parallel parse numbers its lines from its own
+    first one and says so itself).
     """
 
-    __slots__ = ("data", "offs", "start", "first", "n", "final", "lines", "has_ansi", "_offl", "_nb", "_bad",
+    __slots__ = ("data", "offs", "start", "first", "n", "final", "head", "lines", "has_ansi", "_offl", "_nb", "_bad",
                  "_ansi", "_bad_soon")
 
-    def __init__(self, data: bytes, start: int, first: int = 0, final: bool = True) -> None:
+    def __init__(self, data: bytes, start: int, first: int = 0, final: bool = True, head: bool | None = None) -> None:
         offs = line_offsets(data)
         lines = _string_array(data, offs)
         try:
@@ -45,6 +47,7 @@ class Chunk:
             lines = _string_array(data, offs)
         self.data, self.offs, self.lines = data, offs, lines
         self.start, self.first, self.n, self.final = start, first, len(offs) - 1, final
+        self.head = start == 0 if head is None else head
         self.has_ansi = b"\x1b" in data or b"?[" in data or b"^[[" in data
         self._offl: list[int] | None = None
         self._nb: np.ndarray | None = None
@@ -106,7 +109,7 @@ class Chunk:
         or strips: \\r, ESC, \\x1c-\\x1f, the ``?[``/``^[[`` colour forms) and complete. Lines before the
         input's start and, in the last chunk, after its end are None to a Window and count as plain."""
         a = np.asarray(a, np.int64)
-        if self.start == 0:  # local line 0 is the input's first
+        if self.head:  # local line 0 is the input's first
             a = np.maximum(a, 0)
         b = np.asarray(b, np.int64)
         if self.final:
@@ -157,12 +160,7 @@ class Chunk:
     # ------------------------------------------------------------ counting
     def _nonblank_cum(self) -> np.ndarray:
         if self._nb is None:
-            lens = np.diff(self.offs)
-            nonblank = lens > 1
-            two = np.flatnonzero(lens == 2)
-            if len(two):
-                nonblank[two] = np.frombuffer(self.data, np.uint8)[self.offs[two]] != 13
-            self._nb = np.concatenate(([0], np.cumsum(nonblank)))
+            self._nb = np.concatenate(([0], np.cumsum(nonblank_lines(self.data, self.offs))))
         return self._nb
 
     def nonblank(self, a: int, b: int) -> int:
@@ -176,6 +174,16 @@ class Chunk:
             return 0
         cum = self._nonblank_cum()
         return int((cum[np.clip(b, 0, self.n)] - cum[np.clip(a, 0, self.n)]).sum())
+
+
+def nonblank_lines(data: bytes, offs: np.ndarray) -> np.ndarray:
+    """Per line (`offs`: its line offsets): whether it holds more than its line ending."""
+    lens = np.diff(offs)
+    nonblank = lens > 1
+    two = np.flatnonzero(lens == 2)
+    if len(two):
+        nonblank[two] = np.frombuffer(data, np.uint8)[offs[two]] != 13
+    return nonblank
 
 
 def _not_plain_bytes(data: bytes) -> np.ndarray:

@@ -25,13 +25,15 @@ Files = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, readab
 Kinds = Annotated[list[str] | None, typer.Option("--kind", "-k", help="Keep only this kind or engine, e.g. "
                                                  "decode, nccl, llamacpp:request_timing (repeatable).")]
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write .csv or .parquet (default: CSV on stdout).")]
+Workers = Annotated[int | None, typer.Option("--workers", "-j", min=1, help="Processes reading a large plain file at "
+                                             "once (default: one per CPU for files of 64 MB and more; 1: one).")]
 
 
-def _load(files: list[Path], kinds: list[str] | None) -> pd.DataFrame:
+def _load(files: list[Path], kinds: list[str] | None, workers: int | None = None) -> pd.DataFrame:
     frames = []
     unparsed = 0
     for f in files:
-        df = parse(f, kinds=kinds or None)
+        df = parse(f, kinds=kinds or None, workers=workers)
         unparsed += df.attrs["unparsed_lines"]
         df.insert(0, "file", str(f))
         frames.append(df)
@@ -65,12 +67,12 @@ def _fail(e: SpectrialError) -> None:
 
 
 @app.command("parse")
-def parse_cmd(files: Files, kind: Kinds = None, output: Output = None) -> None:
+def parse_cmd(files: Files, kind: Kinds = None, output: Output = None, workers: Workers = None) -> None:
     """One row per record (columns no record filled are left out of the file)."""
     if output is not None and output.suffix.lower() not in (".csv", ".parquet"):
         raise typer.BadParameter(f"{output.name}: use a .csv or .parquet file name", param_hint="--output")
     try:
-        df = _load(files, kind)
+        df = _load(files, kind, workers)
     except SpectrialError as e:
         _fail(e)
     parquet = output is not None and output.suffix.lower() == ".parquet"
@@ -86,10 +88,10 @@ def parse_cmd(files: Files, kind: Kinds = None, output: Output = None) -> None:
 
 
 @app.command("summary")
-def summary_cmd(files: Files, kind: Kinds = None) -> None:
+def summary_cmd(files: Files, kind: Kinds = None, workers: Workers = None) -> None:
     """Per engine and kind (and DP rank): record count and the median of the key metrics."""
     try:
-        df = _load(files, kind)
+        df = _load(files, kind, workers)
     except SpectrialError as e:
         _fail(e)
     table = summary(df)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spectrial.logs.chunks import Chunk, NeedMore, Window
+from spectrial.logs.chunks import CONTEXT, Chunk, NeedMore, Window
 from spectrial.logs.columns import floats, objects
-from spectrial.logs.formats import DECLINE, MORE, BlockFormat, Blocks, Format, LineFormat
+from spectrial.logs.formats import DECLINE, MORE, BlockFormat, Blocks, Finalizer, Format, LineFormat
 from spectrial.logs.markers import Markers
 from spectrial.logs.text import ANSI, re2
 
@@ -46,8 +46,11 @@ class Batch:
 class Plan:
     """Per-parse state: the formats, their markers, and what they found so far."""
 
-    def __init__(self, formats: Sequence[Format]) -> None:
+    def __init__(self, formats: Sequence[Format], *, threads: bool = True, claims: bool = False) -> None:
         self.formats = list(formats)
+        self.threads = threads  # False: everything in this thread (a worker process of a parallel parse)
+        self.claims: list[tuple[np.ndarray, np.ndarray]] | None = [] if claims else None
+        self.finalizers: dict[int, Finalizer] = {}  # formats whose rows were fed to their finalize part by part
         self.markers = Markers(self.formats)
         self.is_block = np.array([isinstance(f, BlockFormat) for f in self.formats] + [False], dtype=bool)
         self.line_parts: list[list[tuple[np.ndarray, dict[str, pa.Array]]]] = [[] for _ in self.formats]
@@ -77,9 +80,9 @@ class Plan:
         line_rows = ~blk & (fid >= 0)
         jobs = [(f, idx[line_rows & (fid == f)]) for f in np.unique(fid[line_rows]).tolist()]
         pending = None
-        if blk.any() and ch.n >= THREAD_ROWS:
+        if self.threads and blk.any() and ch.n >= THREAD_ROWS:
             ch.prepare_plain(pool())
-        if jobs and blk.any() and sum(len(r) for _, r in jobs) >= THREAD_ROWS:
+        if self.threads and jobs and blk.any() and sum(len(r) for _, r in jobs) >= THREAD_ROWS:
             pending = pool().submit(self._extract_all, ch, jobs)
         starts = ends = np.zeros(0, np.int64)
         try:
@@ -104,7 +107,43 @@ class Plan:
         self.total += done - ch.first
         self.blank += (done - ch.first) - ch.nonblank(ch.first, done)
         self.recognised += ch.nonblank_ranges(starts, ends)
+        if self.claims is not None and len(starts):
+            self.claims.append((ch.start + starts, ch.start + ends))
         return done
+
+    def feed(self, blocks: Iterator[bytes], *, context: bytes = b"", context_lines: int = 0, head: bool = True,
+             own_lines: int | None = None) -> int:
+        """Read `blocks` (whole lines) chunk by chunk; returns the lines handled (numbered from the first line of
+        `blocks`; context lines come before it).
+
+        Each chunk holds up to CONTEXT lines handled before, the lines the chunk before left (a block that ran
+        past its end, and what follows), then the next input block(s). `context` (`context_lines` whole lines)
+        precedes the input: a segment's view of the lines above it (`head`: the context starts at the input's
+        first line). With `own_lines`, reading stops once that many lines are handled: a segment reads past its
+        end only to finish a block that runs over it."""
+        raw = iter(blocks)
+        block = next(raw, None)
+        ctx, carry = context, b""
+        ctx_n, start = context_lines, -context_lines
+        zero = -context_lines if head else None  # local index of the input's first line, where the data holds it
+        while block is not None or carry:
+            new: list[bytes] = []
+            size = 0
+            while block is not None and (not new or size < len(carry)):  # at least as much new as carried
+                new.append(block)
+                size += len(block)
+                block = next(raw, None)
+            data = b"".join((ctx, carry, *new))
+            # a chunk cut inside a line (no newline in 64 MiB of binary data) is read as if the input ended
+            ch = Chunk(data, start, ctx_n, final=block is None or not data.endswith(b"\n"), head=start == zero)
+            done = self.process(ch)
+            if block is None or (own_lines is not None and ch.start + done >= own_lines):
+                return ch.start + done  # the last chunk is read to its end
+            c0 = max(done - CONTEXT, 0)
+            a, b = int(ch.offs[c0]), int(ch.offs[done])
+            ctx, carry = ch.data[a:b], ch.data[b:]
+            ctx_n, start = done - c0, ch.start + c0
+        return max(start + ctx_n, 0)
 
     # ------------------------------------------------------------ line formats
     def _extract_all(self, ch: Chunk, jobs: list[tuple[int, np.ndarray]]) -> list[tuple[Any, ...]]:

@@ -52,6 +52,40 @@ BlockResult = tuple[list[tuple[int, Record]], int]
 
 
 # ---------------------------------------------------------------- line formats
+class Finalizer:
+    """A `finalize` that reads a format's rows part by part: `feed` each part (a DataFrame sorted by line; the
+    parts in line order), then `finish` gives all the rows, as the format's finalize function would for the
+    rows at once. Subclass it and give the class as `finalize`."""
+
+    def feed(self, df: pd.DataFrame) -> None:  # pragma: no cover - the interface
+        raise NotImplementedError
+
+    def finish(self) -> pd.DataFrame:  # pragma: no cover - the interface
+        raise NotImplementedError
+
+
+class _WholeInput(Finalizer):
+    """A finalize function as a Finalizer: the parts are kept and given to it at once."""
+
+    def __init__(self, fn: Callable[[pd.DataFrame], pd.DataFrame]) -> None:
+        self.fn, self.parts = fn, []
+
+    def feed(self, df: pd.DataFrame) -> None:
+        self.parts.append(df)
+
+    def finish(self) -> pd.DataFrame:
+        return self.fn(self.parts[0] if len(self.parts) == 1 else pd.concat(self.parts, ignore_index=True))
+
+
+def finalizer(fmt: LineFormat) -> Finalizer:
+    """A new Finalizer for the format's `finalize` (a class is instantiated, a function wrapped)."""
+    fin = fmt.finalize
+    if isinstance(fin, type) and issubclass(fin, Finalizer):
+        return fin()
+    assert fin is not None
+    return _WholeInput(fin)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True, eq=False)
 class LineFormat:
     """A record printed on one line, extracted by vectorised regexes and `key: value` lists.
@@ -66,8 +100,12 @@ class LineFormat:
     the first that matches wins. `types` gives column types (default float; ``timestamp`` str). A line is a
     record when one of `require` (default: any column but `timestamp`) was found; ``require=()`` makes
     every marker line a record. `finalize` may merge or split the rows of the whole input (sorted by
-    line) and set a `kind` column; `output` then names the columns it returns. `kinds` lists the other
-    kinds finalize makes; `key_metrics` are what :func:`~spectrial.logs.summary` reports.
+    line) and set a `kind` column; `output` then names the columns it returns. It is a function of all the
+    rows (a DataFrame) or a :class:`Finalizer` class, whose instances take the rows part by part, in line
+    order, and give the same result (a parallel parse feeds it each segment's rows as they come).
+    `rowwise`: the finalize function maps each row on its own, keeping every row (any part of the rows may be
+    finalized alone: a parallel parse finalizes each segment in its worker). `kinds` lists the other kinds
+    finalize makes; `key_metrics` are what :func:`~spectrial.logs.summary` reports.
     """
 
     engine: str
@@ -76,7 +114,8 @@ class LineFormat:
     patterns: tuple[str, ...] = ()
     types: Mapping[str, str] = field(default_factory=dict)
     require: tuple[str, ...] | None = None
-    finalize: Callable[[pd.DataFrame], pd.DataFrame] | None = None
+    finalize: Callable[[pd.DataFrame], pd.DataFrame] | type[Finalizer] | None = None
+    rowwise: bool = False
     output: Mapping[str, str] | None = None
     kinds: tuple[str, ...] = ()
     key_metrics: tuple[str, ...] = ()

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
-from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, Finalizer, LineFormat
 from spectrial.logs.registry import registry
 from spectrial.logs.text import LIST, NUM, named, num, re2
 from spectrial.logs.vector import LAST, ROW, SKIP, STOP, first_group, np_bool, scan, split_ws, to_str_numpy
@@ -209,27 +209,42 @@ _FIELDS = ("line", "timestamp", "slot", "task", "origin", "t_name", "t_ms", "t_n
 _Row = namedtuple("_Row", _FIELDS)  # type: ignore[misc]  # noqa: PYI024
 
 
+class MergeRecords(Finalizer):
+    """Per-line captures -> request_timing / draft_acceptance / gen_progress rows (fed part by part, in line
+    order: the merger's open records carry from one part to the next)."""
+
+    def __init__(self) -> None:
+        self.merger = _Merger()
+
+    def feed(self, df: pd.DataFrame) -> None:
+        m = self.merger
+        df = df.sort_values("line", kind="stable")
+        notna = {c: df[c].notna().to_numpy() for c in _EVENTS}
+        event = np.logical_or.reduce(list(notna.values()))
+        flags = {"event": event, "req": notna["t_name"] | notna["io_name"] | notna["graphs_reused"],
+                 "draft": notna["da_rate"] | notna["ml_len"] | notna["pp"] | notna["nd_key"]}
+        columns = []
+        for c in _FIELDS:
+            if c in flags:
+                columns.append(flags[c].tolist())
+            elif c not in df:
+                columns.append([None] * len(df))
+            else:
+                v = df[c].to_numpy()
+                if v.dtype == np.float64:  # NaN (not printed) -> None, as the merger tests for
+                    v = np.where(np.isnan(v), None, v.astype(object))
+                columns.append(v.tolist())
+        for r in map(_Row._make, zip(*columns, strict=True)):
+            m.row(r)
+
+    def finish(self) -> pd.DataFrame:
+        return self.merger.finish()
+
+
 def merge_records(df: pd.DataFrame) -> pd.DataFrame:
-    """Per-line captures -> request_timing / draft_acceptance / gen_progress rows."""
-    m = _Merger()
-    df = df.sort_values("line", kind="stable")
-    notna = {c: df[c].notna().to_numpy() for c in _EVENTS}
-    event = np.logical_or.reduce(list(notna.values()))
-    flags = {"event": event, "req": notna["t_name"] | notna["io_name"] | notna["graphs_reused"],
-             "draft": notna["da_rate"] | notna["ml_len"] | notna["pp"] | notna["nd_key"]}
-    columns = []
-    for c in _FIELDS:
-        if c in flags:
-            columns.append(flags[c].tolist())
-        elif c not in df:
-            columns.append([None] * len(df))
-        else:
-            v = df[c].to_numpy()
-            if v.dtype == np.float64:  # NaN (not printed) -> None, as the merger tests for
-                v = np.where(np.isnan(v), None, v.astype(object))
-            columns.append(v.tolist())
-    for r in map(_Row._make, zip(*columns, strict=True)):
-        m.row(r)
+    """Per-line captures -> request_timing / draft_acceptance / gen_progress rows (all at once)."""
+    m = MergeRecords()
+    m.feed(df)
     return m.finish()
 
 
@@ -260,7 +275,7 @@ registry.add(LineFormat(
      r"(?P<origin>print_timings?|llama_perf_context_print|llama_print_timings)"),
     types={"t_name": "str", "io_name": "str", "nd_key": "str", "hdr": "str", "pp": "list", "origin": "str"},
     require=(*_EVENTS, "hdr"),
-    finalize=merge_records,
+    finalize=MergeRecords,
     output={"kind": "str", **REQUEST_COLUMNS, **DRAFT_COLUMNS, **PROGRESS_COLUMNS},
     kinds=("draft_acceptance", "gen_progress"),
     key_metrics=("gen_throughput", "eval_ms", "prompt_ms", "accept_rate", "accept_len"),

@@ -68,7 +68,7 @@ registry.add(LineFormat(
      r"\blocalRank (?P<local_rank>[0-9]+)",
      r"\bcudaDev (?P<cuda_dev>[0-9]+)",
      r" - (?P<state>(?:Init|Destroy|Abort) (?:START|COMPLETE))"),
-    types={**_TYPES, "comm": "str", "state": "str"}, require=("comm",), finalize=_init_state, kinds=("destroy",),
+    types={**_TYPES, "comm": "str", "state": "str"}, require=("comm",), finalize=_init_state, rowwise=True, kinds=("destroy",),
     output={**_TYPES, "comm": "str", "nranks": "float", "nnodes": "float", "local_ranks": "float",
             "local_rank": "float", "cuda_dev": "float", "state": "str"},
     key_metrics=("nranks", "nnodes", "local_ranks"),
@@ -122,7 +122,7 @@ registry.add(LineFormat(
      r"(?P<bytes>[0-9]+) Bytes -> Algo (?P<algorithm>[A-Za-z0-9_]+) proto (?P<protocol>[A-Za-z0-9_]+)",
      rf"\btime (?P<time_us>{NUM})"),
     types={**_TYPES, "collective": "str", "algorithm": "str", "protocol": "str"},
-    require=("bytes",), finalize=_name_ids,
+    require=("bytes",), finalize=_name_ids, rowwise=True,
     output={**_TYPES, **TUNING_COLUMNS},
     key_metrics=("time_us", "latency_us", "bw_gbs"),
 ))

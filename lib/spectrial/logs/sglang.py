@@ -128,7 +128,7 @@ def _startup_timings(df: Any) -> Any:
 registry.add(LineFormat(
     "sglang", "startup_timings", ("Engine startup timings",),
     (*PREFIX, *(rf"\b{t}=(?P<{t}_s>{NUM})" for t in _TIMINGS), r"\bcuda_graph=\{(?P<cuda_graph>[^}]*)\}"),
-    types={"cuda_graph": "str"}, require=(), finalize=_startup_timings,
+    types={"cuda_graph": "str"}, require=(), finalize=_startup_timings, rowwise=True,
     output={"timestamp": "str", "dp_rank": "float", "tp_rank": "float", **{f"{t}_s": "float" for t in _TIMINGS},
             "cuda_graph_s": "float"},
     key_metrics=("load_weight_s", "scheduler_e2e_s", "tokenizer_e2e_s", "cuda_graph_s"),
@@ -147,7 +147,7 @@ def _events(df: Any) -> Any:
 registry.add(LineFormat(
     "sglang", "event", tuple(EVENTS),
     (*PREFIX, rf"(?P<event>{_EVENT_RX})", rf"(?P<message>(?:{_EVENT_RX}).*?)\s*$"),
-    types={"event": "str", "message": "str"}, require=("event",), finalize=_events,
+    types={"event": "str", "message": "str"}, require=("event",), finalize=_events, rowwise=True,
     output={"timestamp": "str", "dp_rank": "float", "tp_rank": "float", "event": "str", "message": "str"},
 ))
 
@@ -160,7 +160,7 @@ def _deprecation(df: Any) -> Any:
 registry.add(LineFormat(
     "sglang", "event", ("\x1b[1;33m",),  # print_deprecated_warning: logger.warning(f"\033[1;33m{message}\033[0m")
     (*PREFIX, r"^(?:\[[^\]]*\] *)?(?:[A-Z]+:? +)?(?P<message>\S.*?)\s*$"),
-    types={"message": "str"}, require=(), finalize=_deprecation,
+    types={"message": "str"}, require=(), finalize=_deprecation, rowwise=True,
     output={"timestamp": "str", "dp_rank": "float", "tp_rank": "float", "event": "str", "message": "str"},
 ))
 
@@ -181,7 +181,7 @@ registry.add(LineFormat(
      rf"avail mem=(?P<avail_mem_gb>{NUM}) ?GB"),
     types={"graph_name": "str", "phase": "str"},
     require=("phase",),
-    finalize=_graph_finalize,
+    finalize=_graph_finalize, rowwise=True,
     key_metrics=("elapsed_s", "mem_gb"),
 ))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from spectrial.logs.columns import ARROW_TYPES, const, to_numpy
+from spectrial.logs.columns import const, to_numpy
 from spectrial.logs.driver import THREAD_ROWS, Plan, pool
-from spectrial.logs.formats import LineFormat
+from spectrial.logs.formats import LineFormat, finalizer
 from spectrial.logs.registry import Registry, wants
 
 ENGINE_ORDER = {e: i for i, e in enumerate(("sglang", "vllm", "llamacpp", "profile", "nccl", "nvidia-smi", "http"))}
@@ -31,28 +33,54 @@ class Frame:
         return Frame(self.lines[keep], self.engine[keep], self.kind[keep], {c: v[keep] for c, v in self.cols.items()})
 
 
+def numpy_part(fmt: LineFormat, part: tuple[np.ndarray, dict[str, Any]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A line format's records from one chunk as numpy columns, as the DataFrame holds them."""
+    lines, cols = part
+    types = fmt.pattern_columns
+    return lines, {c: to_numpy(v, types[c]) if isinstance(v, pa.Array) else v for c, v in cols.items()}
+
+
+def line_rows(fmt: LineFormat, parts: list[tuple[np.ndarray, dict[str, Any]]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The records of `parts` together: line numbers and a column for each pattern column one of them holds
+    (NaN / None in the parts without it)."""
+    parts = [numpy_part(fmt, p) for p in parts]
+    lines = np.concatenate([p[0] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+    cols: dict[str, np.ndarray] = {}
+    for c, typ in fmt.pattern_columns.items():
+        if any(c in p[1] for p in parts):  # a chunk without the column contributes NaN / None
+            cols[c] = np.concatenate([p[1][c] if c in p[1] else
+                                      (np.full(len(p[0]), np.nan) if typ == "float" else const(len(p[0]), None))
+                                      for p in parts])
+    return lines, cols
+
+
+def rows_frame(lines: np.ndarray, cols: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Line numbers and columns as the DataFrame a finalize reads."""
+    return pd.DataFrame({"line": lines, **{c: pd.Series(v, dtype=object if v.dtype == object else None, copy=False)
+                                          for c, v in cols.items()}})
+
+
 def frame(plan: Plan, i: int) -> Frame | None:
     """The rows format `i` found (after its `finalize`), or None."""
     fmt = plan.formats[i]
     if isinstance(fmt, LineFormat):
+        fin = plan.finalizers.get(i)  # fed part by part already (a parallel parse)
         parts = plan.line_parts[i]
-        if not parts:
+        if fin is None and not parts:
             return None
-        lines = np.concatenate([p[0] for p in parts]).astype(np.int64)
-        cols: dict[str, np.ndarray] = {}
-        for c, typ in fmt.pattern_columns.items():
-            if any(c in p[1] for p in parts):  # a chunk without the column contributes nulls
-                arrs = [p[1][c] if c in p[1] else pa.nulls(len(p[0]), ARROW_TYPES[typ]) for p in parts]
-                cols[c] = to_numpy(pa.concat_arrays(arrs), typ)
         if fmt.finalize is None:
+            lines, cols = line_rows(fmt, parts)
             n = len(lines)
             return Frame(lines, const(n, fmt.engine), const(n, fmt.kind), cols)
-        df = pd.DataFrame({"line": lines, **{c: pd.Series(v, dtype=object if v.dtype == object else None, copy=False)
-                                              for c, v in cols.items()}})
         try:
-            df = fmt.finalize(df)
+            if fin is None:
+                fin = finalizer(fmt)
+                fin.feed(rows_frame(*line_rows(fmt, parts)))
+            df = fin.finish()
         except Exception as e:  # a finalize bug must stay visible, not fatal
-            plan.error(int(lines[0]), fmt, e)
+            plan.error(int(parts[0][0][0]) if parts else 0, fmt, e)
+            return None
+        if not len(df):
             return None
         n = len(df)
         kind = df["kind"].to_numpy(object) if "kind" in df else const(n, fmt.kind)
@@ -97,17 +125,24 @@ def _or(parts: list[np.ndarray | None], batches: list[Any], default: str) -> np.
     return arr
 
 
-def assemble(plan: Plan, wanted: set[str] | None) -> pd.DataFrame:
-    """One DataFrame of every format's rows, sorted by line (stable), with the full schema."""
+def table_schema(formats: list[Any]) -> dict[str, str]:
+    """The table's columns after line, engine and kind: name -> type (a name two formats type differently is
+    an object column)."""
     schema: dict[str, str] = {"timestamp": "str"}
-    for f in sorted(plan.formats, key=lambda f: ENGINE_ORDER.get(f.engine, len(ENGINE_ORDER))):
+    for f in sorted(formats, key=lambda f: ENGINE_ORDER.get(f.engine, len(ENGINE_ORDER))):
         for c, t in f.columns.items():
             schema[c] = t if schema.get(c, t) == t else "object"  # e.g. src: NCCL rank vs "GPU0"
+    return schema
+
+
+def assemble(plan: Plan, wanted: set[str] | None) -> pd.DataFrame:
+    """One DataFrame of every format's rows, sorted by line (stable), with the full schema."""
+    schema = table_schema(plan.formats)
     frames: list[Frame] = []
     # a finalize (Python over the whole input, e.g. llama.cpp's merge) runs in the worker meanwhile
     later = {i: pool().submit(frame, plan, i) for i, f in enumerate(plan.formats)
-             if isinstance(f, LineFormat) and f.finalize is not None and sum(len(p[0]) for p in plan.line_parts[i])
-             >= THREAD_ROWS}
+             if isinstance(f, LineFormat) and f.finalize is not None and i not in plan.finalizers
+             and sum(len(p[0]) for p in plan.line_parts[i]) >= THREAD_ROWS}
     done = {i: frame(plan, i) for i in range(len(plan.formats)) if i not in later}
     done.update({i: f.result() for i, f in later.items()})
     for i in range(len(plan.formats)):
@@ -159,17 +194,29 @@ def assemble(plan: Plan, wanted: set[str] | None) -> pd.DataFrame:
 
 
 def _blocks(nf: int, no: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The float block (NaN) and the object block (None) of the table; a big float block is filled by two
-    threads (new memory is mostly page faults, which numpy's fill takes without the GIL)."""
+    """The float block (NaN) and the object block (None) of the table. A big float block is filled by several
+    threads (up to one per CPU, at most 8): new memory is mostly page faults, which numpy's fill takes without
+    the GIL."""
     fblock = np.empty((nf, n))
-    half = nf // 2
-    if nf * n >= 4 * THREAD_ROWS * 1000:
-        later = pool().submit(fblock[half:].fill, np.nan)
-        fblock[:half].fill(np.nan)
-        later.result()
+    threads = min(cpus(), 8, max(nf * n // (2 * THREAD_ROWS * 1000), 1), max(nf, 1))
+    if threads > 1:
+        cuts = np.linspace(0, nf, threads + 1).astype(int)
+        with ThreadPoolExecutor(threads - 1, thread_name_prefix="spectrial-fill") as ex:
+            later = [ex.submit(fblock[a:b].fill, np.nan) for a, b in zip(cuts[1:-1], cuts[2:], strict=True)]
+            fblock[:cuts[1]].fill(np.nan)
+            for f in later:
+                f.result()
     else:
         fblock.fill(np.nan)
     return fblock, np.empty((no, n), object)  # numpy fills object arrays with None
+
+
+def cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def summary(df: pd.DataFrame, *, registry: Registry) -> pd.DataFrame:

@@ -94,7 +94,7 @@ registry.add(LineFormat(
      _SPEC_CONFIG + r"model='(?P<spec_model>[^']*)'",
      _SPEC_CONFIG + r"num_spec_tokens=(?P<num_spec_tokens>[0-9]+)"),
     types={**_PROC, **_SPEC, "version": "str", "model": "str", "config": "str"},
-    require=("version",), finalize=_engine_config,
+    require=("version",), finalize=_engine_config, rowwise=True,
     output={"timestamp": "str", **_PROC, "version": "str", "model": "str", **_SPEC, "args": "object"},
 ))
 
@@ -125,7 +125,7 @@ def _spec_of(args: Any) -> dict[str, Any]:
 registry.add(LineFormat(
     "vllm", "server_args", ("non-default args:",),
     (*PREFIX, r"non-default args: (?P<dump>\{.*?)\s*$"),
-    types={**_PROC, "dump": "str"}, require=("dump",), finalize=_non_default_args,
+    types={**_PROC, "dump": "str"}, require=("dump",), finalize=_non_default_args, rowwise=True,
     output={"timestamp": "str", **_PROC, "args": "object", **_SPEC},
 ))
 

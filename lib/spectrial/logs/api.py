@@ -22,7 +22,9 @@ arrow kernels; the format's Python function reads what the reader declines). Mea
 thread, each line format extracts its columns from its lines with one RE2 pass per pattern (pyarrow
 ``extract_regex``, which releases the GIL) and one ``key: value`` split; rows inside a block are dropped.
 Records stay columns and meet once, at the end, in two 2D blocks (floats, objects). During a parse the
-cyclic GC and numpy's huge-page hint are off (see :func:`madvise_hugepage`). Details: docs/LOGS.md.
+cyclic GC and numpy's huge-page hint are off (see :func:`madvise_hugepage`). A plain file of 64 MiB and
+more is read in segments by worker processes, one per CPU, and joined into the same table
+(:mod:`spectrial.logs.parallel`). Details: docs/LOGS.md.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def parse(source: Any, kinds: str | Iterable[str] | None = None, *, registry: Re
     `source`: a path (plain or gzip), log text, bytes, a binary/text file object, or an iterable of
     lines. `kinds`: keep only these kinds or engines (e.g. "decode", "nccl", "llamacpp:request_timing").
     `registry`: the formats to use (default: all registered). `block_bytes`: how much is read at once.
-    `workers`: processes reading a large plain file at once (None: one per CPU for files of 64 MB and more;
+    `workers`: processes reading a large plain file at once (None: one per CPU for files of 64 MiB and more;
     1: this process alone); the table is the same either way (:mod:`spectrial.logs.parallel`).
     Unrecognised, truncated or binary lines are counted in ``df.attrs["unparsed_lines"]``, never fatal.
     """

@@ -26,7 +26,7 @@ Kinds = Annotated[list[str] | None, typer.Option("--kind", "-k", help="Keep only
                                                  "decode, nccl, llamacpp:request_timing (repeatable).")]
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write .csv or .parquet (default: CSV on stdout).")]
 Workers = Annotated[int | None, typer.Option("--workers", "-j", min=1, help="Processes reading a large plain file at "
-                                             "once (default: one per CPU for files of 64 MB and more; 1: one).")]
+                                             "once (default: one per CPU for files of 64 MiB and more; 1: one).")]
 
 
 def _load(files: list[Path], kinds: list[str] | None, workers: int | None = None) -> pd.DataFrame:

@@ -74,7 +74,7 @@ class Segment:
 
 @dataclass
 class Stats:
-    """How a parallel parse went (``df.attrs["parallel"]``)."""
+    """How a parallel parse went (:data:`last`)."""
 
     workers: int
     segments: int
@@ -117,12 +117,13 @@ def workers_for(source: Any, workers: int | None) -> tuple[Path, int] | None:
 
 # ---------------------------------------------------------------- cutting and reading segments
 def cut(fd: int, size: int, workers: int) -> list[tuple[int, int]]:
-    """Byte ranges of whole lines covering the file: about SEGMENTS_PER_WORKER per worker, 8-32 MB each."""
+    """Byte ranges of whole lines covering the file: about SEGMENTS_PER_WORKER per worker, 8-32 MB each (the
+    same size throughout: the parent joins segments as they come, and the first come soonest so; measured on
+    16 CPUs, segments shrinking towards the end were 12-30 % slower)."""
     target = min(max(size // (workers * SEGMENTS_PER_WORKER), SEGMENT_MIN), SEGMENT_MAX)
     bounds = [0]
     while bounds[-1] < size:
-        nxt = _line_start_after(fd, bounds[-1] + target, size)
-        bounds.append(nxt)
+        bounds.append(_line_start_after(fd, bounds[-1] + target, size))
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
@@ -299,6 +300,9 @@ def join(plan: Plan, seg: Segment, line0: int, drop: int) -> None:
 def _feed(plan: Plan, f: int, fmt: LineFormat, parts: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> None:
     """The rows of `parts` to format `f`'s finalizer."""
     fin = plan.finalizers.get(f)
+    if isinstance(fin, Helper):
+        fin.feed_parts(parts)  # the helper makes the DataFrame (the parent has enough to do)
+        return
     if fin is None:
         fin = plan.finalizers[f] = finalizer(fmt)
     fin.feed(rows_frame(*line_rows(fmt, parts)))
@@ -338,9 +342,13 @@ class Helper(Finalizer):
         out.close()
         self.done = False
 
-    def feed(self, df: Any) -> None:
-        self.parts.append(df)
-        self.queue.put(df)
+    def feed(self, df: Any) -> None:  # pragma: no cover - the parallel join gives it parts
+        raise NotImplementedError
+
+    def feed_parts(self, parts: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> None:
+        """The next records (line formats' numpy parts, in file order)."""
+        self.parts.append(parts)
+        self.queue.put(parts)
 
     def finish(self) -> Any:
         status, got = "error", None
@@ -354,8 +362,8 @@ class Helper(Finalizer):
         if status == "ok":
             return got
         local = finalizer(self.fmt)  # the helper failed: here, where an error is reported as a parser error
-        for df in self.parts:
-            local.feed(df)
+        for parts in self.parts:
+            local.feed(rows_frame(*line_rows(self.fmt, parts)))
         return local.finish()
 
     def close(self, abort: bool = False) -> None:
@@ -377,10 +385,10 @@ def _helper(fmt: LineFormat, queue: Any, out: Any) -> None:
     """A helper process: feed the rows from `queue` to the format's Finalizer until None, send the result."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fin, error = finalizer(fmt), None
-    while (df := queue.get()) is not None:
+    while (parts := queue.get()) is not None:
         if error is None:
             try:
-                fin.feed(df)
+                fin.feed(rows_frame(*line_rows(fmt, parts)))
             except Exception as e:  # the parent finalizes again itself and reports it
                 error = e
     try:
@@ -471,8 +479,11 @@ def read(plan: Plan, path: Path, workers: int, block_bytes: int) -> Stats:
                 state.add(results.pop(state.next))
                 continue
             live = [c for c, k in conns.items() if k is not None]
-            if not live:  # no worker reads anything: the parent reads what is left
-                k = mine.pop(0) if mine else pending.pop()
+            if not live or state.next in mine:  # the parent reads what no worker reads or could read
+                k = state.next if state.next in mine else mine[0] if mine else pending[-1]
+                for todo in (mine, pending):
+                    if k in todo:
+                        todo.remove(k)
                 a, b = segments[k]
                 results[k] = read_segment(plan.formats, path, a, b, k, block_bytes, threads=plan.threads, size=size)
                 stats.by_parent += 1
@@ -541,12 +552,8 @@ class _Join:
                 drop = 0
             join(self.plan, seg, self.line0 + shift, drop)
             self.overlap = seg.done - seg.own
-        self.line0 += self._own(seg, shift)
+        self.line0 += seg.own + shift
         self.next += 1
-
-    @staticmethod
-    def _own(seg: Segment, shift: int) -> int:
-        return seg.own + shift
 
     def _reread(self, seg: Segment, drop: int) -> Segment:
         """The segment read again from its local line `drop` on (in the parent)."""

@@ -21,16 +21,23 @@ ENGINE_ORDER = {e: i for i, e in enumerate(("sglang", "vllm", "llamacpp", "profi
 
 @dataclass
 class Frame:
-    """The rows one format found: line numbers, engine and kind per row, typed columns."""
+    """The rows one format found: line numbers, engine and kind per row (or one for all), typed columns.
+    `clean`: its object columns hold None where a value is missing (never NaN)."""
 
     lines: np.ndarray
-    engine: np.ndarray
-    kind: np.ndarray
+    engine: np.ndarray | str
+    kind: np.ndarray | str
     cols: dict[str, np.ndarray]
+    clean: bool = False
 
     def subset(self, keep: np.ndarray) -> Frame:
         """The rows where `keep` holds."""
-        return Frame(self.lines[keep], self.engine[keep], self.kind[keep], {c: v[keep] for c, v in self.cols.items()})
+        return Frame(self.lines[keep], *(v if isinstance(v, str) else v[keep] for v in (self.engine, self.kind)),
+                     {c: v[keep] for c, v in self.cols.items()}, self.clean)
+
+    def per_row(self, value: np.ndarray | str) -> np.ndarray:
+        """Engine or kind as one value per row."""
+        return const(len(self.lines), value) if isinstance(value, str) else value
 
 
 def numpy_part(fmt: LineFormat, part: tuple[np.ndarray, dict[str, Any]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -70,8 +77,7 @@ def frame(plan: Plan, i: int) -> Frame | None:
             return None
         if fmt.finalize is None:
             lines, cols = line_rows(fmt, parts)
-            n = len(lines)
-            return Frame(lines, const(n, fmt.engine), const(n, fmt.kind), cols)
+            return Frame(lines, fmt.engine, fmt.kind, cols, clean=True)  # arrow's nulls: None
         try:
             if fin is None:
                 fin = finalizer(fmt)
@@ -82,9 +88,8 @@ def frame(plan: Plan, i: int) -> Frame | None:
             return None
         if not len(df):
             return None
-        n = len(df)
-        kind = df["kind"].to_numpy(object) if "kind" in df else const(n, fmt.kind)
-        return Frame(df["line"].to_numpy(np.int64), const(n, fmt.engine), kind,
+        kind = df["kind"].to_numpy(object) if "kind" in df else fmt.kind
+        return Frame(df["line"].to_numpy(np.int64), fmt.engine, kind,
                      {c: df[c].to_numpy() for c in df.columns if c not in ("line", "kind", "engine")})
     types = {"timestamp": "str", "engine": "str", "kind": "str", **fmt.columns}
     batches = list(plan.block_parts[i])
@@ -150,7 +155,8 @@ def assemble(plan: Plan, wanted: set[str] | None) -> pd.DataFrame:
         if fr is None or not len(fr.lines):
             continue
         if wanted is not None:
-            keep = np.array([wants(wanted, e, k) for e, k in zip(fr.engine, fr.kind, strict=True)], dtype=bool)
+            keep = np.array([wants(wanted, e, k) for e, k in zip(fr.per_row(fr.engine), fr.per_row(fr.kind),
+                                                                   strict=True)], dtype=bool)
             fr = fr.subset(keep)
         if len(fr.lines):
             frames.append(fr)
@@ -181,7 +187,7 @@ def assemble(plan: Plan, wanted: set[str] | None) -> pd.DataFrame:
             if vals is None:
                 continue
             vals = vals.astype(object) if vals.dtype != object else vals.copy()
-            if schema[col] != "list":
+            if schema[col] != "list" and not fr.clean:
                 vals[pd.isna(vals)] = None
             oblock[j, pos[a:a + len(vals)]] = vals
     df = pd.concat([pd.DataFrame({"line": lines[order]}),

@@ -35,6 +35,19 @@ def tiny(monkeypatch: pytest.MonkeyPatch) -> callable:
     return set_size
 
 
+def children() -> set[int]:
+    """This process's child processes now (other tests' servers and sshd included: compare before/after)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def none_left(before: set[int], wait: float = 10) -> bool:
+    """Whether every child process started since `before` has gone (waiting up to `wait` seconds)."""
+    deadline = time.monotonic() + wait
+    while children() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not children() - before
+
+
 def same(path: Path, workers: int, **kw: object) -> parallel.Stats:
     ref = parse(path, workers=1, **kw)
     got = parse(path, workers=workers, **kw)
@@ -131,9 +144,10 @@ def test_a_worker_that_dies_leaves_its_segment_to_the_parent(tmp_path: Path, tin
     path.write_text(MIXED + "\nDIE\n" + MIXED)
     tiny(4000)
     reg = _exit_in_workers(os.getpid())
+    before = children()
     stats = same(path, 2, registry=reg)
     assert stats.by_parent >= 1
-    assert not psutil.Process().children(recursive=True)
+    assert none_left(before)
 
 
 def test_no_worker_is_left_when_the_parse_is_interrupted(tmp_path: Path, tiny: callable) -> None:
@@ -152,12 +166,10 @@ def test_no_worker_is_left_when_the_parse_is_interrupted(tmp_path: Path, tiny: c
     path = tmp_path / "big.log"
     path.write_text(MIXED + "\nDIE\n" + MIXED * 4)
     tiny(2000)
+    before = children()
     with pytest.raises(KeyboardInterrupt):
         parse(path, registry=reg, workers=2)
-    deadline = time.monotonic() + 10
-    while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not psutil.Process().children(recursive=True)
+    assert none_left(before)
 
 
 def test_small_compressed_or_in_memory_input_is_read_by_one_process(tmp_path: Path) -> None:
@@ -204,10 +216,11 @@ def test_a_finalize_helper_that_dies_leaves_the_finalize_to_the_parent(tmp_path:
     path = tmp_path / "ticks.log"
     path.write_text("".join(f"tick {i}\nother\n" for i in range(5000)))
     tiny(2000)
+    before = children()
     same(path, 2, registry=reg)
     df = parse(path, registry=reg, workers=2)
     assert df["n"].tolist() == [float(i) for i in range(5000)] and df["line"].tolist() == list(range(1, 10000, 2))
-    assert not psutil.Process().children(recursive=True)
+    assert none_left(before)
 
 
 def test_a_failing_rowwise_finalize_is_reported_and_its_rows_left_out(tmp_path: Path, tiny: callable) -> None:

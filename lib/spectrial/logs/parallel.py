@@ -450,6 +450,7 @@ def read(plan: Plan, path: Path, workers: int, block_bytes: int) -> Stats:
     conns: dict[Any, int | None] = {}  # connection -> the segment its worker reads
     ctx = multiprocessing.get_context("fork")
     _JOB = (plan.formats, path, segments, block_bytes, size)
+    finished = False
     try:
         with warnings.catch_warnings():  # Python 3.12+: "use of fork() may lead to deadlocks" (the workers
             warnings.simplefilter("ignore", DeprecationWarning)  # only parse: they take no lock of other threads)
@@ -502,14 +503,16 @@ def read(plan: Plan, path: Path, workers: int, block_bytes: int) -> Stats:
                 else:
                     mine.append(k2)
                 _assign(c, conns, pending, mine)
+        finished = True
     finally:
         _JOB = None
         for c in conns:
             with contextlib.suppress(OSError, ValueError):
                 c.send(None)
         for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
+            if finished:  # every worker is idle now and ends at once
+                p.join(timeout=5)
+            if p.is_alive():  # interrupted or failed: the workers still reading are stopped, not waited for
                 p.kill()
                 p.join(timeout=5)
         for c in conns:

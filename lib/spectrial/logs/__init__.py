@@ -7,13 +7,15 @@ output, nvidia-smi and uvicorn access lines, read into one pandas DataFrame.
     >>> summary(df)                            # per engine and kind: count and medians
 
 The schema and units are described in :mod:`spectrial.logs.api`; each engine module's docstring lists its
-kinds and columns. A new format is data (:class:`LineFormat`), a block reader (:class:`BlockFormat`) or
-one small function (:func:`register`): see :mod:`spectrial.logs.formats` and docs/LOGS.md.
+kinds and columns. A new format is data (:class:`LineFormat`, with a :class:`Finalizer` where its rows merge),
+a block reader (:class:`BlockFormat`) or one small function (:func:`register`): see :mod:`spectrial.logs.formats`
+and docs/LOGS.md.
 
 Modules: ``api`` (parse, summary, schema), ``formats`` (LineFormat, BlockFormat: the extension point),
 ``vector`` (the toolkit of vectorised block readers), ``registry``, ``source`` (paths, gzip, text,
 iterables), ``chunks`` (lines as arrow arrays, Window), ``markers`` (the marker search), ``driver`` (per-chunk
-dispatch), ``table`` (the DataFrame), ``columns``, ``text`` and ``pyrepr`` (types and conversions, regex
+dispatch), ``parallel`` (a large file in segments, read by worker processes), ``table`` (the DataFrame),
+``columns``, ``text`` and ``pyrepr`` (types and conversions, regex
 fragments, Python-repr dumps); one module per engine (``sglang``, ``vllm``, ``llamacpp``, ``nccl``,
 ``nvidia_smi``, ``profile``, ``tables``, ``http``).
 """

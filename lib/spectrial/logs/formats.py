@@ -115,12 +115,12 @@ class LineFormat:
     types: Mapping[str, str] = field(default_factory=dict)
     require: tuple[str, ...] | None = None
     finalize: Callable[[pd.DataFrame], pd.DataFrame] | type[Finalizer] | None = None
-    rowwise: bool = False
     output: Mapping[str, str] | None = None
     kinds: tuple[str, ...] = ()
     key_metrics: tuple[str, ...] = ()
     keys: Mapping[str, str] = field(default_factory=dict)
     percent: tuple[str, ...] = ()
+    rowwise: bool = False
 
     def __post_init__(self) -> None:
         groups: list[tuple[str, tuple[str, ...], str | None]] = []

@@ -210,7 +210,7 @@ class Trial:
         record's status (ok, or failed with the reasons). Returns the arms table."""
         from spectrial.drift import check_drift
 
-        with self.record.step("compare"):
+        with self._failing(["compare"]), self.record.step("compare"):
             self._summarise(self.params.arms)
             base = add_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed)
             add_category_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed,
@@ -267,12 +267,16 @@ class Trial:
         except BaseException as exc:
             for k in keys:
                 self._fail(k, f"{type(exc).__name__}: {exc}")
-            for a in self.manifest.arms:
-                if a.status in ("pending", "running"):
-                    a.status, a.reason = "failed", f"trial stopped: {type(exc).__name__}"
-            self.record.finish("failed", "\n".join(self._problems()))
-            self._write_requests()
+            self._stopped(exc)
             raise
+
+    def _stopped(self, exc: BaseException) -> None:
+        """The run stopped on `exc`: the arms not finished and the run are marked failed."""
+        for a in self.manifest.arms:
+            if a.status in ("pending", "running"):
+                a.status, a.reason = "failed", f"trial stopped: {type(exc).__name__}"
+        self.record.finish("failed", "\n".join(self._problems()) or f"{type(exc).__name__}: {exc}")
+        self._write_requests()
 
     def _summarise(self, arms: list[Arm]) -> None:
         """Fill the figures of `arms` from their starts that count."""
@@ -319,6 +323,11 @@ class Trial:
             self.verify_gpus_free()
             self.run_arms()
             self.compare()
+        except BaseException as exc:  # between the steps too (a Ctrl-C lands anywhere): never left "running"
+            if self.manifest.status in ("pending", "running"):
+                self._fail("trial", f"{type(exc).__name__}: {exc}")
+                self._stopped(exc)
+            raise
         finally:
             self.close()
         result = self.result()

@@ -42,6 +42,8 @@ overrides = {}  # any other parameter, dotted: {"engine_config.threads": 1}
 run_id = None  # run record id (None: generated)
 output_dir = None  # folder of run records (None: as in the params file)
 target_tok_s = None  # throughput the analysis aims at (None: 1.5x the baseline)
+decide = None  # sample until decided: True, or {"margin": 0.03, "max_rounds": 20}; None: as in the params file
+slo = None  # goodput objectives, e.g. {"ttft_ms": 500, "tpot_ms": 50}; None: as in the params file
 
 # %%
 from IPython.display import Markdown, display
@@ -53,7 +55,7 @@ from spectrial.trial import Trial
 
 params = params_from_notebook(params_file, overrides, steps=steps, topk=topk, draft_tokens=draft_tokens,
                               repeats=repeats, max_tokens=max_tokens, output_dir=output_dir, workload=workload,
-                              request_format=request_format)
+                              request_format=request_format, decide=decide, slo=slo)
 trial = Trial(params, run_id=run_id)
 display(Markdown(f"**Trial** `{params.name}` on host `{params.host}` with engine `{params.engine}`, "
                  f"model `{params.model}`, steps {params.steps}, {params.repeats} requests x "
@@ -80,11 +82,16 @@ trial.verify_gpus_free()
 # %% [markdown]
 # ## 3 · The baseline
 # The baseline arm(s) (method `none`), measured in this session beside the speculative arms: never a number
-# from another day.
+# from another day. With `decide`, every arm runs here instead, in rounds of one start each (A B A B ...), until
+# each speculative arm's speed-up is decided by a confidence sequence over the paired rounds (docs/STATISTICS.md).
 
 # %%
-for name in trial.baseline_arms:
-    trial.run_arm(name)
+if params.decide is not None:
+    trial.run_arms()
+    display(Markdown(f"**Decide**: {trial.manifest.decide.stopped}"))
+else:
+    for name in trial.baseline_arms:
+        trial.run_arm(name)
 trial.table_of(trial.baseline_arms)
 
 # %% [markdown]
@@ -94,18 +101,36 @@ trial.table_of(trial.baseline_arms)
 # are real, their acceptance is a parameter, not a property of the draft.
 
 # %%
-for name in trial.experiment_arms:
-    trial.run_arm(name)
+if params.decide is None:
+    for name in trial.experiment_arms:
+        trial.run_arm(name)
 trial.table_of(trial.experiment_arms)
 
 # %% [markdown]
-# ## 5 · Compare
-# `tok_s` is the median over requests of the server-reported decode rate (CI: bootstrap, over starts then
-# requests when an arm has several starts); `cycle_ms` = decode time / verify steps; `break_even_accept_len` =
-# cycle time / baseline time per token; `speedup` against the baseline with its CI and verdict.
+# ## 5 · Compare: the answer
+# `tok_s` is each arm's decode rate per request (median over requests; the engine's own rate where it reports
+# one), with its CI (bootstrap over starts then requests). The speed-up is tok/s over the baseline's, with its
+# interval and verdict; break-even = accept length / speed-up (a cycle's time in baseline tokens), so an arm
+# pays exactly when its speed-up's interval lies above 1 (docs/FIGURES.md defines every figure).
 
 # %%
-trial.compare().round(3)
+trial.compare()
+answer = trial.headline()
+display(Markdown(answer.markdown()))
+answer.table()
+
+# %% [markdown]
+# ### Serving metrics
+# What a serving benchmark reports, per arm: TTFT, TPOT, ITL per token (pooled over every gap of every request)
+# and per delivered chunk, end-to-end latency (p50/p90/p99, ms), requests and output tokens per second of
+# measurement (all streams together), goodput under `slo`. A figure the stream's granularity makes meaningless is
+# left out, with the reason.
+
+# %%
+from spectrial import serving
+
+display(serving.serving_table(trial.manifest.arms))
+show_figure(serving.latency_figure(trial.requests_by_arm()))
 
 # %% [markdown]
 # ### Per workload category
@@ -167,6 +192,10 @@ from spectrial.diagnose import diagnose
 
 diagnose(trial.run_dir).show()
 
+# %% [markdown]
+# ## The answer
+
 # %%
 attach_notebook(trial.run_dir)
+display(Markdown(trial.headline().markdown()))
 print(f"status: {trial.manifest.status}; record: {trial.run_dir}")

@@ -57,7 +57,7 @@ def build_finer_sweep_record(output_dir: Path) -> Path:
     base_stats = WindowStats(source="synthetic", tokens=TOKENS, decode_ms=BASELINE_MS * TOKENS)
     base_reqs = _requests("baseline", [186.4, BASELINE_TOK_S, 187.9])
     arms.append(ArmRecord(name="baseline", method="none", status="ok", steps=None, synthetic=False,
-                          synthetic_accept=None, **arm_figures(base_reqs, base_stats, speculative=False)))
+                          synthetic_accept=None, **dict(arm_figures(base_reqs, base_stats, speculative=False))))
     reqs += base_reqs
     for k, a, med, lo, hi, length, cycle, draft in FINER_SWEEP:
         name = f"eagle3-a{a}-k{k}" if a else f"eagle3-random-k{k}"
@@ -66,13 +66,15 @@ def build_finer_sweep_record(output_dir: Path) -> Path:
                          tokens=TOKENS, decode_ms=cycle * steps, draft_ms=draft * steps)
         r = _requests(name, [lo, med, max(hi, med)])  # the doc rounds a0.9-k1 (210.2, max 210)
         arms.append(ArmRecord(name=name, method="eagle3", status="ok", steps=k, synthetic=bool(a),
-                              synthetic_accept=a or None, **arm_figures(r, stats, speculative=True)))
+                              synthetic_accept=a or None, **dict(arm_figures(r, stats, speculative=True, k=k, synthetic=a or None))))
         reqs += r
     add_comparisons(arms, reqs)
     rec.manifest.arms = arms
     rec.manifest.host = {"name": "local", "fingerprint": {"gpus": [{"name": "NVIDIA H200 (synthetic record)"}]}}
     rec.manifest.engine = {"name": "llamacpp", "version": "synthetic: LLAMACPP.md finer H200 sweep"}
-    rec.write_table("requests.csv", reqs)
+    from spectrial.serving import write_requests
+
+    write_requests(rec, reqs, {a.name: a.accept_len for a in arms})
     rec.finish("ok")
     return rec.dir
 
@@ -83,11 +85,13 @@ def test_fixture_reproduces_the_doc_table(tmp_path: Path) -> None:
     m = json.loads((build_finer_sweep_record(tmp_path) / "manifest.json").read_text())
     by = {a["name"]: a for a in m["arms"]}
     assert by["baseline"]["decode_ms"] / by["baseline"]["tokens"] == pytest.approx(BASELINE_MS)
-    # break-even column of LLAMACPP.md (cycle / 5.32 ms)
+    # break-even column of LLAMACPP.md (cycle / 5.32 ms); spectrial's is accept length / speed-up, the same
+    # quantity on the decode rate's clock (the table's rounding apart)
     for name, be in [("eagle3-a0.6-k1", 1.75), ("eagle3-a0.9-k3", 2.17), ("eagle3-a0.9-k6", 2.66)]:
         assert by[name]["break_even_accept_len"] == pytest.approx(be, abs=0.01)
     assert by["eagle3-a0.9-k6"]["accept_len"] == pytest.approx(5.20)
     assert by["eagle3-random-k6"]["draft_ms_per_cycle"] == pytest.approx(3.91)
+    assert by["eagle3-a0.9-k6"]["engine_cycle_ms"] == pytest.approx(14.15)  # the engine's clock, as the doc
     assert by["eagle3-a0.9-k4"]["tok_s"] == pytest.approx(307.5) and by["eagle3-a0.9-k4"]["tok_s_max"] == 337
 
 
@@ -114,7 +118,8 @@ def test_notebook_05_on_the_finer_sweep(tmp_path: Path) -> None:
     assert s["error_fitted_arms"]["median"] == pytest.approx(0.027, abs=0.0005)
     assert s["error_fitted_arms"]["max"] == pytest.approx(0.108, abs=0.0005)
     be = {row["k"]: row["break_even_accept_len"] for row in s["break_even"]}
-    assert be[1] < be[3] < be[6] and be[3] == pytest.approx((8.23 + 3 * 0.95) / BASELINE_MS, abs=0.01)
+    # the fitted cycle (engine clock) over the baseline's time per token (1000 / its decode rate)
+    assert be[1] < be[3] < be[6] and be[3] == pytest.approx((8.23 + 3 * 0.95) * BASELINE_TOK_S / 1000, abs=0.01)
     roof = s["roofline"]
     assert roof["streamed_params_b"] == pytest.approx(7.505, abs=0.005)  # Llama-3-8B less its 0.525 B embedding
     assert roof["baseline_share_of_roofline"] == pytest.approx(BASELINE_TOK_S / roof["roofline_tok_s"])

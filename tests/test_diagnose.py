@@ -447,7 +447,8 @@ def test_report_has_the_findings_on_top(tmp_path: Path) -> None:
     shutil.copytree(CASE, run)
     html = write_report(run).read_text()
     top = html.index("Why is speculation slower here? (spectrial doctor)")
-    assert top < html.index('id="Arms"') < html.index("Analysis: session")
+    assert html.index("session later: Speculation does not pay here") < top  # the headline first
+    assert top < html.index('id="Arms-(every-figure)"') < html.index("Analysis: session")
     assert "stale baseline: baseline-tuned gave 88.9 tok/s" in html
 
 

@@ -110,8 +110,9 @@ def test_window_counters_from_metrics_deltas(tmp_path):
     assert (st.verify_steps, st.drafted, st.accepted) == (100, 300, 180)
     assert st.per_position == pytest.approx([0.8, 0.6, 0.4])
     fig = arm_figures(reqs, st, speculative=True)
-    assert fig["accept_len"] == pytest.approx(2.8) and fig["accept_rate"] == pytest.approx(0.6)
-    assert fig["cycle_ms"] == pytest.approx(3 * 1000 / 100)
+    assert fig.accept_len == pytest.approx(2.8) and fig.draft_accept_rate == pytest.approx(0.6)
+    assert fig.engine_cycle_ms == pytest.approx(3 * 1000 / 100)  # client decode time / verify steps
+    assert fig.cycle_ms == pytest.approx(2.8 / 100 * 1000)  # accept length / decode rate
 
 
 def test_probe_not_ready_while_refused_then_ready_on_health_200(port):

@@ -83,7 +83,10 @@ def test_model_on_h200_sweep_matches_recorded_fit() -> None:
     assert err.median() == pytest.approx(0.027, abs=0.001) and err.max() == pytest.approx(0.108, abs=0.001)
     assert "drafting:" in e.section("Cycle-cost model").text  # draft/verify split fitted from draft_ms_per_cycle
     be = e.section("Break-even").table.set_index("arm")["break_even_accept_len"]
-    assert be["k6-a0.9"] == pytest.approx(14.15 / 5.32, abs=1e-3)
+    # break-even = accept length / speed-up (= cycle / baseline ms per token, both on the decode rate's clock):
+    # the table's rounded cycle 14.15 ms / 5.32 ms gives 2.660, its rates 5.20 / (366.2 / 187.1) give 2.657
+    assert be["k6-a0.9"] == pytest.approx(5.20 / (366.2 / 187.1), abs=1e-3)
+    assert be["k6-a0.9"] == pytest.approx(14.15 / 5.32, rel=0.005)
 
 
 def test_fitted_model_reproduces_the_arms_it_was_fitted_on() -> None:
@@ -155,9 +158,14 @@ def test_figure_output_is_deterministic() -> None:
 
 def test_implausible_fit_and_recorded_verdict() -> None:
     # Two noisy depths: 4 ms at k=1 and 17 ms at k=3 give a negative fixed cost (-2.5 ms).
-    arms = [BASE, spec("k1", 1, 4.0, 1.9, 475.0, verdict="slower"), spec("k3", 3, 17.0, 3.1, 182.0)]
+    # k1's record holds its speed-up interval (and a verdict that contradicts it): the verdict is the interval's,
+    # so it cannot disagree with the speed-up; k3 has a single value and no interval.
+    arms = [BASE, spec("k1", 1, 4.0, 1.9, 475.0, verdict="slower", speedup_ci_low=4.5, speedup_ci_high=5.0),
+            spec("k3", 3, 17.0, 3.1, 182.0)]
     e = explain(arms)
     assert e.numbers["models"]["eagle3"]["fixed_ms"] == pytest.approx(-2.5)
     assert "implausible fit" in e.section("Cycle-cost model").text
-    verdicts = e.section("Break-even").table.set_index("arm")["verdict"]
-    assert verdicts["k1"] == "slower" and verdicts["k3"] == "single value: no spread"
+    t = e.section("Break-even").table.set_index("arm")
+    assert t.loc["k1", "verdict"] == "faster" and t.loc["k1", "pays"] == "yes"
+    assert t.loc["k1", "break_even_ci_low"] == pytest.approx(1.9 / 5.0, abs=1e-3)
+    assert t.loc["k3", "verdict"] == "single value: no spread" and t.loc["k3", "pays"] == "yes"

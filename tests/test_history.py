@@ -145,7 +145,7 @@ def test_log_folder(tmp_path: Path) -> None:
     rows = h.table.set_index("run")
     assert rows.loc["plain.log", "tok_s"] == pytest.approx((144.10 + 144.95) / 2)  # median of 8 lines
     assert rows.loc["sub/spec.log", "accept_len"] == pytest.approx(3.13)
-    assert rows.loc["sub/spec.log", "accept_rate"] == pytest.approx(0.71)
+    assert rows.loc["sub/spec.log", "draft_accept_rate"] == pytest.approx(0.71)
     assert rows.loc["plain.log", "started_at"] == pd.Timestamp("2026-04-08 14:05:21", tz="UTC")
     assert (rows["nccl_env"] == "unrecorded").all()
     assert h.issues["problem"].str.contains("nothing parseable").sum() == 1

@@ -305,9 +305,9 @@ def test_explain_says_when_one_category_wins_and_another_loses():
     base = ArmRecord(name="baseline", status="ok", tok_s=100.0, ms_per_token=10.0, tok_s_values=[100.0, 101.0])
     spec = ArmRecord(name="eagle3", method="eagle3", status="ok", steps=3, tok_s=110.0, cycle_ms=20.0,
                      accept_len=2.2, break_even_accept_len=2.0, tok_s_values=[110.0, 111.0], categories=[
-                         CategoryRecord(category="code", accept_len=3.1, speedup=1.5, verdict="faster",
+                         CategoryRecord(category="code", accept_len=3.1, speedup=1.5, verdict="faster", pays="yes",
                                         break_even_accept_len=2.0, requests_ok=4),
-                         CategoryRecord(category="chat", accept_len=1.6, speedup=0.8, verdict="slower",
+                         CategoryRecord(category="chat", accept_len=1.6, speedup=0.8, verdict="slower", pays="no",
                                         break_even_accept_len=2.0, requests_ok=4)])
     m = Manifest(run_id="r", status="ok", arms=[base, spec],
                  workload={"sources": [{"source": "humaneval"}, {"source": "sharegpt"}], "request_format": "chat",
@@ -317,12 +317,12 @@ def test_explain_says_when_one_category_wins_and_another_loses():
     assert "**code** commits 3.10 per cycle, its line 2.00 (above: pays" in s.text
     assert "**chat** commits 1.60 per cycle, its line 2.00 (below: does not pay" in s.text
     assert "**The verdict depends on the workload**: eagle3 is faster on code and slower on chat" in s.text
-    assert e.numbers["categories"]["eagle3"]["chat"]["pays"] is False and len(s.table) == 2
-    # a category's own line (its cycles over the baseline's time per token on it) is the one it is judged on
-    own = spec.model_copy(update={"categories": [c.model_copy(update={"break_even_own": 3.5, "verdict": None})
-                                                 for c in spec.categories]})
-    text = explain(m.model_copy(update={"arms": [base, own]})).section("Per workload").text
-    assert "**code** commits 3.10 per cycle, its line 3.50 (below: does not pay" in text
+    assert e.numbers["categories"]["eagle3"]["chat"]["pays"] == "no" and len(s.table) == 2
+    # a category within the noise is undecided, however its point estimate falls
+    undecided = spec.model_copy(update={"categories": [c.model_copy(update={
+        "verdict": "not distinguishable at this noise", "pays": "undecided"}) for c in spec.categories]})
+    text = explain(m.model_copy(update={"arms": [base, undecided]})).section("Per workload").text
+    assert "**code** commits 3.10 per cycle, its line 2.00 (within its interval: undecided" in text
     assert "The verdict depends" not in text
     assert [x.title for x in explain(m.model_copy(update={"arms": [base, spec.model_copy(
         update={"categories": []})]})).sections].count(s.title) == 0  # one category: no such section

@@ -1,11 +1,25 @@
 """Benchmark client: OpenAI-compatible streaming completions (or chat completions, or SGLang's native
 /generate), timed per request.
 
-Each request becomes a record (failures are data, not exceptions) with raw monotonic timestamps;
-metrics are derived afterwards:
-    ttft_ms        = first content chunk - request start
-    itl_ms_median  = median gap between content chunks (speculative servers send several tokens at once)
-    client_tok_s   = (tokens - 1) / (last chunk - first chunk)      decode rate seen by the client
+Each request becomes a record (failures are data, not exceptions) with raw monotonic timestamps and the
+stream as the client saw it: one entry per server-sent event that carried tokens (`events_ms`: arrival, ms
+after the request was sent; `event_tokens`: how many tokens it carried). An event carries tokens when
+    completion chunk   a choice has a string `text` ("" counts: a token can decode to nothing), except the
+                       closing chunk (every choice finished, no text) and the usage-only chunk (no choices)
+    chat chunk         a choice's delta has `content` or `reasoning_content` (a string, "" counts), except
+                       the header (a delta with `role` and no text) and the closing chunk
+    native /generate   `meta_info.completion_tokens` (cumulative) went up
+Tokens per event are the server's own where it counts them per chunk (cumulative `usage.completion_tokens`
+in every chunk: vLLM's continuous_usage_stats; `meta_info.completion_tokens`): the increase, and an event is
+an event only when it increased (`event_tokens_exact`). Otherwise one token per event.
+Metrics derived per request (the serving figures over requests: spectrial.serving):
+    tokens         = usage.completion_tokens, else the server's predicted_n, else the sum of event tokens
+    chunks         = number of token events
+    ttft_ms        = first token event - request sent
+    e2el_ms        = stream ended - request sent
+    tpot_ms        = (e2el_ms - ttft_ms) / (tokens - 1)                              time per output token
+    client_tok_s   = (tokens - tokens of the first event) / (last event - first event)  decode rate seen by
+                     the client (tok/s)
     server_*       = the engine's own per-request stats (llama.cpp `timings`), when it reports them
 A request that asked for its full length (ignore_eos, no stop strings) and got fewer tokens is an error
 ("short output"); with ignore_eos off or stop strings, an early end is the model's choice, not an error.
@@ -15,10 +29,10 @@ Each record carries its work item's category and source, and the max_tokens it a
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -28,19 +42,82 @@ from spectrial.schema import RequestRecord
 from spectrial.workloads import WorkItem, as_items, request_order
 
 
+@dataclass
+class _Stream:
+    """What one stream delivered so far: token events, cumulative counts, the last usage and stats chunks."""
+
+    times: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    exact: bool = True  # every token event so far was counted by the server
+    counted: int = 0  # the server's cumulative completion tokens at the last event it counted
+    usage: dict[str, Any] = field(default_factory=dict)
+    final: dict[str, Any] = field(default_factory=dict)
+    native_len: int = 0  # native /generate: length of the cumulative text seen
+
+    def add(self, now: float, n: int, exact: bool) -> None:
+        self.times.append(now)
+        self.tokens.append(n)
+        self.exact = self.exact and exact
+
+    def feed(self, obj: dict[str, Any], now: float) -> None:
+        """Take one parsed SSE event that arrived at `now`."""
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+        if usage:
+            self.usage = usage
+        if obj.get("timings") or obj.get("meta_info"):
+            self.final = obj
+        if "choices" in obj:
+            choices = [c for c in obj.get("choices") or [] if isinstance(c, dict)]
+            if not choices:
+                return  # usage-only chunk
+            cum = usage.get("completion_tokens") if usage else None
+            if isinstance(cum, int) and self.exact:
+                # the server counts every chunk (continuous usage): an event when its count went up
+                n, self.counted = cum - self.counted, max(cum, self.counted)
+                if n > 0:
+                    self.add(now, n, True)
+                return
+            if any(_carries_text(c) for c in choices):
+                self.add(now, 1, False)
+            return
+        meta = obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else {}
+        cum = meta.get("completion_tokens")
+        if isinstance(cum, int):  # native /generate: cumulative completion tokens
+            self.usage = {**self.usage, "completion_tokens": cum}
+            n, self.counted = cum - self.counted, max(cum, self.counted)
+            if n > 0:
+                self.add(now, n, True)
+            return
+        text = obj.get("text")  # native without counts: cumulative text grew
+        if isinstance(text, str) and len(text) > self.native_len:
+            self.native_len = len(text)
+            self.add(now, 1, False)
+
+
+def _carries_text(choice: dict[str, Any]) -> bool:
+    """Whether a completion or chat choice carries a token (text "" included; header and closing chunks not)."""
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        texts = [delta.get(k) for k in ("content", "reasoning_content") if isinstance(delta.get(k), str)]
+        if not texts or ("role" in delta and not any(texts)):
+            return False  # no text key, or the header chunk ({"role": "assistant", "content": ""})
+    elif isinstance(choice.get("text"), str):
+        texts = [choice["text"]]
+    else:
+        return False
+    return not (choice.get("finish_reason") is not None and not any(texts))  # the closing chunk
+
+
 def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
                       stats_fn: Callable[[dict[str, Any]], dict[str, Any]], timeout_s: float,
                       path: str = "/v1/completions") -> RequestRecord:
-    """One streaming request; returns a record with timings, token count and server stats, or an error.
+    """One streaming request; returns a record with every token event's arrival, token count and server
+    stats, or an error (kept with what arrived before it).
 
-    Understands OpenAI completion chunks (`choices[].text`, `usage`) and SGLang's native `/generate`
-    chunks (cumulative `text`, `meta_info.completion_tokens`)."""
+    Understands OpenAI completion and chat chunks (`choices[].text`, `choices[].delta`, `usage`) and SGLang's
+    native `/generate` chunks (cumulative `text`, `meta_info.completion_tokens`)."""
     rec: dict[str, Any] = {"t_start": time.monotonic(), "error": None}
-    chunks: list[float] = []
-    final: dict[str, Any] = {}
-    usage: dict[str, Any] = {}
-    n_text = 0
-    seen_len = 0
+    s = _Stream()
     max_tokens = body.get("max_tokens") or (body.get("sampling_params") or {}).get("max_new_tokens") or 0
     try:
         with client.stream("POST", f"{base_url}{path}", json=body, timeout=timeout_s) as r:
@@ -48,6 +125,7 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
                 rec["error"] = f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:300]}"
                 return RequestRecord(**rec)
             for line in r.iter_lines():
+                now = time.monotonic()
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -57,46 +135,28 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
                     obj = json.loads(data)
                 except json.JSONDecodeError:
                     continue
-                now = time.monotonic()
-                if "choices" in obj:  # completion chunks carry `text`, chat chunks `delta.content`
-                    text = "".join(c.get("text") or _delta_text(c.get("delta")) for c in obj.get("choices") or [])
-                else:  # native /generate: cumulative text
-                    full = obj.get("text") or ""
-                    text, seen_len = full[seen_len:], max(seen_len, len(full))
-                    if (obj.get("meta_info") or {}).get("completion_tokens"):
-                        usage = {"completion_tokens": obj["meta_info"]["completion_tokens"]}
-                if text:
-                    chunks.append(now)
-                    n_text += 1
-                if obj.get("usage"):
-                    usage = obj["usage"]
-                if obj.get("timings") or obj.get("meta_info"):
-                    final = obj
+                if isinstance(obj, dict):
+                    s.feed(obj, now)
     except httpx.HTTPError as exc:
         rec["error"] = f"{type(exc).__name__}: {exc}"
     rec["t_end"] = time.monotonic()
-    rec.update(stats_fn(final) if final else {})
-    if rec.get("server_prompt_n") is None and isinstance(usage.get("prompt_tokens"), int):
-        rec["server_prompt_n"] = usage["prompt_tokens"]  # the prompt as the server tokenized it (chat: templated)
-    tokens = usage.get("completion_tokens") or rec.get("server_predicted_n") or n_text
-    rec["tokens"] = tokens
-    rec["chunks"] = len(chunks)
-    if chunks:
-        rec["ttft_ms"] = (chunks[0] - rec["t_start"]) * 1000
-        gaps = [b - a for a, b in zip(chunks, chunks[1:], strict=False)]
-        rec["itl_ms_median"] = statistics.median(gaps) * 1000 if gaps else None
-        span = chunks[-1] - chunks[0]
-        rec["client_tok_s"] = (tokens - 1) / span if span > 0 and tokens > 1 else None
+    rec.update(stats_fn(s.final) if s.final else {})
+    if rec.get("server_prompt_n") is None and isinstance(s.usage.get("prompt_tokens"), int):
+        rec["server_prompt_n"] = s.usage["prompt_tokens"]  # the prompt as the server tokenized it (chat: templated)
+    tokens = s.usage.get("completion_tokens") or rec.get("server_predicted_n") or sum(s.tokens)
+    t0 = rec["t_start"]
+    rec.update(tokens=tokens, chunks=len(s.times), e2el_ms=(rec["t_end"] - t0) * 1000,
+               events_ms=[(t - t0) * 1000 for t in s.times], event_tokens=list(s.tokens),
+               event_tokens_exact=s.exact if s.times else None)
+    if s.times:
+        rec["ttft_ms"] = rec["events_ms"][0]
+        if tokens > 1:
+            rec["tpot_ms"] = (rec["e2el_ms"] - rec["ttft_ms"]) / (tokens - 1)
+        span = s.times[-1] - s.times[0]
+        rec["client_tok_s"] = (tokens - s.tokens[0]) / span if span > 0 and tokens > s.tokens[0] else None
     if rec["error"] is None and tokens < max_tokens and full_length(body):
         rec["error"] = f"short output: {tokens} of {max_tokens} tokens"
     return RequestRecord(**rec)
-
-
-def _delta_text(delta: Any) -> str:
-    """The text of a chat chunk's delta (content, and reasoning content where a server splits it off)."""
-    if not isinstance(delta, dict):
-        return ""
-    return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
 
 
 def full_length(body: dict[str, Any]) -> bool:

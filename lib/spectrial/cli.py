@@ -54,7 +54,9 @@ def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. pa
           dry_run: Annotated[bool, typer.Option("--dry-run", help="Print commands per arm; touch nothing.")] = False,
           as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: JSON list of arms.")] = False,
           run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
-          quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False) -> None:
+          quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
+          wide: Annotated[bool, typer.Option("--wide", help="Also print every figure of every arm (a wide table).")]
+          = False) -> None:
     """Run the controlled trial (baseline and speculative arms) and write its run record."""
     from spectrial.errors import RunFailed
     from spectrial.trial import run_trial
@@ -74,13 +76,31 @@ def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. pa
         with interruptible():
             result = run_trial(params, run_id=run_id, progress=not quiet)
     except RunFailed as exc:
+        if exc.result is not None and getattr(exc.result, "manifest", None) is not None:
+            print_headline(exc.result.manifest, wide=wide)
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None
     except SpectrialError as exc:
         _fail(exc)
         return
-    typer.echo(result.table().to_string(index=False))
+    print_headline(result.manifest, wide=wide)
     typer.echo(f"run record: {result.run_dir / 'manifest.json'}")
+
+
+def print_headline(manifest: Any, wide: bool = False) -> None:
+    """The answer first (rich, fitted to the terminal); with `wide` every figure of every arm below it."""
+    from rich.console import Console
+
+    from spectrial.headline import headline
+    from spectrial.trial import arms_table
+
+    console = Console()
+    headline(manifest).print(console)
+    if wide:
+        import pandas as pd
+
+        with pd.option_context("display.max_columns", None, "display.width", 100000):
+            typer.echo(arms_table(manifest.arms).round(4).to_string(index=False))
 
 
 @app.command()

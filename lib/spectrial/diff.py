@@ -159,9 +159,19 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> DiffResult:
             overlap = None if None in (lo_a, hi_a, lo_b, hi_b) else not (hi_b < lo_a or lo_b > hi_a)  # type: ignore[operator]
             note = {None: "no intervals", True: "intervals overlap", False: "intervals do not overlap"}[overlap]
             f.append(Finding(5, f"arm {n}: {xa.tok_s:.2f} -> {xb.tok_s:.2f} tok/s ({rel:+.1%}; {note})"))
+        if xa.speculative and (xa.verdict or xb.verdict) and (xa.verdict != xb.verdict or xa.speedup != xb.speedup):
+            f.append(Finding(5, f"arm {n}: {_judged(xa)} -> {_judged(xb)}"))
     if a.status != b.status:
         f.append(Finding(5, f"status: {a.status} -> {b.status}"))
     return DiffResult(sorted(f), comparability(a, b))
+
+
+def _judged(arm: ArmRecord) -> str:
+    """An arm's comparison with its baseline as the record states it (spectrial.figures)."""
+    if arm.speedup is None:
+        return "not compared"
+    ci = f" [{arm.speedup_ci_low:.2f}, {arm.speedup_ci_high:.2f}]" if arm.speedup_ci_low and arm.speedup_ci_high else ""
+    return f"{arm.speedup:.2f}x{ci} {arm.verdict or 'not judged'}"
 
 
 def format_findings(findings: list[Finding]) -> str:

@@ -10,7 +10,8 @@ each a title, a markdown paragraph, and optionally a table and a plotly figure:
    each arm has >= 2 request rates, the bootstrap verdict of ``analysis.compare_arms``. Figure: tok/s a cycle
    of each arm's measured cost gives at every accept length (tau / cycle_ms * 1000), against the baseline.
 3. **Cycle-cost model**: where one method was measured at >= 2 depths k under the same conditions (same
-   ``nccl_env`` where arms record one; cycle times that are only lower bounds left out),
+   ``nccl_env`` where arms record one; cycle times that are only lower bounds left out), on the engine's clock
+   (``engine_cycle_ms`` = decode time / verify steps) where the record has it, else ``cycle_ms``,
    ``analysis.fit_cycle_model`` (cycle_ms = fixed + per_draft * k) and the throughput it predicts for the
    measured arms (``analysis.prediction_errors``; alpha = the synthetic acceptance, else solved from the
    accept length). A negative fixed or per-draft cost is flagged as an implausible fit.
@@ -195,6 +196,7 @@ class _Arm:
     tok_s: float | None
     ms_per_token: float | None
     cycle_ms: float | None
+    model_cycle_ms: float | None  # the cost model's clock: the engine's own cycle where recorded, else cycle_ms
     accept_len: float | None
     alpha: float | None
     synthetic: bool
@@ -238,12 +240,11 @@ def _view(arm: ArmRecord, problems: list[str]) -> _Arm:
             problems.append(f"Arm **{name}** reports an accept length of {accept:.3g} with k={k} drafts: more than "
                             f"the k + 1 = {k + 1} a cycle can commit; left out of the model.")
     syn = arm.synthetic_accept
-    alpha = float(syn) if isinstance(syn, int | float) and not isinstance(syn, bool) and 0 <= syn <= 1 else None
-    if alpha is None and accept is not None and k is not None and accept <= k + 1:
-        alpha = analysis.required_alpha(accept, k)
+    alpha = figures.alpha_of(accept, k, syn)[0] if arm.alpha is None or accept is None else arm.alpha
     values = [float(v) for v in arm.tok_s_values if _pos(v)]
     return _Arm(name=name, method=arm.method or "none", ok=ok, k=k, tok_s=_pos(arm.tok_s),
-                ms_per_token=_pos(arm.ms_per_token), cycle_ms=cycle, accept_len=accept, alpha=alpha,
+                ms_per_token=_pos(arm.ms_per_token), cycle_ms=cycle,
+                model_cycle_ms=_pos(arm.engine_cycle_ms) or cycle, accept_len=accept, alpha=alpha,
                 synthetic=bool(arm.synthetic) or syn is not None,
                 draft_ms=_pos(arm.draft_ms_per_cycle), values=values, raw=arm)
 
@@ -298,7 +299,15 @@ def explain(source: Manifest | Mapping[str, Any] | Sequence[ArmRecord | Mapping[
     if roofline is None and manifest is not None:
         roofline = RooflineInputs.from_manifest(manifest)
     picked = figures.pick_baseline([a.raw for a in arms], baseline, problems)
-    base = next((a for a in arms if a.raw is picked), None)
+    if picked is not None and any(a.ok and (a.raw.baseline_arm is None and a.raw.verdict is None
+                                            or baseline is not None and a.raw.baseline_arm != picked.name)
+                                  for a in arms):
+        judged = [a.raw for a in arms]  # never compared (or against another baseline than the one asked for)
+        picked = figures.add_comparisons(judged, None, base=picked)
+        for a, j in zip(arms, judged, strict=True):
+            a.raw = j
+    base = next((a for a in arms if picked is not None and a.raw.name == picked.name and a.raw.status == "ok"
+                 and figures.is_baseline(a.raw)), None)
     base_ms = figures.base_ms_per_token(base.raw) if base is not None else None
     spec = [a for a in arms if a.ok and not _is_base(a.raw)]
     numbers: dict[str, Any] = {"baseline_tok_s": base.tok_s if base else None, "baseline_ms_per_token": base_ms}
@@ -327,10 +336,8 @@ def _input_section(arms: list[_Arm], problems: list[str], base: _Arm | None) -> 
     return Section("Input check", head + "\n\n" + "\n".join(f"- {p}" for p in dict.fromkeys(problems)))
 
 
-def _verdict(a: _Arm, base: _Arm) -> str:
-    """The record's own verdict (the trial's, over its starts) when it has one, else a bootstrap over the rates
-    the record kept."""
-    return figures.compare(a.raw, base.raw).verdict or "n/a"
+PAYS_WORDS = {"yes": "pays", "no": "does not pay", "undecided": "may or may not pay (not distinguishable at this "
+                                                                  "noise)"}
 
 
 def _break_even_section(base: _Arm | None, base_ms: float | None, spec: list[_Arm], target: float | None,
@@ -342,30 +349,35 @@ def _break_even_section(base: _Arm | None, base_ms: float | None, spec: list[_Ar
         return Section(title, "Without a baseline the cost of a cycle cannot be expressed in baseline tokens.")
     rows, lines = [], []
     for a in spec:
-        be = figures.break_even(a.raw, base.raw)
-        pays = None if be is None or a.accept_len is None else a.accept_len > be
-        rows.append({"arm": a.name, "method": a.method, "k": a.k, "tok_s": _r(a.tok_s, 2),
-                     "speedup": _r(figures.speedup(a.raw, base.raw), 3),
-                     "cycle_ms": _r(a.cycle_ms, 3), "break_even_accept_len": _r(be, 3),
-                     "accept_len": _r(a.accept_len, 3),
-                     "margin": _r(a.accept_len - be, 3) if pays is not None else None,  # type: ignore[operator]
-                     "pays": {True: "yes", False: "no", None: "unknown"}[pays], "verdict": _verdict(a, base)})
+        r = a.raw
+        be, sp = r.break_even_accept_len, r.speedup
+        ci = f" [{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}]" if r.speedup_ci_low and r.speedup_ci_high else ""
+        be_ci = f" [{r.break_even_ci_low:.2f}, {r.break_even_ci_high:.2f}]" \
+            if r.break_even_ci_low and r.break_even_ci_high else ""
+        rows.append({"arm": a.name, "method": a.method, "k": a.k, "tok_s": _r(a.tok_s, 2), "speedup": _r(sp, 3),
+                     "speedup_ci_low": _r(r.speedup_ci_low, 3), "speedup_ci_high": _r(r.speedup_ci_high, 3),
+                     "cycle_ms": _r(a.cycle_ms, 3), "accept_len": _r(a.accept_len, 3),
+                     "break_even_accept_len": _r(be, 3),
+                     "margin": _r(a.accept_len - be, 3) if be is not None and a.accept_len is not None else None,
+                     "break_even_ci_low": _r(r.break_even_ci_low, 3),
+                     "break_even_ci_high": _r(r.break_even_ci_high, 3), "pays": r.pays or "not judged",
+                     "verdict": r.verdict or "n/a"})
         if be is None:
-            lines.append(f"- **{a.name}**: no cycle time, so its break-even is unknown.")
+            lines.append(f"- **{a.name}**: no accept length or no speed-up, so its break-even is unknown"
+                         + (f" ({_f(sp)}x{ci} the baseline, {r.verdict})" if sp is not None else "") + ".")
             continue
         costs = "costs at least" if a.cycle_is_bound else "costs"
         txt = (f"- **{a.name}** ({a.method}, k={a.k}): a cycle {costs} {_f(a.cycle_ms)} ms, the time of "
-               f"**{_f(be)}** baseline tokens")
-        if a.accept_len is not None:
-            word = "pays" if pays else "does not pay"
-            txt += f"; it commits {_f(a.accept_len)} tokens per cycle, so speculation **{word}**"
-        if a.tok_s is not None:
-            txt += f" ({_f(a.tok_s, 1)} tok/s, {_f(a.tok_s / base.tok_s)}x the baseline)"  # type: ignore[operator]
+               f"**{_f(be)}**{be_ci} baseline tokens; it commits {_f(a.accept_len)} tokens per cycle")
+        if r.pays is not None:
+            txt += f", so speculation **{PAYS_WORDS[r.pays]}**"
+        txt += f" ({_f(a.tok_s, 1)} tok/s, {_f(sp)}x{ci} the baseline: {r.verdict or 'not judged'})"
         lines.append(txt + ".")
     numbers["break_even"] = {r["arm"]: r["break_even_accept_len"] for r in rows}
-    text = (f"The baseline takes {_f(base_ms, 3)} ms per token ({_f(base.tok_s, 1)} tok/s). A speculative cycle "
-            "pays only when it commits more tokens than the baseline decodes in the same time: break-even "
-            "accept length = cycle time / baseline time per token.\n\n" + "\n".join(lines))
+    text = (f"The baseline takes {_f(base_ms, 3)} ms per token ({_f(base.tok_s, 1)} tok/s, its decode rate per "
+            "request). A speculative cycle pays only when it commits more tokens than the baseline decodes in the "
+            "same time: break-even accept length = cycle time / baseline time per token = accept length / speed-up "
+            "(both times on the decode rate's clock), its interval from the speed-up's.\n\n" + "\n".join(lines))
     return Section(title, text, pd.DataFrame(rows), _wall_figure(base, spec, target))
 
 
@@ -378,9 +390,9 @@ def _workload_sections(base: _Arm | None, spec: list[_Arm], manifest: Manifest |
     title = "Per workload: which categories cross the break-even line"
     wl = (manifest.workload if manifest is not None else None) or {}
     head = ("What a speculative cycle costs hardly depends on what is asked, only on how long the context is; what "
-            "the prompt changes is how many tokens a cycle commits. Each category's accept length against its "
-            "break-even line: its own cycles' time over the baseline's time per token on the same category (longer "
-            "prompts slow both), or the arm's line where per-request times are missing")
+            "the prompt changes is how many tokens a cycle commits. Each category's accept length against its own "
+            "break-even line: its accept length / its speed-up over the baseline's requests of the same category "
+            "(longer prompts slow both)")
     if wl:
         srcs = ", ".join(str(x.get("source")) for x in wl.get("sources") or [])
         samp = wl.get("sampling") or {}
@@ -389,24 +401,21 @@ def _workload_sections(base: _Arm | None, spec: list[_Arm], manifest: Manifest |
     lines, rows, split = [], [], []
     numbers["categories"] = {}
     for a in arms:
-        be = a.raw.break_even_accept_len if a.raw.break_even_accept_len is not None else \
-            (figures.break_even(a.raw, base.raw) if base is not None else None)
+        be = a.raw.break_even_accept_len
         parts = []
         per: dict[str, Any] = {}
         for c in a.raw.categories:
-            line = figures.category_line(c)
-            if line is None:
-                line = be
-            pays = None if line is None or c.accept_len is None else c.accept_len > line
+            line = c.break_even_accept_len
             rows.append({"arm": a.name, "category": c.category, "requests": c.requests_ok,
                          "accept_len": _r(c.accept_len, 3), "break_even": _r(line, 3),
-                         "arm_break_even": _r(be, 3), "cycle_ms": _r(c.cycle_ms, 3),
-                         "margin": _r(c.accept_len - line, 3) if pays is not None else None,  # type: ignore[operator]
-                         "pays": {True: "yes", False: "no", None: "unknown"}[pays], "tok_s": _r(c.tok_s, 2),
+                         "break_even_ci_low": _r(c.break_even_ci_low, 3),
+                         "break_even_ci_high": _r(c.break_even_ci_high, 3), "arm_break_even": _r(be, 3),
+                         "cycle_ms": _r(c.cycle_ms, 3), "pays": c.pays or "not judged", "tok_s": _r(c.tok_s, 2),
                          "speedup": _r(c.speedup, 3), "verdict": c.verdict or "n/a"})
-            per[c.category] = {"accept_len": c.accept_len, "break_even": line, "pays": pays, "speedup": c.speedup,
+            per[c.category] = {"accept_len": c.accept_len, "break_even": line, "pays": c.pays, "speedup": c.speedup,
                                "verdict": c.verdict}
-            side = "unknown" if pays is None else ("above: pays" if pays else "below: does not pay")
+            side = {"yes": "above: pays", "no": "below: does not pay", "undecided": "within its interval: undecided",
+                    None: "not judged"}[c.pays]
             txt = f"**{c.category}** commits {_f(c.accept_len)} per cycle, its line {_f(line)} ({side}"
             if c.speedup is not None:
                 txt += f"; {_f(c.speedup)}x the baseline on {c.category}, {c.verdict or 'no verdict'}"
@@ -416,14 +425,9 @@ def _workload_sections(base: _Arm | None, spec: list[_Arm], manifest: Manifest |
         lines.append(f"- **{a.name}** ({be_txt}): " + "; ".join(parts) + ".")
         wins = [c.category for c in a.raw.categories if c.verdict == "faster"]
         loses = [c.category for c in a.raw.categories if c.verdict == "slower"]
-        above = [k for k, v in per.items() if v["pays"] is True]
-        below = [k for k, v in per.items() if v["pays"] is False]
         if wins and loses:
             split.append(f"**The verdict depends on the workload**: {a.name} is faster on {', '.join(wins)} and "
                          f"slower on {', '.join(loses)}; judge it on traffic like yours, not on one number.")
-        elif above and below:
-            split.append(f"{a.name}'s categories fall on both sides of their break-even lines ({', '.join(above)} "
-                         f"above, {', '.join(below)} below): its verdict depends on what is asked.")
     text = head + ":\n\n" + "\n".join(lines)
     if split:
         text += "\n\n" + "\n\n".join(split)
@@ -477,11 +481,11 @@ class _Fit:
 def _fit_models(spec: list[_Arm], problems: list[str]) -> list[_Fit]:
     fits: list[_Fit] = []
     for method in dict.fromkeys(a.condition for a in spec):
-        pts = [a for a in spec if a.condition == method and a.k is not None and a.cycle_ms and not a.cycle_is_bound]
+        pts = [a for a in spec if a.condition == method and a.k is not None and a.model_cycle_ms and not a.cycle_is_bound]
         if len({a.k for a in pts}) < 2:
             continue
-        split = all(a.draft_ms is not None and a.draft_ms <= a.cycle_ms for a in pts)  # type: ignore[operator]
-        data = [(a.k, a.cycle_ms, a.draft_ms) if split else (a.k, a.cycle_ms) for a in pts]
+        split = all(a.draft_ms is not None and a.draft_ms <= a.model_cycle_ms for a in pts)  # type: ignore[operator]
+        data = [(a.k, a.model_cycle_ms, a.draft_ms) if split else (a.k, a.model_cycle_ms) for a in pts]
         try:
             fits.append(_Fit(method, analysis.fit_cycle_model(data), pts))  # type: ignore[arg-type]
         except ConfigError as exc:
@@ -492,7 +496,7 @@ def _fit_models(spec: list[_Arm], problems: list[str]) -> list[_Fit]:
 def _model_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, numbers: dict[str, Any]) -> Section:
     title = "Cycle-cost model"
     if not fits:
-        ks = sorted({a.k for a in spec if a.k is not None and a.cycle_ms})
+        ks = sorted({a.k for a in spec if a.k is not None and a.model_cycle_ms})
         why = (f"only depth k={ks[0]} was measured" if len(ks) == 1 else
                "no method was measured at two depths under the same conditions" if ks else
                "no arm has a cycle time and a depth")
@@ -525,7 +529,7 @@ def _model_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, number
                                                            "tok_s": [a.tok_s for a in have]})) if have else None
         for i, a in enumerate(f.arms):
             j = have.index(a) if a in have else None
-            rows.append({"method": f.method, "arm": a.name, "k": a.k, "cycle_ms": _r(a.cycle_ms, 3),
+            rows.append({"method": f.method, "arm": a.name, "k": a.k, "cycle_ms": _r(a.model_cycle_ms, 3),
                          "fitted_cycle_ms": _r(m.cycle_ms(a.k), 3), "residual_ms": _r(m.residuals_ms[i], 3),
                          "alpha": _r(a.alpha, 3), "tok_s": _r(a.tok_s, 2),
                          "predicted_tok_s": _r(pred["predicted_tok_s"].iloc[j], 2) if j is not None else None,
@@ -554,7 +558,7 @@ def _model_figure(fits: list[_Fit], base: _Arm | None) -> go.Figure:
     for f in fits:
         kmax = max(MAX_MODEL_K, max(a.k for a in f.arms))  # type: ignore[type-var]
         ks = [k for k in range(1, kmax + 1) if f.model.fixed_ms + f.model.per_draft_ms * k > 0]
-        fig.add_scatter(x=[a.k for a in f.arms], y=[_r(a.cycle_ms) for a in f.arms], mode="markers",
+        fig.add_scatter(x=[a.k for a in f.arms], y=[_r(a.model_cycle_ms) for a in f.arms], mode="markers",
                         marker={"size": 10}, name=f"{f.method}: measured cycle", row=1, col=1)
         fig.add_scatter(x=ks, y=[_r(f.model.cycle_ms(k)) for k in ks], mode="lines", name=f"{f.method}: fitted",
                         row=1, col=1)
@@ -590,8 +594,8 @@ def _needed_rows(fits: list[_Fit], spec: list[_Arm], targets: list[tuple[str, fl
                  if f.model.fixed_ms + f.model.per_draft_ms * k > 0]
     fitted = {f.method for f in fits}
     plan += [(a.name, "cycle lower bound" if a.cycle_is_bound else "measured cycle", a.k,
-              _constant_model(a.cycle_ms, a.k)) for a in spec  # type: ignore[arg-type]
-             if a.condition not in fitted and a.k is not None and a.cycle_ms]
+              _constant_model(a.model_cycle_ms, a.k)) for a in spec  # type: ignore[arg-type]
+             if a.condition not in fitted and a.k is not None and a.model_cycle_ms]
     for who, basis, k, model in plan:
         cyc = model.cycle_ms(k)
         row: dict[str, Any] = {"source": who, "basis": basis, "k": k, "cycle_ms": _r(cyc, 3),

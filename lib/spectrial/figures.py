@@ -1,28 +1,34 @@
-"""One place per figure: an arm's figures, the baseline, break-even, speed-up with its CI, the verdict.
+"""One place per figure: an arm's figures, the baseline, the speed-up with its interval, break-even, verdict, pays.
 
-Trials, sweeps, explain, history, drift, narrative and the notebooks all take these numbers from here.
+Trials, sweeps, explain, history, drift, the doctor, diff, the report, the CLI and the notebooks all take these
+numbers from here (docs/FIGURES.md lists every figure with its unit).
 
-    arm figures       tok/s = median over requests of the server-reported decode rate (client rate when the
-                      server reports none), IQR, bootstrap CI (two-level: starts, then requests, when an arm
-                      has several starts); accept length = 1 + accepted / verify steps; cycle = decode time /
-                      verify steps (spectrial.analysis)
-    baseline          the first completed arm with method "none" (or the one named)
-    break-even        cycle time / baseline time per token: the accept length a cycle must commit to pay
-    speed-up          tok/s / baseline tok/s, CI and verdict (faster, slower, not distinguishable) from
-                      analysis.compare_arms over the two arms' request rates
-    per category      the same over the requests of one workload category (chat, code, ...): tok/s, accept
-                      length from the engine's per-request counts (`request_cycles`), speed-up and verdict
-                      against the baseline's requests of that category; the break-even line is the arm's (a
-                      cycle costs about the same whatever the prompt; what changes is how much it commits);
-                      a category whose per-request times give its own cycle time is judged against its own
-                      line (that cycle time / the baseline's time per token on the same category)
+    decode rate       `tok_s`, tok/s per request: each request's decode rate (the engine's own where the request
+                      reports one, else the client's: tokens after the first token event / time from the first to
+                      the last token event), median over the arm's requests; IQR, bootstrap CI (two-level: starts,
+                      then requests, when an arm has several starts)
+    accept length     `accept_len`, tokens committed per verify step = 1 + accepted / verify steps
+    cycle             `cycle_ms` = accept_len / tok_s x 1000: a verify cycle on the decode rate's clock (the
+                      engine's own clock is kept apart as `engine_cycle_ms` = decode time / verify steps)
+    baseline          the first completed arm with method "none" (or the one named); its `ms_per_token` = 1000 / tok_s
+    speed-up          tok_s / baseline tok_s; interval: bootstrap of the ratio of medians, or a decide run's
+                      confidence sequence
+    verdict           faster / slower (interval wholly above / below 1), equivalent (inside a decide margin),
+                      else not distinguishable
+    break-even        cycle_ms / baseline ms_per_token = accept_len / speed-up: the accept length at which this
+                      arm's cycle would just match the baseline; interval accept_len / the speed-up's interval
+    pays              the verdict said with the break-even: yes (accept_len above the break-even interval), no
+                      (below it), undecided (inside it)
+    per category      the same definitions over the requests of one workload category
+Because speed-up, break-even and pays derive from the same two decode rates, they cannot disagree: accept_len >
+break_even exactly when speedup > 1, and pays is yes exactly when the verdict is faster.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -30,7 +36,22 @@ import pandas as pd
 from spectrial import analysis
 from spectrial.errors import SpectrialError
 from spectrial.records import finite
-from spectrial.schema import ArmRecord, CategoryRecord, Comparison, RequestRecord, WindowStats
+from spectrial.schema import (
+    ArmFigures,
+    ArmRecord,
+    CategoryRecord,
+    Comparison,
+    Manifest,
+    Pays,
+    PointRecord,
+    RequestRecord,
+    WindowStats,
+)
+
+NOT_DISTINGUISHABLE = analysis.stats.NOT_DISTINGUISHABLE
+NO_SPREAD = "single value: no spread"
+TOO_FEW = "not enough requests for a confidence interval"
+NO_BASELINE = "no comparable baseline (none of its session and NCCL state)"
 
 
 def median(values: Iterable[Any]) -> float | None:
@@ -39,19 +60,30 @@ def median(values: Iterable[Any]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def request_rate(r: RequestRecord, use_server: bool) -> float | None:
-    """A request's decode rate: the server's own (`server_predicted_per_second`) or the client's."""
-    v = r.get("server_predicted_per_second") if use_server else r.client_tok_s
-    return float(v) if v else None
+def positive(x: Any) -> float | None:
+    """x as a finite float > 0, else None (None, bools, text, NaN, inf and x <= 0 give None)."""
+    v = finite(x)
+    return v if v is not None and v > 0 else None
 
 
-def rate_requests(requests: Sequence[RequestRecord]) -> str:
-    """Set `tok_s` on every successful request (server rates when all have one); returns the source."""
+# --- one request ------------------------------------------------------------------------------------------
+def decode_rate(r: RequestRecord) -> float | None:
+    """A request's decode rate (tok/s): as measured (`tok_s`), else the engine's own
+    (`server_predicted_per_second`), else the client's (`client_tok_s`)."""
+    return positive(r.tok_s) or positive(r.get("server_predicted_per_second")) or positive(r.client_tok_s)
+
+
+def rate_source(r: RequestRecord) -> str:
+    return "server" if positive(r.get("server_predicted_per_second")) else "client"
+
+
+def window_rates(requests: Sequence[RequestRecord]) -> list[float | None]:
+    """The decode rate of each request of one measurement window: the engine's own when every successful request
+    reports one, else the client's for all (one clock per window). What the session records as `tok_s`."""
     ok = [r for r in requests if r.ok]
-    use_server = bool(ok) and all(r.get("server_predicted_per_second") for r in ok)
-    for r in ok:
-        r.tok_s = request_rate(r, use_server)
-    return "server" if use_server else "client"
+    server = bool(ok) and all(positive(r.get("server_predicted_per_second")) for r in ok)
+    return [None if not r.ok else positive(r.get("server_predicted_per_second")) if server
+            else positive(r.client_tok_s) for r in requests]
 
 
 def merge_stats(stats: Sequence[WindowStats]) -> WindowStats:
@@ -84,55 +116,100 @@ def merge_stats(stats: Sequence[WindowStats]) -> WindowStats:
     return out
 
 
+# --- one arm --------------------------------------------------------------------------------------------
+def alpha_of(accept_len: float | None, k: int | None, synthetic: Any = None) -> tuple[float | None, str | None]:
+    """The per-token acceptance alpha of an arm: its forced (synthetic) rate where given as one number, else the
+    chain model's alpha that yields `accept_len` at depth k (tau = (1 - alpha^(k+1)) / (1 - alpha))."""
+    if isinstance(synthetic, int | float) and not isinstance(synthetic, bool) and 0 <= synthetic <= 1:
+        return float(synthetic), "synthetic"
+    al = finite(accept_len)
+    if al is None or k is None or k < 1 or not 1.0 <= al <= k + 1:
+        return None, None
+    return analysis.required_alpha(al, k), "from accept length"
+
+
+def derived_figures(f: ArmFigures, speculative: bool, k: int | None = None, synthetic: Any = None) -> ArmFigures:
+    """The figures that follow from an arm's measured ones (a copy): ms_per_token = 1000 / tok_s, cycle_ms =
+    accept_len / tok_s x 1000, the engine's clock (decode time / tokens, / verify steps), draft_accept_rate =
+    accepted / drafted, alpha; a baseline's accept length is 1 and its cycle one token."""
+    tok_s = positive(f.tok_s)
+    upd: dict[str, Any] = {"ms_per_token": analysis.ms_per_token(tok_s) if tok_s else None}
+    decode, tokens, steps = positive(f.decode_ms), positive(f.tokens), positive(f.verify_steps)
+    upd["engine_ms_per_token"] = decode / tokens if decode and tokens else None
+    if not speculative:
+        upd.update(accept_len=1.0, cycle_ms=upd["ms_per_token"], engine_cycle_ms=upd["engine_ms_per_token"],
+                   draft_accept_rate=None, alpha=None, alpha_source=None)
+        return f.model_copy(update=upd)
+    al = finite(f.accept_len)
+    upd["cycle_ms"] = al / tok_s * 1000.0 if al and tok_s else None
+    upd["engine_cycle_ms"] = analysis.cycle_ms_from(decode, steps) if decode and steps else None
+    drafted = positive(f.drafted)
+    upd["draft_accept_rate"] = f.accepted / drafted if drafted and f.accepted is not None else None
+    upd["alpha"], upd["alpha_source"] = alpha_of(al, k, synthetic)
+    return f.model_copy(update=upd)
+
+
 def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculative: bool,
-                level: float = 0.95, seed: int = 0) -> dict[str, Any]:
-    """Headline figures of one arm from its measured requests (all starts) and its scoped counters: the
-    fields of `ArmRecord` from `requests_ok` to `draft_ms_per_cycle`."""
+                level: float = 0.95, seed: int = 0, k: int | None = None, synthetic: Any = None,
+                concurrency: int | None = None, slo: Mapping[str, float] | None = None) -> ArmFigures:
+    """An arm's figures from its measured requests (all starts) and its scoped counters (the inputs are not
+    changed): decode rate with its spread and CI, counters, accept length, the derived figures, serving metrics."""
+    from spectrial import serving
+
     ok = [r for r in requests if r.ok]
-    source = rate_requests(requests)
-    rated = [r for r in ok if r.tok_s]
-    rates = [float(r.tok_s) for r in rated]  # type: ignore[arg-type]
-    out: dict[str, Any] = {"requests_ok": len(ok), "requests_failed": len(requests) - len(ok),
-                           "tok_s_source": source, "tok_s_values": rates}
+    rated = [(r, v) for r in ok if (v := decode_rate(r)) is not None]
+    rates = [v for _, v in rated]
+    sources = {rate_source(r) for r, _ in rated}
+    f = ArmFigures(requests_ok=len(ok), requests_failed=len(requests) - len(ok), tok_s_values=rates,
+                   tok_s_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
+                   client_tok_s=median(r.client_tok_s for r in ok))
     if rates:
         s = analysis.summarize(rates)
-        out.update(tok_s=s["median"], tok_s_q1=s["q1"], tok_s_q3=s["q3"], tok_s_iqr=s["iqr"], tok_s_min=s["min"],
-                   tok_s_max=s["max"], tok_s_cv=s["cv"])
-        starts = {r.restart for r in rated}
+        f = f.model_copy(update={"tok_s": s["median"], "tok_s_q1": s["q1"], "tok_s_q3": s["q3"],
+                                 "tok_s_iqr": s["iqr"], "tok_s_min": s["min"], "tok_s_max": s["max"],
+                                 "tok_s_cv": s["cv"]})
+        starts = {r.restart for r, _ in rated}
         ci = None
         if len(starts) > 1:
-            df = pd.DataFrame({"restart": [r.restart for r in rated], "tok_s": rates})
+            df = pd.DataFrame({"restart": [r.restart for r, _ in rated], "tok_s": rates})
             ci = analysis.bootstrap_ci_two_level(df, "restart", "tok_s", level=level, seed=seed)
             spread = analysis.two_level_spread(df, "restart", "tok_s")
-            out.update(cv_within_start=spread.within_cv, cv_between_starts=spread.between_cv,
-                       cv_between_expected=spread.expected_between_cv,
-                       start_medians=[float(x) for x in spread.group_medians])
+            f = f.model_copy(update={"cv_within_start": spread.within_cv, "cv_between_starts": spread.between_cv,
+                                     "cv_between_expected": spread.expected_between_cv,
+                                     "start_medians": [float(x) for x in spread.group_medians]})
         elif len(rates) >= 2:
             ci = analysis.bootstrap_ci(rates, level=level, seed=seed)
-            out.update(cv_within_start=s["cv"], cv_between_starts=None)
+            f = f.model_copy(update={"cv_within_start": s["cv"], "cv_between_starts": None})
         if ci is not None:
-            out.update(tok_s_ci_low=ci.low, tok_s_ci_high=ci.high, ci_level=level)
-    out["client_tok_s"] = median(r.client_tok_s for r in ok)
-    out["ttft_ms"] = median(r.ttft_ms for r in ok)
-    out["itl_ms"] = median(r.itl_ms_median for r in ok)
+            f = f.model_copy(update={"tok_s_ci_low": ci.low, "tok_s_ci_high": ci.high})
     drafted = stats.drafted if stats.drafted is not None else sum(r.get("server_draft_n", 0) for r in ok)
     accepted = stats.accepted if stats.accepted is not None else sum(r.get("server_draft_n_accepted", 0) for r in ok)
     tokens = stats.tokens if stats.tokens else sum(r.tokens or 0 for r in ok)
     decode_ms = stats.decode_ms if stats.decode_ms else sum(r.get("server_predicted_ms", 0) for r in ok) or None
-    out.update(drafted=drafted, accepted=accepted, tokens=tokens, decode_ms=decode_ms,
-               verify_steps=stats.verify_steps, per_position=stats.per_position, stats_source=stats.source,
-               stats_scoped=stats.scoped, stats_notes=stats.notes, cross_checks=stats.cross_checks)
-    out["ms_per_token"] = decode_ms / tokens if decode_ms and tokens else None
+    steps = stats.verify_steps
+    accept_len = None
     if speculative:
-        steps = stats.verify_steps
-        out["accept_rate"] = accepted / drafted if drafted else None
-        out["accept_len"] = analysis.accept_len_from_counts(accepted, steps) if steps and accepted is not None \
+        accept_len = analysis.accept_len_from_counts(accepted, steps) if steps and accepted is not None \
             else stats.accept_len
-        out["cycle_ms"] = analysis.cycle_ms_from(decode_ms, steps) if steps and decode_ms else None
-        out["draft_ms_per_cycle"] = stats.draft_ms / steps if stats.draft_ms is not None and steps else None
-    else:
-        out.update(accept_rate=None, accept_len=1.0, cycle_ms=out["ms_per_token"], draft_ms_per_cycle=None)
-    return out
+    f = f.model_copy(update={
+        "drafted": drafted, "accepted": accepted, "tokens": tokens, "decode_ms": decode_ms, "verify_steps": steps,
+        "per_position": stats.per_position, "stats_source": stats.source, "stats_scoped": stats.scoped,
+        "stats_notes": stats.notes, "cross_checks": stats.cross_checks, "accept_len": accept_len,
+        "draft_ms_per_cycle": stats.draft_ms / steps if speculative and stats.draft_ms is not None and steps
+        else None})
+    f = derived_figures(f, speculative, k, synthetic)
+    if ok:
+        sv = serving.serving_figures(ok, expected_tokens_per_chunk=f.accept_len if speculative else 1.0,
+                                     concurrency=concurrency, slo=slo, level=level, seed=seed)
+        f = f.model_copy(update={"serving": sv, "ttft_ms": sv.ttft_ms.p50 if sv.ttft_ms else None,
+                                 "itl_ms": sv.itl_ms.p50 if sv.itl_ms else None})
+    return f
+
+
+def with_figures(arm: ArmRecord, f: ArmFigures) -> ArmRecord:
+    """`arm` with its figures replaced by `f` (a copy; categories kept unless `f` has its own)."""
+    upd = {name: getattr(f, name) for name in ArmFigures.model_fields if name != "categories" or f.categories}
+    return arm.model_copy(update=upd)
 
 
 # --- the baseline and the comparison --------------------------------------------------------------------
@@ -163,35 +240,80 @@ def pick_baseline(arms: Sequence[ArmRecord], name: str | None = None,
     return cands[0]
 
 
-def positive(x: Any) -> float | None:
-    """x as a finite float > 0, else None (None, bools, text, NaN, inf and x <= 0 give None)."""
-    v = finite(x)
-    return v if v is not None and v > 0 else None
+def reference(arm: ArmRecord, arms: Sequence[ArmRecord]) -> ArmRecord | None:
+    """The baseline `arm` is judged against: the first completed baseline of its session (hand-made records of
+    several sessions) with the same NCCL state where arms record one (None: no comparable baseline)."""
+    same = [b for b in arms if b.session == arm.session and b.status == "ok" and is_baseline(b) and positive(b.tok_s)
+            and b.nccl_env == arm.nccl_env]
+    return same[0] if same else None
 
 
 def base_ms_per_token(base: ArmRecord) -> float | None:
-    """The baseline's time per token: recorded, else 1000 / tok/s."""
-    return positive(base.ms_per_token) or (analysis.ms_per_token(base.tok_s) if positive(base.tok_s) else None)
+    """The baseline's time per token on the decode rate's clock: 1000 / tok_s."""
+    tok_s = positive(base.tok_s)
+    return analysis.ms_per_token(tok_s) if tok_s else None
 
 
-def break_even(arm: ArmRecord, base: ArmRecord) -> float | None:
-    """Break-even accept length of `arm`: its cycle time / the baseline's time per token."""
-    ms = base_ms_per_token(base)
-    return analysis.break_even_accept_len(arm.cycle_ms, ms) if positive(arm.cycle_ms) and ms else None
+def speedup(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord) -> float | None:
+    """tok_s / the baseline's tok_s (decode rates per request)."""
+    a, b = positive(arm.tok_s), positive(base.tok_s)
+    return a / b if a and b else None
 
 
-def speedup(arm: ArmRecord, base: ArmRecord) -> float | None:
-    return arm.tok_s / base.tok_s if positive(arm.tok_s) and positive(base.tok_s) else None  # type: ignore[operator]
+def break_even(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord) -> float | None:
+    """The accept length at which `arm`'s cycle would just match the baseline: cycle_ms / baseline ms_per_token
+    = accept_len / speed-up (None without an accept length or a speed-up)."""
+    s, al = speedup(arm, base), positive(arm.accept_len)
+    return al / s if s and al else None
+
+
+def verdict_of(low: float | None, high: float | None, margin: float | None = None) -> str | None:
+    """faster / slower when the interval lies wholly above / below 1, equivalent when it lies inside
+    [1 / (1 + margin), 1 + margin], else not distinguishable; None without an interval."""
+    if low is None or high is None:
+        return None
+    if low > 1.0:
+        return "faster"
+    if high < 1.0:
+        return "slower"
+    if margin and 1.0 / (1.0 + margin) <= low and high <= 1.0 + margin:
+        return f"equivalent within ±{margin:.0%}"
+    return NOT_DISTINGUISHABLE
+
+
+def pays_of(verdict: str | None, speedup: float | None = None) -> Pays | None:
+    """The verdict in break-even words: faster = yes, slower = no, anything judged otherwise = undecided. Single
+    values without an interval (hand-measured records) are said from the point: yes when the speed-up is above 1,
+    no below (their verdict says there is no interval). None when nothing was compared."""
+    if verdict in (NO_SPREAD, TOO_FEW) and speedup is not None:
+        return "yes" if speedup > 1 else "no" if speedup < 1 else "undecided"
+    if verdict is None or verdict in (NO_SPREAD, TOO_FEW, NO_BASELINE) or verdict.startswith("n/a"):
+        return None
+    return "yes" if verdict == "faster" else "no" if verdict == "slower" else "undecided"
+
+
+def judged(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord, low: float | None,
+           high: float | None, verdict: str | None, **extra: Any) -> Comparison:
+    """The comparison of `arm` with `base` given the speed-up's interval and verdict: every field derived here."""
+    s = speedup(arm, base)
+    al = positive(arm.accept_len)
+    be = break_even(arm, base)
+    be_lo = al / high if al and high else None
+    be_hi = al / low if al and low else None
+    return Comparison(baseline_arm=getattr(base, "name", None) or getattr(base, "category", None),
+                      baseline_tok_s=base.tok_s, speedup=s, speedup_ci_low=low, speedup_ci_high=high,
+                      break_even_accept_len=be, break_even_ci_low=be_lo, break_even_ci_high=be_hi,
+                      verdict=verdict, pays=pays_of(verdict, s), **extra)
 
 
 def _frame(requests: Sequence[RequestRecord]) -> pd.DataFrame:
-    return pd.DataFrame({"restart": [r.restart for r in requests if r.tok_s],
-                         "tok_s": [float(r.tok_s) for r in requests if r.tok_s]})  # type: ignore[arg-type]
+    rated = [(r.restart, v) for r in requests if r.ok and (v := decode_rate(r)) is not None]
+    return pd.DataFrame({"restart": [x for x, _ in rated], "tok_s": [v for _, v in rated]})
 
 
 def compare_requests(a: Sequence[RequestRecord], b: Sequence[RequestRecord], level: float = 0.95,
                      seed: int = 0) -> analysis.Comparison | None:
-    """Ratio of `a`'s to `b`'s median rate with its bootstrap CI (two-level over starts when both have
+    """Ratio of `a`'s to `b`'s median decode rate with its bootstrap CI (two-level over starts when both have
     several), or None with fewer than two rated requests on a side."""
     fa, fb = _frame(a), _frame(b)
     if len(fa) < 2 or len(fb) < 2:
@@ -201,59 +323,68 @@ def compare_requests(a: Sequence[RequestRecord], b: Sequence[RequestRecord], lev
     return analysis.compare_arms(fa["tok_s"].to_numpy(), fb["tok_s"].to_numpy(), level=level, seed=seed)
 
 
-def compare(arm: ArmRecord, base: ArmRecord, requests: dict[str, Sequence[RequestRecord]] | None = None,
-            level: float = 0.95, seed: int = 0, key: str | None = None, base_key: str | None = None) -> Comparison:
-    """`arm` against `base`: break-even, speed-up, and with their requests (`requests[key]`, keys default to
-    the arms' names) the speed-up's CI and the verdict; without requests, a verdict from the recorded rates."""
-    c = Comparison(baseline_arm=base.name, break_even_accept_len=break_even(arm, base), speedup=speedup(arm, base))
+def compare(arm: ArmRecord, base: ArmRecord, requests: Mapping[str, Sequence[RequestRecord]] | None = None,
+            level: float = 0.95, seed: int = 0, key: str | None = None, base_key: str | None = None,
+            interval: Mapping[str, Any] | None = None) -> Comparison:
+    """`arm` against `base`. The speed-up's interval comes from, in order: `interval` (a decide run's confidence
+    sequence: low, high, verdict, basis), the two arms' requests (`requests[key]`, keys default to the arms' names:
+    a bootstrap), the interval the record holds, else a bootstrap over the rates the record kept."""
     if arm is base:
-        return c
-    ra = (requests or {}).get(key or arm.name)
-    rb = (requests or {}).get(base_key or base.name)
+        return judged(arm, base, None, None, None)
+    if interval is not None:
+        return judged(arm, base, interval.get("low"), interval.get("high"), interval.get("verdict"),
+                      ci_level=interval.get("level"), ci_basis=interval.get("basis"))
     if requests is not None:
-        cmp = compare_requests(ra or [], rb or [], level, seed)
+        ra, rb = requests.get(key or arm.name) or [], requests.get(base_key or base.name) or []
+        cmp = compare_requests(ra, rb, level, seed)
         if cmp is None:
-            c.verdict = "not enough requests for a confidence interval"
-            return c
-        two = _frame(ra or [])["restart"].nunique() > 1 and _frame(rb or [])["restart"].nunique() > 1
-        c.speedup_ci_low, c.speedup_ci_high, c.verdict = cmp.ci_low, cmp.ci_high, cmp.verdict
-        c.min_detectable_ratio, c.ci_level = cmp.min_detectable_ratio, level
-        c.ci_basis = "restarts then requests" if two else "requests of one start"
-        return c
-    c.verdict = arm.verdict or recorded_verdict(arm, base)
-    return c
-
-
-def recorded_verdict(arm: ArmRecord, base: ArmRecord) -> str:
-    """A verdict from the rates a record kept (tok_s_values) when its requests are not at hand."""
+            return judged(arm, base, None, None, TOO_FEW)
+        two = _frame(ra)["restart"].nunique() > 1 and _frame(rb)["restart"].nunique() > 1
+        return judged(arm, base, cmp.ci_low, cmp.ci_high, cmp.verdict, min_detectable_ratio=cmp.min_detectable_ratio,
+                      ci_level=level, ci_basis="restarts then requests" if two else "requests of one start")
+    if positive(arm.speedup_ci_low) and positive(arm.speedup_ci_high):  # as measured (a record read back)
+        lo, hi = float(arm.speedup_ci_low), float(arm.speedup_ci_high)  # type: ignore[arg-type]
+        v = arm.verdict if arm.verdict and arm.verdict.startswith("equivalent") else verdict_of(lo, hi)
+        return judged(arm, base, lo, hi, v, min_detectable_ratio=arm.min_detectable_ratio, ci_level=arm.ci_level,
+                      ci_basis=arm.ci_basis)
     va = [v for v in arm.tok_s_values if positive(v)]
     vb = [v for v in base.tok_s_values if positive(v)]
     if len(va) < 2 or len(vb) < 2:
-        return "single value: no spread"
+        return judged(arm, base, None, None, NO_SPREAD if positive(arm.tok_s) and positive(base.tok_s) else None)
     try:
-        return analysis.compare_arms(va, vb, seed=0).verdict
+        cmp = analysis.compare_arms(va, vb, level=level, seed=seed)
     except SpectrialError as exc:  # pragma: no cover - inputs are filtered above
-        return f"n/a ({exc})"
+        return judged(arm, base, None, None, f"n/a ({exc})")
+    return judged(arm, base, cmp.ci_low, cmp.ci_high, cmp.verdict, min_detectable_ratio=cmp.min_detectable_ratio,
+                  ci_level=level, ci_basis="rates kept in the record")
 
 
-def add_comparisons(arms: Sequence[ArmRecord], requests: Sequence[RequestRecord], level: float = 0.95,
-                    seed: int = 0, base: ArmRecord | None = None, key: str = "arm") -> ArmRecord | None:
-    """Compare every completed arm with the baseline (`base`, else `pick_baseline`), in place; requests are
-    grouped by their `key` field (an arm's name, or a sweep point's id). Returns the baseline."""
+def with_comparison(arm: ArmRecord, c: Comparison) -> ArmRecord:
+    return arm.model_copy(update=dict(c))
+
+
+def add_comparisons(arms: list[ArmRecord], requests: Sequence[RequestRecord] | None, level: float = 0.95,
+                    seed: int = 0, base: ArmRecord | None = None, key: str = "arm",
+                    intervals: Mapping[str, Mapping[str, Any]] | None = None) -> ArmRecord | None:
+    """Compare every completed arm with the baseline (`base`, else `pick_baseline`), replacing the arms of the
+    list by their compared copies; requests are grouped by their `key` field (an arm's name, or a sweep point's
+    id); without requests, each arm's recorded interval is used (`compare`). Returns the baseline."""
     base = base or pick_baseline(arms)
-    by: dict[str, list[RequestRecord]] = {}
-    for r in requests:
-        if r.tok_s:
+    by: dict[str, list[RequestRecord]] | None = None
+    if requests is not None:
+        by = {}
+        for r in requests:
             by.setdefault(str(r.get(key)), []).append(r)
-    for a in arms:
-        for f in Comparison.model_fields:
-            setattr(a, f, None)
+    for i, a in enumerate(arms):
         if base is None or a.status != "ok":
+            arms[i] = with_comparison(a, Comparison())
             continue
         ident = getattr(a, "id", None) or a.name
-        c = compare(a, base, by, level, seed, key=ident, base_key=getattr(base, "id", None) or base.name)
-        for f in Comparison.model_fields:
-            setattr(a, f, getattr(c, f))
+        c = compare(a, base, by, level, seed, key=ident, base_key=getattr(base, "id", None) or base.name,
+                    interval=(intervals or {}).get(a.name))
+        arms[i] = with_comparison(a, c)
+        if a is base:
+            base = arms[i]
     return base
 
 
@@ -280,10 +411,10 @@ def request_cycles(r: RequestRecord) -> tuple[float, float, str] | None:
 
 def category_figures(requests: Sequence[RequestRecord], speculative: bool, level: float = 0.95,
                      seed: int = 0) -> list[CategoryRecord]:
-    """An arm's figures per workload category of its measured requests (rates as `rate_requests` set them):
-    tok/s (median, bootstrap CI), accept length = 1 + accepted / cycles summed over the category's requests
-    (None unless every request reports its counts), cycle time = their decode time / cycles. Empty when the
-    requests span fewer than two categories."""
+    """An arm's figures per workload category of its measured requests: decode rate (median, bootstrap CI),
+    accept length = 1 + accepted / cycles summed over the category's requests (None unless every request reports
+    its counts), cycle_ms = accept_len / tok_s x 1000 (the engine's per-request time / cycles apart). Empty when
+    the requests span fewer than two categories."""
     ok = [r for r in requests if r.ok]
     cats = list(dict.fromkeys(str(r.category) for r in ok if r.category))
     if len(cats) < 2:
@@ -291,7 +422,7 @@ def category_figures(requests: Sequence[RequestRecord], speculative: bool, level
     out = []
     for cat in cats:
         mine = [r for r in ok if r.category == cat]
-        rates = [float(r.tok_s) for r in mine if r.tok_s]  # type: ignore[arg-type]
+        rates = [v for r in mine if (v := decode_rate(r)) is not None]
         c = CategoryRecord(category=cat, sources=sorted({str(r.source) for r in mine if r.source}),
                            requests_ok=len(mine), tokens=float(sum(r.tokens for r in mine)), tok_s_values=rates,
                            tok_s=median(rates))
@@ -310,55 +441,48 @@ def category_figures(requests: Sequence[RequestRecord], speculative: bool, level
                     c.accept_len = analysis.accept_len_from_counts(c.accepted, c.verify_steps)
                     ms = [r.get("server_predicted_ms") for r in mine]
                     if all(isinstance(x, int | float) and x > 0 for x in ms):
-                        c.cycle_ms = sum(ms) / c.verify_steps
+                        c.engine_cycle_ms = sum(ms) / c.verify_steps
+        if c.accept_len and positive(c.tok_s):
+            c.cycle_ms = c.accept_len / float(c.tok_s) * 1000.0  # type: ignore[arg-type]
         out.append(c)
     return out
 
 
-def add_category_comparisons(arms: Sequence[ArmRecord], requests: Sequence[RequestRecord], level: float = 0.95,
-                             seed: int = 0, base: ArmRecord | None = None) -> None:
-    """Compare each arm's categories with the baseline's same categories, in place: speed-up with its CI and
-    verdict (`compare_requests` over the two categories' request rates), the arm's break-even, the category's
-    own, and whether its accept length clears its line (`category_line`)."""
+def add_category_comparisons(arms: Sequence[ArmRecord], requests: Sequence[RequestRecord] | None,
+                             level: float = 0.95, seed: int = 0, base: ArmRecord | None = None) -> None:
+    """Compare each arm's categories with the baseline's same categories, in place (each category replaced by
+    its compared copy): the same definitions as an arm's (`judged`), the interval from the two categories'
+    request rates, else the one the record holds."""
     base = base or pick_baseline(arms)
     by: dict[tuple[str, str], list[RequestRecord]] = {}
-    for r in requests:
-        if r.tok_s and r.category:
+    for r in requests or []:
+        if r.category:
             by.setdefault((str(r.arm), str(r.category)), []).append(r)
     bcats = {c.category: c for c in (base.categories if base is not None else [])}
     for a in arms:
+        new = []
         for c in a.categories:
-            for f in ("baseline_tok_s", "speedup", "speedup_ci_low", "speedup_ci_high", "verdict",
-                      "break_even_accept_len", "break_even_own", "pays"):
-                setattr(c, f, None)
             b = bcats.get(c.category)
-            if base is None or b is None or a is base or a.status != "ok":
+            if base is None or b is None or a.name == base.name or a.status != "ok":
+                new.append(c.model_copy(update=dict(Comparison())))
                 continue
-            c.baseline_tok_s = b.tok_s
-            c.speedup = c.tok_s / b.tok_s if positive(c.tok_s) and positive(b.tok_s) else None  # type: ignore[operator]
-            cmp = compare_requests(by.get((a.name, c.category), []), by.get((base.name, c.category), []), level, seed)
-            if cmp is None:
-                c.verdict = "not enough requests for a confidence interval"
+            if requests is not None:
+                cmp = compare_requests(by.get((a.name, c.category), []), by.get((base.name, c.category), []),
+                                       level, seed)
+                cc = judged(c, b, None, None, TOO_FEW) if cmp is None else \
+                    judged(c, b, cmp.ci_low, cmp.ci_high, cmp.verdict, ci_level=level, ci_basis="requests")
+            elif positive(c.speedup_ci_low) and positive(c.speedup_ci_high):
+                cc = judged(c, b, c.speedup_ci_low, c.speedup_ci_high, verdict_of(c.speedup_ci_low, c.speedup_ci_high),
+                            ci_level=c.ci_level, ci_basis=c.ci_basis)
             else:
-                c.speedup_ci_low, c.speedup_ci_high, c.verdict = cmp.ci_low, cmp.ci_high, cmp.verdict
-            c.break_even_accept_len = a.break_even_accept_len
-            if positive(c.cycle_ms) and positive(b.tok_s):
-                c.break_even_own = analysis.break_even_accept_len(c.cycle_ms, analysis.ms_per_token(b.tok_s))
-            line = category_line(c)
-            if line is not None and c.accept_len is not None:
-                c.pays = c.accept_len > line
-
-
-def category_line(c: CategoryRecord) -> float | None:
-    """The break-even a category is judged against: its own (its cycles' time over the baseline's time per token
-    on the same category: longer prompts slow both) where the per-request times give it, else the arm's."""
-    return c.break_even_own if c.break_even_own is not None else c.break_even_accept_len
+                cc = judged(c, b, None, None, c.verdict or NO_SPREAD)
+            new.append(c.model_copy(update={**dict(cc), "baseline_arm": base.name}))
+        a.categories = new
 
 
 CATEGORY_COLUMNS = ["arm", "category", "sources", "requests_ok", "tok_s", "tok_s_ci_low", "tok_s_ci_high",
-                    "accept_len", "cycle_ms", "break_even_accept_len", "break_even_own", "pays", "speedup",
-                    "speedup_ci_low",
-                    "speedup_ci_high", "verdict"]
+                    "accept_len", "break_even_accept_len", "pays", "speedup", "speedup_ci_low", "speedup_ci_high",
+                    "verdict"]
 
 
 def category_table(arms: Sequence[ArmRecord]) -> pd.DataFrame:
@@ -367,3 +491,95 @@ def category_table(arms: Sequence[ArmRecord]) -> pd.DataFrame:
     for r in rows:
         r["sources"] = ", ".join(r["sources"])
     return pd.DataFrame(rows, columns=CATEGORY_COLUMNS)
+
+
+# --- hand-made records and old ones -------------------------------------------------------------------------
+def fill_derived(arm: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a hand-made arm (the seed case: no counters) with what its recorded figures imply filled in,
+    and a ``derived`` note per field. Baselines: accept_len = 1. Speculative arms: cycle_ms = verify_ms /
+    verify_share, else accept_len / tok_s x 1000 (the decode rate's clock), else verify_ms as a lower bound;
+    accept_len = tok_s x cycle_ms / 1000 (only from a cycle that is not a lower bound). Recorded values are
+    never replaced; ms_per_token is always 1000 / tok_s."""
+    out = dict(arm)
+    notes: dict[str, str] = dict(arm.get("derived") or {})
+    tok_s = positive(arm.get("tok_s"))
+    out["ms_per_token"] = analysis.ms_per_token(tok_s) if tok_s else None
+    if str(arm.get("method") or "none") == "none":
+        out["cycle_ms"] = out["ms_per_token"]
+        if out.get("accept_len") is None:
+            out["accept_len"] = 1.0
+        out["derived"] = notes
+        return out
+    verify, share, accept = finite(arm.get("verify_ms")), finite(arm.get("verify_share")), finite(arm.get("accept_len"))
+    lower_bound = False
+    if finite(arm.get("cycle_ms")) is None:
+        if verify and share and 0 < share <= 1:
+            out["cycle_ms"] = verify / share
+            notes["cycle_ms"] = "verify_ms / verify_share"
+        elif accept and accept >= 1 and tok_s:
+            out["cycle_ms"] = accept / tok_s * 1000.0  # the decode rate's clock
+            notes["cycle_ms"] = "accept_len / tok_s x 1000"
+        elif verify:
+            out["cycle_ms"] = verify
+            notes["cycle_ms"] = "verify_ms only (share unrecorded): a lower bound"
+            lower_bound = True
+    cycle = finite(out.get("cycle_ms"))
+    if accept is None and tok_s and cycle and not lower_bound:
+        out["accept_len"] = tok_s * cycle / 1000.0
+        notes["accept_len"] = "tok_s x cycle_ms / 1000"
+    out["derived"] = notes
+    return out
+
+
+def filled(arm: ArmRecord) -> ArmRecord:
+    """A completed hand-made arm with `fill_derived` applied (others unchanged)."""
+    if arm.status != "ok" or arm.decode_ms is not None or arm.verify_steps is not None:
+        return arm
+    return type(arm).model_validate(fill_derived(arm.model_dump()))
+
+
+def rederive(m: Manifest) -> Manifest:
+    """Every figure of a record that follows from what it measured, recomputed with the definitions above (the
+    migration of records written before schema 3): derived figures of every arm and point, comparisons against
+    their baselines (the intervals they hold), categories, a sweep's best rows. Returns a new manifest."""
+    arms = [_rederive_arm(a) for a in m.arms]
+    if arms and not m.points:
+        refs = [reference(a, arms) for a in arms]
+        for i, (a, ref) in enumerate(zip(arms, refs, strict=True)):
+            arms[i] = with_comparison(a, compare(a, ref) if ref is not None and a.status == "ok" else
+                                      Comparison(verdict=NO_BASELINE if a.status == "ok" else None))
+        for ref in {r.name: r for r in refs if r is not None}.values():
+            group = [a for a, r in zip(arms, refs, strict=True) if r is not None and r.name == ref.name]
+            add_category_comparisons(group, None, base=next(a for a in arms if a.name == ref.name))
+    points = [_rederive_arm(p) for p in m.points]
+    by_id = {p.id: p for p in points}
+    for i, p in enumerate(points):
+        base = by_id.get(p.baseline or "") if isinstance(p, PointRecord) else None
+        if base is not None and p.status == "ok":
+            points[i] = with_comparison(p, compare(p, base))
+        elif p.method == "none" and p.status == "ok":
+            points[i] = with_comparison(p, compare(p, p))
+    if points:
+        by_id = {p.id: p for p in points}
+        arms = [by_id.get(getattr(a, "id", ""), a) for a in arms]
+    best = []
+    for row in m.best:
+        p = by_id.get(f"{row.get('best')}@c{row.get('concurrency')}") if row.get("best") and points else None
+        if p is not None:
+            row = {**row, "speedup": p.speedup, "speedup_ci_low": p.speedup_ci_low,
+                   "speedup_ci_high": p.speedup_ci_high, "vs_baseline": p.verdict}
+        best.append(row)
+    return m.model_copy(update={"arms": arms, "points": points, "best": best})
+
+
+def _rederive_arm(a: ArmRecord) -> ArmRecord:
+    if a.status != "ok":
+        return a
+    if a.decode_ms is None and a.verify_steps is None and a.stats_source is None:  # hand-made
+        return filled(a)
+    k = a.steps if isinstance(a.steps, int) else None
+    a = with_figures(a, derived_figures(a.figures(), a.speculative, k, a.synthetic_accept))
+    a.categories = [c.model_copy(update={"cycle_ms": c.accept_len / c.tok_s * 1000.0
+                                         if positive(c.accept_len) and positive(c.tok_s) else None})
+                    for c in a.categories]
+    return a

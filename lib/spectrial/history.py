@@ -11,9 +11,12 @@ Row fields beyond the manifest's (see ``spectrial.trial`` for the per-arm fields
 - ``nccl_env``: "set, verified" (NCCL_* variables requested and found in every server process),
   "set, check failed", "set, unverified", "none" (no NCCL_* variable) or "unrecorded";
 - ``n_values``: request rates behind ``tok_s`` (1 for a hand-measured figure);
-- derived where the record lacks them (:func:`fill_derived`, each noted in ``derived``):
+- derived where a hand-made record lacks them (``spectrial.figures.fill_derived``, each noted in ``derived``):
   cycle_ms = verify_ms / verify_share or accept_len / tok_s * 1000; accept_len = tok_s * cycle_ms / 1000;
-  ms_per_token = 1000 / tok_s; break_even_accept_len against the baseline of the same run and session.
+  ms_per_token = 1000 / tok_s;
+- ``speedup`` (with its interval), ``break_even_accept_len``, ``verdict``, ``pays``, ``baseline_arm``: the record's
+  own comparison (``spectrial.figures``: the baseline of the same run, session and NCCL state where arms record
+  one), never recomputed here.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from spectrial import analysis, figures
 from spectrial.errors import SpectrialError
+from spectrial.figures import fill_derived
 from spectrial.params import repo_root
 from spectrial.records import finite
-from spectrial.schema import ArmRecord, Manifest, as_manifest, load_record
+from spectrial.schema import Manifest, as_manifest, load_record
 
 __all__ = ["HISTORY_COLUMNS", "History", "baseline_figure", "baseline_over_time", "fill_derived",
            "incomparability", "load_history", "matrix", "matrix_figure", "resolve_dir"]
@@ -39,12 +42,12 @@ __all__ = ["HISTORY_COLUMNS", "History", "baseline_figure", "baseline_over_time"
 HISTORY_COLUMNS = [
     "source", "run", "kind", "run_status", "host", "gpu", "engine", "engine_version", "started_at", "session",
     "order", "arm", "method", "status", "reason", "config", "k", "synthetic_accept", "launch", "nccl_env",
-    "tok_s", "tok_s_min", "tok_s_max", "n_values", "ms_per_token", "accept_len", "accept_rate", "cycle_ms",
+    "tok_s", "tok_s_min", "tok_s_max", "n_values", "ms_per_token", "accept_len", "draft_accept_rate", "cycle_ms",
     "verify_ms", "verify_share", "draft_ms_per_cycle", "verify_steps", "break_even_accept_len", "speedup",
-    "derived",
+    "speedup_ci_low", "speedup_ci_high", "verdict", "pays", "derived",
 ]
 LOG_METRICS = {"tok_s": ("gen_throughput", "output_throughput"), "accept_len": ("accept_len",),
-               "accept_rate": ("accept_rate",), "verify_ms": ("verify_ms",)}
+               "draft_accept_rate": ("accept_rate",), "verify_ms": ("verify_ms",)}
 _VERSION = re.compile(r"version:?\s*([^|]+?)\s*(?:\||$)")
 _NCCL = re.compile(r"^NCCL_")
 
@@ -70,51 +73,6 @@ def resolve_dir(path: str | Path) -> Path:
         return p
     alt = repo_root() / p
     return alt if alt.exists() else p
-
-
-def fill_derived(arm: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of an arm with what its recorded figures imply filled in, and a ``derived`` note per field.
-
-    Baselines (method none): ms_per_token = 1000 / tok_s, cycle_ms = ms_per_token, accept_len = 1.
-    Speculative arms: cycle_ms = verify_ms / verify_share, else accept_len / tok_s * 1000 (the inverse of
-    ``analysis.spec_throughput``), else verify_ms as a lower bound;
-    accept_len = tok_s * cycle_ms / 1000 (only from a cycle that is not a lower bound).
-    Recorded values are never replaced.
-    """
-    out = dict(arm)
-    notes: dict[str, str] = dict(arm.get("derived") or {})
-    tok_s = finite(arm.get("tok_s"))
-    tok_s = tok_s if tok_s and tok_s > 0 else None
-    if str(arm.get("method") or "none") == "none":
-        if finite(arm.get("ms_per_token")) is None and tok_s:
-            out["ms_per_token"] = analysis.ms_per_token(tok_s)
-            notes["ms_per_token"] = "1000 / tok_s"
-        if finite(arm.get("cycle_ms")) is None and out.get("ms_per_token"):
-            out["cycle_ms"] = out["ms_per_token"]
-        out.setdefault("accept_len", 1.0)
-        if out.get("accept_len") is None:
-            out["accept_len"] = 1.0
-        out["derived"] = notes
-        return out
-    verify, share, accept = finite(arm.get("verify_ms")), finite(arm.get("verify_share")), finite(arm.get("accept_len"))
-    lower_bound = False
-    if finite(arm.get("cycle_ms")) is None:
-        if verify and share and 0 < share <= 1:
-            out["cycle_ms"] = verify / share
-            notes["cycle_ms"] = "verify_ms / verify_share"
-        elif accept and accept >= 1 and tok_s:
-            out["cycle_ms"] = accept / tok_s * 1000.0  # inverse of analysis.spec_throughput
-            notes["cycle_ms"] = "accept_len / tok_s x 1000"
-        elif verify:
-            out["cycle_ms"] = verify
-            notes["cycle_ms"] = "verify_ms only (share unrecorded): a lower bound"
-            lower_bound = True
-    cycle = finite(out.get("cycle_ms"))
-    if accept is None and tok_s and cycle and not lower_bound:
-        out["accept_len"] = tok_s * cycle / 1000.0
-        notes["accept_len"] = "tok_s x cycle_ms / 1000"
-    out["derived"] = notes
-    return out
 
 
 # ------------------------------------------------------------------ run records
@@ -208,32 +166,15 @@ def record_rows(source: Manifest | Mapping[str, Any], run: str
             "tok_s": finite(arm.get("tok_s")), "tok_s_min": finite(arm.get("tok_s_min")),
             "tok_s_max": finite(arm.get("tok_s_max")),
             "n_values": len(values) if values else (1 if finite(arm.get("tok_s")) else 0),
-            **{c: finite(arm.get(c)) for c in ("ms_per_token", "accept_len", "accept_rate", "cycle_ms", "verify_ms",
-                                              "verify_share", "draft_ms_per_cycle", "verify_steps",
-                                              "break_even_accept_len", "speedup")},
+            **{c: finite(arm.get(c)) for c in ("ms_per_token", "accept_len", "draft_accept_rate", "cycle_ms",
+                                              "verify_ms", "verify_share", "draft_ms_per_cycle", "verify_steps",
+                                              "break_even_accept_len", "speedup", "speedup_ci_low",
+                                              "speedup_ci_high")},
+            "verdict": arm.get("verdict"), "pays": arm.get("pays"),
+            "baseline_arm": arm.get("baseline_arm") if arm.get("method", "none") != "none" else None,
             "derived": "; ".join(f"{k} = {v}" for k, v in (arm.get("derived") or {}).items()) or None,
         })
-    _against_baseline(rows)
     return rows, issues
-
-
-def _against_baseline(rows: list[dict[str, Any]]) -> None:
-    """Break-even and speed-up against the baseline of the same session with the same NCCL state."""
-    for r in rows:
-        r["baseline_arm"] = None
-        if r["method"] == "none" or r["status"] != "ok":
-            continue
-        base = next((b for b in rows if b["method"] == "none" and b["status"] == "ok" and b["tok_s"]
-                     and b["session"] == r["session"] and b["nccl_env"] == r["nccl_env"]), None)
-        if base is None:
-            continue
-        r["baseline_arm"] = base["arm"]
-        arm = ArmRecord(name=r["arm"], method=r["method"], tok_s=r["tok_s"], cycle_ms=r["cycle_ms"])
-        ref = ArmRecord(name=base["arm"], tok_s=base["tok_s"], ms_per_token=base["ms_per_token"])
-        if r["break_even_accept_len"] is None:
-            r["break_even_accept_len"] = figures.break_even(arm, ref)
-        if r["speedup"] is None:
-            r["speedup"] = figures.speedup(arm, ref)
 
 
 # ------------------------------------------------------------------ plain logs

@@ -124,8 +124,15 @@ def log_table(manifest: Manifest):  # noqa: ANN201
     rows = []
     for st in manifest.live_starts():
         for m in (st.log_summary or {}).get("metrics", []):
-            rows.append({"arm": st.arm, "start": st.restart + 1, **m})
+            rows.append({"arm": st.arm, "start": st.restart + 1, **m,
+                         "metric": LOG_NAMES.get(m.get("metric"), m.get("metric"))})
     if not rows:
         return pd.DataFrame(columns=["arm", "start", "engine", "kind", "metric", "n", "median"])
-    return pd.DataFrame(rows).pivot_table(index=["arm", "start"], columns=["kind", "metric"], values="median",
-                                          sort=False)
+    table = pd.DataFrame(rows).pivot_table(index=["arm", "start"], columns=["kind", "metric"], values="median",
+                                           sort=False)
+    table.columns = [f"{kind}: {metric}" for kind, metric in table.columns]  # one name per column
+    return table
+
+
+# the log parsers' column names as the record names the same concept (docs/FIGURES.md)
+LOG_NAMES = {"accept_rate": "draft_accept_rate"}

@@ -120,6 +120,42 @@ class SamplingParams(BaseModel):
         return self.temperature == 0
 
 
+class SloParams(BaseModel):
+    """Service-level objectives of `slo:` in params: a request is good when it meets every one given; goodput is
+    good requests per second of measurement (spectrial.serving)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_ms: float | None = Field(None, gt=0, description="Time to first token at most (ms).")
+    tpot_ms: float | None = Field(None, gt=0, description="Time per output token after the first at most (ms).")
+    e2el_ms: float | None = Field(None, gt=0, description="End-to-end latency at most (ms).")
+
+    def limits(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.model_dump().items() if v is not None}
+
+
+class DecideParams(BaseModel):
+    """`decide:` in params: keep interleaving rounds of starts (one start of every arm per round) until every
+    speculative arm's speed-up is decided by an anytime-valid confidence sequence over paired rounds
+    (spectrial.sequential), or a budget runs out. `decide: true` takes these defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    margin: float | None = Field(None, gt=0, lt=1, description="Equivalence margin: an arm whose speed-up interval "
+                                                               "lies within [1/(1+m), 1+m] is decided 'equivalent' "
+                                                               "(e.g. 0.03); None: only faster/slower decide.")
+    min_rounds: int = Field(3, ge=2, description="Rounds before the first look.")
+    max_rounds: int = Field(20, ge=2, description="Rounds at most (each: one start of every arm).")
+    max_minutes: float | None = Field(30, gt=0, description="Wall-clock budget of the rounds (minutes; None: "
+                                                            "no limit). A round in progress is finished.")
+
+    @model_validator(mode="after")
+    def _rounds_ok(self) -> DecideParams:
+        if self.max_rounds < self.min_rounds:
+            raise ValueError(f"max_rounds ({self.max_rounds}) must be >= min_rounds ({self.min_rounds})")
+        return self
+
+
 WORKLOAD_NAMES = ("bundled", "sharegpt", "humaneval")
 
 
@@ -197,7 +233,12 @@ class TrialParams(BaseModel):
     output_len: Literal["fixed", "dataset"] = Field(
         "fixed", description="fixed: every request asks max_tokens; dataset: each item's own output length "
                              "(ShareGPT's reply, HumanEval's solution, a file's output_len), capped at max_tokens.")
-    concurrency: int = Field(1, ge=1, description="Concurrent streams during the benchmark.")
+    concurrency: int = Field(1, ge=1, description="Concurrent streams during the benchmark (engine slots follow "
+                                                  "it: llama.cpp -np; the record says the concurrency achieved).")
+    slo: SloParams = Field(default_factory=SloParams, description="Service-level objectives for goodput: "
+                                                                  "{ttft_ms, tpot_ms, e2el_ms} (ms).")
+    decide: DecideParams | None = Field(None, description="Sample until decided: true, or {margin, min_rounds, "
+                                                          "max_rounds, max_minutes}; replaces `restarts`.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment put on every launch command.")
     env_check: Literal["fail", "warn"] = Field("fail", description="What a missing requested variable does.")
     port: int = Field(8089, ge=1, le=65535, description="Server port on the host.")
@@ -214,6 +255,20 @@ class TrialParams(BaseModel):
     state_dir: str = Field("~/.cache/spectrial/state", description="Host folder of server state files.")
     work_dir: str = Field("~/.cache/spectrial/runs", description="Host folder of server logs per run.")
     seed: int = Field(0, description="Seed for prompt order and bootstrap.")
+
+    @field_validator("decide", mode="before")
+    @classmethod
+    def _decide_bool(cls, v: Any) -> Any:
+        if v is True:
+            return {}
+        return None if v is False else v
+
+    @model_validator(mode="after")
+    def _decide_ok(self) -> TrialParams:
+        if self.decide is not None and self.order == "blocked":
+            raise ValueError("decide: needs order interleaved or random (rounds of one start per arm); "
+                             "blocked starts cannot be paired")
+        return self
 
     @field_validator("workload", mode="before")
     @classmethod
@@ -356,6 +411,10 @@ def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
         model = WorkloadSource
     elif len(loc) >= 2 and loc[0] == "sampling":
         model = SamplingParams
+    elif len(loc) >= 2 and loc[0] == "slo":
+        model = SloParams
+    elif len(loc) >= 2 and loc[0] == "decide":
+        model = DecideParams
     return sorted(model.model_fields)
 
 

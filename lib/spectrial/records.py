@@ -147,6 +147,16 @@ class RunRecord:
         self.save()
         return path
 
+    def write_frame(self, rel: str, frame: pd.DataFrame) -> Path:
+        """Write a table as a CSV artifact (atomically: a full disk leaves the old file, not half a new one)."""
+        path = self.add_file(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        frame.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+        self.save()
+        return path
+
     def finish(self, status: str, reason: str | None = None) -> None:
         self.manifest.status = status
         self.manifest.reason = redact(reason, self.secrets) if reason else None

@@ -30,10 +30,10 @@ from spectrial.diagnose.model import Diagnosis
 from spectrial.errors import ConfigError
 from spectrial.figures import category_table
 from spectrial.records import list_runs, update_manifest
-from spectrial.schema import ArmRecord, Manifest, as_manifest, load_record
+from spectrial.schema import Manifest, as_manifest, load_record
 
-__all__ = ["REPORT_NAME", "build_notebook", "diagnosis_cell", "latest_run", "prepare_notebook", "render_html",
-           "write_report"]
+__all__ = ["REPORT_NAME", "build_notebook", "diagnosis_cell", "headline_cells", "latest_run", "prepare_notebook",
+           "render_html", "serving_cells", "write_report"]
 
 REPORT_NAME = "report.html"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -43,8 +43,9 @@ _EXTERNAL_SCRIPT = re.compile(r"<script\b[^>]*\bsrc\s*=[^>]*>\s*</script>"
 _PROGRESS = re.compile(r"\d+%\||\[\d+:\d+(?::\d+)?(?:<[\d:?]+)?,\s*[^\]]*?/s")  # tqdm bars: "42%|", "[00:01, 3.2it/s"
 _PLOTLY_LOADER = re.compile(r"cdn\.plot\.ly|window\.PlotlyConfig|require\.config|requirejs", re.IGNORECASE)
 _ARM_COLUMNS = ["arm", "config", "status", "reason", "nccl_env", "tok_s", "tok_s_min", "tok_s_max", "n_values",
-                "ms_per_token", "accept_len", "accept_rate", "cycle_ms", "verify_ms", "draft_ms_per_cycle",
-                "break_even_accept_len", "speedup", "derived"]
+                "ms_per_token", "accept_len", "draft_accept_rate", "cycle_ms", "verify_ms", "draft_ms_per_cycle",
+                "break_even_accept_len", "speedup", "speedup_ci_low", "speedup_ci_high", "verdict", "pays",
+                "derived"]
 _TEMPLATE_NAME = "spectrial_report.html.j2"
 _TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js -%}
@@ -54,7 +55,8 @@ _TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block extra_css -%}
-<style type="text/css">.spectrial-plotly { width: 100%; min-height: 320px; }</style>
+<style type="text/css">.spectrial-plotly { width: 100%; min-height: 320px; }
+.jp-OutputArea-output { overflow-x: auto; } table.spectrial-compact td { white-space: nowrap; }</style>
 {%- endblock extra_css -%}
 """
 
@@ -128,22 +130,75 @@ def render_html(nb: Any, title: str, show_code: bool = False) -> str:
     return body
 
 
-def diagnosis_cell(diagnosis: Diagnosis) -> Any:
-    """A markdown cell with the doctor's ranked findings (evidence in code spans, no raw HTML from logs)."""
+def diagnosis_cell(diagnosis: Diagnosis, manifest: Manifest | None = None) -> Any:
+    """A markdown cell with the doctor's ranked findings (evidence in code spans, no raw HTML from logs), titled
+    by what the record found: "Why is speculation slower here?" only when an arm is slower and none is faster."""
     import nbformat.v4 as nbf
 
-    return nbf.new_markdown_cell("## Why is speculation slower here? (spectrial doctor)\n\n" + diagnosis.markdown())
+    slower = manifest is not None and any(a.pays == "no" and a.speculative for a in manifest.arms) \
+        and not any(a.verdict == "faster" for a in manifest.arms)
+    title = "Why is speculation slower here? (spectrial doctor)" if slower else "What the doctor found (spectrial doctor)"
+    return nbf.new_markdown_cell(f"## {title}\n\n" + diagnosis.markdown())
 
 
-def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | None = None) -> Any:
-    """A notebook with outputs built from a manifest: header, the doctor's findings (`diagnosis`, default: the
-    manifest's own, without logs), arms table, the explain sections."""
+def headline_cells(manifest: Manifest) -> list[Any]:
+    """The answer first: per headline (one per trial, per session, per sweep level) its title as a heading,
+    one sentence per arm, and the compact table (rounded, units in the headers)."""
+    import nbformat.v4 as nbf
+
+    from spectrial.headline import headlines
+
+    cells = []
+    for h in headlines(manifest):
+        cells.append(nbf.new_markdown_cell(h.markdown(heading="##")))
+        table = h.table()
+        if len(table):
+            cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
+                "display_data", data={"text/html": table.to_html(index=False, na_rep="—", classes="spectrial-compact"),
+                                      "text/plain": table.to_string(index=False)})]))
+    return cells
+
+
+def serving_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
+    """Serving metrics per arm (TTFT, TPOT, ITL, E2E latency p50/p90/p99, request rate, aggregate output tok/s,
+    goodput) and the latency distributions from the run folder's requests (requests.csv, stream.csv)."""
+    import nbformat.v4 as nbf
+
+    from spectrial import serving
+    from spectrial.explain import figure_bundle
+
+    table = serving.serving_table(manifest.arms)
+    if table.empty:
+        return []
+    notes = sorted({f"{a.name}: {n}" for a in manifest.arms if a.serving for n in a.serving.notes})
+    text = ("## Serving metrics\n\nPer arm over its measured requests: time to first token, time per output "
+            "token, inter-token latency (per token, pooled over every gap of every request; per delivered chunk), "
+            "end-to-end latency (p50/p90/p99, ms), completed requests and output tokens per second of measurement "
+            "(all streams together), and goodput (requests per second that met every SLO of `slo:`).")
+    if notes:
+        text += "\n\n" + "\n".join(f"- {n}" for n in notes)
+    cells = [nbf.new_markdown_cell(text), nbf.new_code_cell("", outputs=[nbf.new_output(
+        "display_data", data={"text/html": table.to_html(index=False, na_rep="—", classes="spectrial-compact"),
+                              "text/plain": table.to_string(index=False)})])]
+    if run_dir is not None:
+        by_arm = serving.read_requests(run_dir)
+        if by_arm:
+            fig = serving.latency_figure(by_arm)
+            cells.append(nbf.new_code_cell("", outputs=[nbf.new_output("display_data", data=figure_bundle(fig))]))
+    return cells
+
+
+def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | None = None,
+                   run_dir: Path | None = None) -> Any:
+    """A notebook with outputs built from a manifest: header, the headline, the doctor's findings (`diagnosis`,
+    default: the manifest's own, without logs), serving metrics, arms table, the explain sections."""
     import nbformat.v4 as nbf
     import pandas as pd
 
     from spectrial.diagnose import diagnose
     from spectrial.explain import explain
-    from spectrial.history import fill_derived, record_rows
+    from spectrial.figures import filled
+    from spectrial.history import record_rows
 
     manifest = as_manifest(source)
     host, engine = manifest.host, manifest.engine
@@ -157,12 +212,13 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
         head.append(f"- workload: {workload_line(manifest.workload)}")
     if manifest.get("description"):
         head += ["", str(manifest.get("description"))]
-    cells = [nbf.new_markdown_cell("\n".join(head)), diagnosis_cell(diagnosis or diagnose(manifest))]
-    arms = [ArmRecord.model_validate(fill_derived(a.model_dump())) if a.status == "ok" else a for a in manifest.arms]
+    cells = [nbf.new_markdown_cell("\n".join(head)), *headline_cells(manifest),
+             diagnosis_cell(diagnosis or diagnose(manifest), manifest), *serving_cells(manifest, run_dir)]
+    arms = [filled(a) for a in manifest.arms]
     if arms:
         rows, _ = record_rows(manifest, str(manifest.run_id))
         table = pd.DataFrame(rows)[[c for c in _ARM_COLUMNS if c in rows[0]]].dropna(axis=1, how="all").round(3)
-        cells.append(nbf.new_markdown_cell("## Arms"))
+        cells.append(nbf.new_markdown_cell("## Arms (every figure)"))
         cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
             "display_data", data={"text/html": table.to_html(index=False, na_rep="—"),
                                   "text/plain": table.to_string(index=False)})]))
@@ -234,10 +290,11 @@ def write_report(run_dir: str | Path, *, show_code: bool = False) -> Path:
     if nb_path is not None and nb_path.is_file():
         nb = nbformat.read(nb_path, as_version=4)
         nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
-        nb.cells.insert(1 if nb.cells and nb.cells[0].get("cell_type") == "markdown" else 0, diagnosis_cell(found))
+        at = 1 if nb.cells and nb.cells[0].get("cell_type") == "markdown" else 0
+        nb.cells[at:at] = [*headline_cells(manifest), diagnosis_cell(found, manifest), *serving_cells(manifest, run)]
         source = nb_path.name
     else:
-        nb, source = build_notebook(manifest, found), "manifest"
+        nb, source = build_notebook(manifest, found, run), "manifest"
     body = render_html(nb, title=f"spectrial report: {manifest.run_id}", show_code=show_code)
     out = run / REPORT_NAME
     tmp = out.with_name(out.name + ".tmp")

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Status = Literal["pending", "running", "ok", "failed", "not run", "not measured"]
 
@@ -60,6 +60,14 @@ class RequestRecord(Record):
     source: str | None = None  # the workload source it came from (bundled, sharegpt, humaneval, a file)
     max_tokens: int | None = None  # what it asked for (fixed, or the item's own length)
     prompt_len: int | None = None  # the prompt's tokens as spectrial counted them (workload.length_unit)
+    # the stream as the client saw it (spectrial.bench): one entry per streamed event that carried tokens
+    # (text that decodes empty included), in arrival order; written to stream.csv, not requests.csv
+    events_ms: list[float] | None = None  # arrival of each event, ms after t_start
+    event_tokens: list[int] | None = None  # tokens each event carried (the server's counts where it gives them)
+    event_tokens_exact: bool | None = None  # True: counted by the server per event; False: 1 assumed per event
+    e2el_ms: float | None = None  # end-to-end latency: request sent -> stream ended
+    tpot_ms: float | None = None  # time per output token after the first: (e2el - ttft) / (tokens - 1)
+    delivery: str | None = None  # "stream", "bunched" (steps delivered together) or "stalled" (all at the end)
 
     @property
     def ok(self) -> bool:
@@ -170,24 +178,100 @@ class StartSummary(Record):
     reason: str | None = None
 
 
+# --- serving metrics of one arm (spectrial.serving) ------------------------------------------------------
+class Percentiles(Record):
+    """A latency distribution in ms: count, mean, p50/p90/p99, each percentile with its bootstrap CI (requests
+    resampled, with every gap of a resampled request for pooled distributions)."""
+
+    n: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    p50_ci: list[float] | None = None  # [low, high]
+    p90_ci: list[float] | None = None
+    p99_ci: list[float] | None = None
+    ci_level: float | None = None
+
+
+class ServingFigures(Record):
+    """What a serving benchmark reports for one arm (as `vllm bench serve`, AIPerf and guidellm define it),
+    over the measured requests of every start (`spectrial.serving.serving_figures`).
+
+    ttft_ms      request sent -> first event carrying a token
+    tpot_ms      per request: (e2el - ttft) / (tokens - 1)
+    itl_ms       per token, pooled over every gap of every request: a chunk's gap spread over its tokens
+    itl_chunk_ms per delivered chunk, pooled (events that arrive together are one chunk): on speculative
+                 arms about one verify cycle
+    e2el_ms      request sent -> stream ended
+    request_rate completed requests per second of measurement window (req/s)
+    output_tok_s output tokens per second of measurement window, all streams together (aggregate tok/s)
+    goodput      requests per second that met every SLO of `slo` (req/s)
+    A figure that the stream's granularity makes meaningless is None, and `notes` says why.
+    """
+
+    ttft_ms: Percentiles | None = None
+    tpot_ms: Percentiles | None = None
+    itl_ms: Percentiles | None = None
+    itl_chunk_ms: Percentiles | None = None
+    e2el_ms: Percentiles | None = None
+    requests: int = 0
+    duration_s: float | None = None
+    request_rate: float | None = None
+    output_tok_s: float | None = None
+    requested_concurrency: int | None = None
+    achieved_concurrency: float | None = None  # mean requests in flight: sum of e2el / window time
+    slo: dict[str, float] | None = None
+    good_requests: int | None = None
+    goodput: float | None = None
+    goodput_fraction: float | None = None
+    chunks_per_request: float | None = None  # median over requests
+    tokens_per_chunk: float | None = None  # output tokens after the first / chunks after the first, pooled
+    expected_tokens_per_chunk: float | None = None  # what decoding gives: the accept length (1 for a baseline)
+    granularity: Literal["fine", "coarse", "unknown"] = "unknown"
+    stalled: int = 0  # requests whose output arrived all at the end
+    bunched: int = 0  # requests whose chunks carried several decode steps each
+    notes: list[str] = Field(default_factory=list)
+
+
 # --- one arm and its comparison with the baseline -------------------------------------------------------
+Pays = Literal["yes", "no", "undecided"]
+
+
 class Comparison(Record):
-    """An arm against the baseline: break-even accept length, speed-up with its CI, verdict."""
+    """An arm against the baseline (`spectrial.figures.compare`): every field derives from the two arms' decode
+    rates and the arm's accept length, so that none can contradict another.
+
+    speedup          tok_s / baseline tok_s (decode rate per request, medians)
+    speedup_ci_*     its interval: percentile bootstrap of the ratio of medians (over starts, then requests),
+                     or the anytime-valid confidence sequence of a `decide` run (`ci_basis` says which)
+    verdict          faster (interval above 1), slower (below 1), equivalent (inside the decide margin), else
+                     "not distinguishable at this noise"
+    break_even_*     the accept length at which this arm's cycle would just match the baseline:
+                     cycle_ms / baseline ms_per_token = accept_len / speedup; its interval accept_len / speedup CI
+    pays             the verdict in break-even words: yes (accept length above the break-even interval:
+                     faster), no (below it: slower), undecided (inside it)
+    """
 
     baseline_arm: str | None = None
+    baseline_tok_s: float | None = None
     break_even_accept_len: float | None = None
+    break_even_ci_low: float | None = None
+    break_even_ci_high: float | None = None
     speedup: float | None = None
     speedup_ci_low: float | None = None
     speedup_ci_high: float | None = None
     verdict: str | None = None
+    pays: Pays | None = None
     min_detectable_ratio: float | None = None
     ci_level: float | None = None
     ci_basis: str | None = None
 
 
-class CategoryRecord(Record):
+class CategoryRecord(Comparison):
     """An arm's figures over the requests of one category of the workload (spectrial.figures.category_figures),
-    and its comparison with the baseline's requests of the same category."""
+    and (inherited) its comparison with the baseline's requests of the same category: the same definitions as
+    an arm's, over that category's requests."""
 
     category: str
     sources: list[str] = Field(default_factory=list)
@@ -201,38 +285,30 @@ class CategoryRecord(Record):
     verify_steps: float | None = None
     accept_len: float | None = None
     accept_source: str | None = None
-    cycle_ms: float | None = None  # decode time / verify cycles of these requests (per-request decode time)
-    baseline_tok_s: float | None = None
-    speedup: float | None = None
-    speedup_ci_low: float | None = None
-    speedup_ci_high: float | None = None
-    verdict: str | None = None
-    break_even_accept_len: float | None = None  # the arm's: the cycle's cost does not depend on the prompt
-    break_even_own: float | None = None  # this category's cycle time / the baseline's time per token on it
-    pays: bool | None = None  # accept length above its line (its own break-even, else the arm's)
+    cycle_ms: float | None = None  # accept_len / tok_s x 1000: the cycle on the decode rate's clock
+    engine_cycle_ms: float | None = None  # the engine's per-request decode time / verify cycles
 
 
-class ArmRecord(Comparison):
-    """One arm: its settings and launch, its starts, its figures, and (inherited) its comparison."""
+class ArmFigures(Record):
+    """An arm's measured figures over every measured request of its starts (`spectrial.figures.arm_figures`).
 
-    name: str = "?"
-    method: str = "none"
-    status: str = "pending"
-    reason: str | None = None
-    steps: int | None = None
-    topk: int | None = None
-    draft_tokens: int | None = None
-    draft: str | None = None
-    synthetic: bool = False
-    synthetic_accept: float | list[float] | None = None
-    argv: list[str] | None = None
-    env: dict[str, str] | None = None
-    notes: list[str] = Field(default_factory=list)
-    starts: list[StartSummary] = Field(default_factory=list)
-    env_check: EnvCheckRecord | None = None
-    fingerprint_changes: list[str] = Field(default_factory=list)
-    throttled_samples: int = 0
-    # figures over every measured request of the arm (spectrial.figures.arm_figures)
+    tok_s              decode rate per request (tok/s): median over requests of each request's rate (the
+                       engine's own where it reports one, else the client's: tokens after the first / time
+                       from the first to the last token event); IQR, min/max, CV; CI by bootstrap
+    accept_len         accept length: tokens committed per verify step = 1 + accepted / verify steps
+    draft_accept_rate  accepted / drafted draft tokens (per drafted token)
+    alpha              per-token acceptance of the chain model that gives accept_len at depth k,
+                       tau = (1 - alpha^(k+1)) / (1 - alpha); a synthetic arm's forced rate where given
+    per_position       acceptance per draft position as the engine counts it
+    ms_per_token       1000 / tok_s (ms per token on the decode rate's clock)
+    cycle_ms           time per verify cycle on the same clock: accept_len / tok_s x 1000
+    engine_*           the engine's own clock (decode time from its counters): engine_ms_per_token = decode
+                       time / tokens, engine_cycle_ms = decode time / verify steps; a cross-check, not the basis
+                       of any verdict
+    serving            TTFT, TPOT, ITL, E2E latency (p50/p90/p99), request rate, aggregate output tok/s,
+                       goodput (`spectrial.serving`)
+    """
+
     requests_ok: int | None = None
     requests_failed: int | None = None
     tok_s_source: str | None = None
@@ -251,8 +327,8 @@ class ArmRecord(Comparison):
     cv_between_expected: float | None = None
     start_medians: list[float] | None = None
     client_tok_s: float | None = None
-    ttft_ms: float | None = None
-    itl_ms: float | None = None
+    ttft_ms: float | None = None  # serving.ttft_ms.p50
+    itl_ms: float | None = None  # serving.itl_ms.p50 (per token, pooled)
     drafted: float | None = None
     accepted: float | None = None
     tokens: float | None = None
@@ -264,11 +340,39 @@ class ArmRecord(Comparison):
     stats_notes: list[str] = Field(default_factory=list)
     cross_checks: dict[str, Any] = Field(default_factory=dict)  # e.g. the log's own accept length
     ms_per_token: float | None = None
-    accept_rate: float | None = None
     accept_len: float | None = None
+    draft_accept_rate: float | None = None
+    alpha: float | None = None
+    alpha_source: str | None = None  # "synthetic" or "from accept length"
     cycle_ms: float | None = None
+    engine_ms_per_token: float | None = None
+    engine_cycle_ms: float | None = None
     draft_ms_per_cycle: float | None = None
+    serving: ServingFigures | None = None
     categories: list[CategoryRecord] = Field(default_factory=list)  # per workload category, when >= 2
+
+
+class ArmRecord(ArmFigures, Comparison):
+    """One arm: its settings and launch, its starts, its figures (`ArmFigures`) and its comparison with the
+    baseline (`Comparison`)."""
+
+    name: str = "?"
+    method: str = "none"
+    status: str = "pending"
+    reason: str | None = None
+    steps: int | None = None
+    topk: int | None = None
+    draft_tokens: int | None = None
+    draft: str | None = None
+    synthetic: bool = False
+    synthetic_accept: float | list[float] | None = None
+    argv: list[str] | None = None
+    env: dict[str, str] | None = None
+    notes: list[str] = Field(default_factory=list)
+    starts: list[StartSummary] = Field(default_factory=list)
+    env_check: EnvCheckRecord | None = None
+    fingerprint_changes: list[str] = Field(default_factory=list)
+    throttled_samples: int = 0
     # hand-measured records (the seed case) carry these instead of counters
     session: str | None = None
     nccl_env: str | None = None
@@ -286,6 +390,9 @@ class ArmRecord(Comparison):
 
     def comparison(self) -> Comparison:
         return Comparison(**{k: getattr(self, k) for k in Comparison.model_fields})
+
+    def figures(self) -> ArmFigures:
+        return ArmFigures(**{k: getattr(self, k) for k in ArmFigures.model_fields})
 
 
 class PointRecord(ArmRecord):
@@ -336,6 +443,36 @@ class DriftRecord(Record):
     message: str = ""
 
 
+class DecideArmRecord(Record):
+    """One speculative arm's confidence sequence in a decide run (`spectrial.sequential`): the speed-up over
+    paired rounds (one start of each arm per round), anytime-valid, at every look."""
+
+    arm: str
+    rounds: int = 0
+    estimate: float | None = None  # exp(mean of log(arm rate / baseline rate)) over the rounds
+    ci_low: float | None = None
+    ci_high: float | None = None
+    status: str = "undecided"  # faster, slower, equivalent, undecided, inconsistent (the ratio drifted)
+    looks: list[dict[str, Any]] = Field(default_factory=list)  # per round: n, estimate, low, high
+
+
+class DecideRecord(Record):
+    """How a decide run sampled and why it stopped (`decide:` in params)."""
+
+    level: float = 0.95
+    margin: float | None = None
+    min_rounds: int = 2
+    max_rounds: int | None = None
+    max_minutes: float | None = None
+    rounds: int = 0
+    starts: int = 0
+    elapsed_s: float | None = None
+    stopped: str = ""
+    method: str = ""
+    arms: list[DecideArmRecord] = Field(default_factory=list)
+    fixed_design_rounds: dict[str, int | None] = Field(default_factory=dict)  # same precision without looks
+
+
 class Manifest(Record):
     """A run record's manifest.json."""
 
@@ -360,6 +497,7 @@ class Manifest(Record):
     starts: list[StartRecord] = Field(default_factory=list)
     arms: list[ArmRecord] = Field(default_factory=list)
     drift: DriftRecord | None = None
+    decide: DecideRecord | None = None
     files: list[str] = Field(default_factory=list)
     notebook: str | None = None
     # sweeps
@@ -404,17 +542,49 @@ def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
         out["starts"] = starts
         if isinstance(out.get("launch"), list):
             out["launch"] = [dict(x, notes=x.get("notes") or []) for x in out["launch"]]
+    if version < 3:  # one name per acceptance concept; the engine's clock apart (figures re-derived on load)
+        for key in ("arms", "points"):
+            out[key] = [_v3_arm(a) for a in out.get(key) or []]
     out["schema_version"] = SCHEMA_VERSION
     return out
+
+
+def _v3_arm(a: Any) -> Any:
+    if not isinstance(a, Mapping):
+        return a
+    a = dict(a)
+    if "accept_rate" in a:
+        a.setdefault("draft_accept_rate", a.pop("accept_rate"))
+    if a.get("decode_ms") is not None or a.get("verify_steps") is not None:  # measured by spectrial
+        a.setdefault("engine_cycle_ms", a.get("cycle_ms"))
+        a.setdefault("engine_ms_per_token", a.get("ms_per_token"))
+    cats = []
+    for c in a.get("categories") or []:
+        c = dict(c)
+        c.pop("break_even_own", None)
+        if isinstance(c.get("pays"), bool):
+            c["pays"] = None
+        c.setdefault("engine_cycle_ms", c.pop("cycle_ms", None))
+        cats.append(c)
+    a["categories"] = cats
+    if isinstance(a.get("pays"), bool):
+        a["pays"] = None
+    return a
 
 
 def as_manifest(source: Manifest | Mapping[str, Any]) -> Manifest:
     """A Manifest from a Manifest or a manifest mapping of any version."""
     if isinstance(source, Manifest):
         return source
+    version = int(source.get("schema_version") or 1)
     data = migrate(source)
     data.setdefault("run_id", "?")
-    return Manifest.model_validate(data)
+    m = Manifest.model_validate(data)
+    if version < 3:
+        from spectrial.figures import rederive  # figures derive from this schema
+
+        m = rederive(m)
+    return m
 
 
 def as_arms(source: Manifest | Mapping[str, Any] | Sequence[Any]) -> list[ArmRecord]:

@@ -31,7 +31,7 @@ from spectrial.connect import get_host
 from spectrial.engines import Engine, Window, get_engine
 from spectrial.engines.nccl_evidence import evidence_summary, nccl_evidence
 from spectrial.errors import ConfigError
-from spectrial.figures import median
+from spectrial.figures import median, window_rates
 from spectrial.fingerprint import compare as fp_compare
 from spectrial.fingerprint import engine_identity, file_identity, fingerprint_key, host_fingerprint
 from spectrial.gpu import GpuSampler, GpuStatus
@@ -419,8 +419,7 @@ class Session:
             raw.last_line = raws[i + 1].first_line - 1 if i + 1 < len(raws) else max(raw.first_line, len(log.text.splitlines()))
             measured.append(self._window(raw, arm, spec, log, entry))
         entry.windows = [m.record for m in measured]
-        entry.tok_s = median(r.tok_s or r.get("server_predicted_per_second") or r.client_tok_s
-                             for m in measured for r in m.requests if r.ok)
+        entry.tok_s = median(r.tok_s for m in measured for r in m.requests if r.ok)
         if spec.env.get("NCCL_DEBUG", "").upper() == "INFO" and log.text:
             entry.nccl_evidence = ev = nccl_evidence(log.table, spec.env)
             entry.notes.append(evidence_summary(ev))
@@ -450,9 +449,10 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - statistics of a broken window must not hide its failure
             stats = WindowStats(scoped=False, source="none", notes=[f"window statistics failed: {exc}"])
         ok = [r for r in raw.requests if r.ok]
-        rates = [r.get("server_predicted_per_second") or r.client_tok_s for r in ok]
+        for r, rate in zip(raw.requests, window_rates(raw.requests), strict=True):
+            r.tok_s = rate  # the request's decode rate, on one clock per window (figures.window_rates)
         record = WindowRecord(concurrency=raw.plan.concurrency, requests=len(raw.requests), requests_ok=len(ok),
-                              tok_s=median(rates), counters=stats.counters(), per_position=stats.per_position,
+                              tok_s=median(r.tok_s for r in ok), counters=stats.counters(), per_position=stats.per_position,
                               accept_len=stats.accept_len, stats_source=stats.source, stats_scoped=stats.scoped,
                               stats_notes=list(stats.notes), cross_checks=stats.cross_checks,
                               log_lines=[raw.first_line, raw.last_line])

@@ -33,6 +33,7 @@ from spectrial.figures import (
     category_figures,
     category_table,
     merge_stats,
+    with_figures,
 )
 from spectrial.params import Arm, TrialParams, load_params
 from spectrial.records import RunRecord, RunResult
@@ -49,8 +50,14 @@ class TrialResult(RunResult):
         return self.manifest.arms
 
     def table(self) -> pd.DataFrame:
-        """One row per arm with the headline figures."""
+        """One row per arm with every figure (ARM_COLUMNS; `headline().table()` is the compact one)."""
         return arms_table(self.manifest.arms)
+
+    def headline(self):  # noqa: ANN201 - spectrial.headline.Headline
+        """The answer: does speculation pay, by how much, how sure (one line per arm)."""
+        from spectrial.headline import headline
+
+        return headline(self.manifest)
 
     def categories(self) -> pd.DataFrame:
         """One row per arm and workload category (empty unless the workload has two categories or more)."""
@@ -58,16 +65,28 @@ class TrialResult(RunResult):
 
 
 ARM_COLUMNS = ["arm", "method", "status", "steps", "synthetic", "tok_s", "tok_s_ci_low", "tok_s_ci_high",
-               "speedup", "speedup_ci_low", "speedup_ci_high", "verdict", "accept_len", "accepted", "drafted",
-               "accept_rate", "cycle_ms", "ms_per_token", "break_even_accept_len", "draft_ms_per_cycle",
-               "starts", "env_ok"]
+               "speedup", "speedup_ci_low", "speedup_ci_high", "verdict", "pays", "accept_len",
+               "break_even_accept_len", "break_even_ci_low", "break_even_ci_high", "accepted", "drafted",
+               "draft_accept_rate", "alpha", "cycle_ms", "ms_per_token", "engine_cycle_ms", "draft_ms_per_cycle",
+               "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "e2el_p50_ms", "output_tok_s", "request_rate",
+               "goodput", "starts", "env_ok"]
+
+
+MEASURED_COLUMNS = ["arm", "method", "status", "starts", "tok_s", "tok_s_ci_low", "tok_s_ci_high", "accept_len",
+                    "draft_accept_rate", "cycle_ms", "ttft_p50_ms", "itl_p50_ms", "e2el_p50_ms", "env_ok"]
 
 
 def arms_table(arms: list[ArmRecord]) -> pd.DataFrame:
-    """The arms of a manifest as a table (columns ARM_COLUMNS)."""
+    """The arms of a manifest as a table (columns ARM_COLUMNS; `spectrial trial --wide`)."""
     rows = []
     for a in arms:
         row = {"arm": a.name, **{c: getattr(a, c, None) for c in ARM_COLUMNS[1:]}}
+        sv = a.serving
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            dist = getattr(sv, f"{name}_ms") if sv else None
+            row[f"{name}_p50_ms"] = dist.p50 if dist else None
+        for name in ("output_tok_s", "request_rate", "goodput"):
+            row[name] = getattr(sv, name) if sv else None
         row["env_ok"] = a.env_check.ok if a.env_check else None
         row["starts"] = len(a.starts) or None
         rows.append(row)
@@ -108,6 +127,7 @@ class Trial:
         self.session = Session(params, self.record, progress)
         self.starts: dict[str, list[MeasuredStart]] = {a.name: [] for a in params.arms}
         self.failures: dict[str, list[str]] = {}  # per step ("kill_old_server", "arm baseline", ...): what failed
+        self.intervals: dict[str, dict[str, Any]] = {}  # a decide run's confidence sequences, per arm
         self.closed = False
 
     # --- record --------------------------------------------------------------------------------------------
@@ -174,6 +194,7 @@ class Trial:
             self._ensure_arms()
             self.session.open()
             for a in arms:  # a re-run replaces the arm's earlier starts
+                self.intervals.pop(a.name, None)
                 for s in self.manifest.live_starts(a.name):
                     s.superseded = True
                 self.starts[a.name] = []
@@ -182,23 +203,99 @@ class Trial:
                 if entry is not None:
                     entry.status, entry.reason = "running", None
             p = self.params
-            for arm, restart in schedule(arms, p.restarts, p.order, p.seed):
-                try:
-                    m = self.session.start(arm, restart, [WindowPlan(p.concurrency, p.repeats, p.seed + restart)])
-                    self.starts[arm.name].append(m)
-                    if m.record.status != "ok":
-                        self._fail(f"arm {arm.name}", f"start {restart + 1}: {m.record.reason}")
-                except (KeyboardInterrupt, ConfigError):
-                    raise
-                except SpectrialError as exc:
-                    self._fail(f"arm {arm.name}", f"start {restart + 1}: {exc}")
-                finally:
-                    self._summarise([arm])
+            if p.decide is not None and names is None:
+                self._run_decide(arms)
+            else:
+                for arm, restart in schedule(arms, p.restarts, p.order, p.seed):
+                    self._start(arm, restart)
         return [self.manifest.arm(a.name) for a in arms]  # type: ignore[misc]
 
-    def table_of(self, names: list[str] | None = None) -> pd.DataFrame:
-        """The arms table (ARM_COLUMNS) of the named arms (default all), as measured so far."""
-        return arms_table([a for a in self.manifest.arms if names is None or a.name in names])
+    def _start(self, arm: Arm, restart: int) -> MeasuredStart | None:
+        """One start of `arm` (its figures refreshed whatever happens); None when it failed to run."""
+        p = self.params
+        try:
+            m = self.session.start(arm, restart, [WindowPlan(p.concurrency, p.repeats, p.seed + restart)])
+            self.starts[arm.name].append(m)
+            if m.record.status != "ok":
+                self._fail(f"arm {arm.name}", f"start {restart + 1}: {m.record.reason}")
+            return m
+        except (KeyboardInterrupt, ConfigError):
+            raise
+        except SpectrialError as exc:
+            self._fail(f"arm {arm.name}", f"start {restart + 1}: {exc}")
+            return None
+        finally:
+            self._summarise([arm])
+
+    def _run_decide(self, arms: list[Arm]) -> None:
+        """Rounds of one start per arm (in `order`), a confidence sequence per speculative arm over the paired
+        rounds (spectrial.sequential), until every arm is decided or the budget is spent; the record's `decide`
+        says how many starts and why it stopped, and the arms' intervals are the sequences'."""
+        import time
+
+        from spectrial.figures import median
+        from spectrial.schema import DecideArmRecord, DecideRecord
+        from spectrial.sequential import PairedSequence, decide
+
+        p, d = self.params, self.params.decide
+        assert d is not None
+        base = next((a for a in arms if not a.speculative), None)
+        spec = [a for a in arms if a.speculative]
+        if base is None or not spec:
+            raise ConfigError("decide: needs a baseline arm (method none) and at least one speculative arm",
+                              parameter="decide")
+        seqs = {a.name: PairedSequence(level=p.confidence, margin=d.margin) for a in spec}
+        method = next(iter(seqs.values())).method()
+        rec = DecideRecord(level=p.confidence, margin=d.margin, min_rounds=d.min_rounds, max_rounds=d.max_rounds,
+                           max_minutes=d.max_minutes,
+                           method=method, arms=[DecideArmRecord(arm=a.name) for a in spec])
+        self.manifest.decide = rec
+        t0 = time.monotonic()
+        for rnd in range(d.max_rounds):
+            order = list(arms)
+            if p.order == "random":
+                random.Random(p.seed + rnd).shuffle(order)
+            rates: dict[str, float | None] = {}
+            for arm in order:
+                m = self._start(arm, rnd)
+                rec.starts += 1
+                rates[arm.name] = median(r.tok_s for w in (m.windows if m else []) for r in w.requests if r.ok)
+            rec.rounds = rnd + 1
+            for s in rec.arms:
+                b, a = rates.get(base.name), rates.get(s.arm)
+                if b and a:
+                    seqs[s.arm].add(b, a)
+                q = seqs[s.arm]
+                ci = q.interval()
+                s.rounds, s.estimate, s.status = q.n, q.estimate(), q.status()
+                s.ci_low, s.ci_high = ci if ci else (None, None)
+                s.looks.append({"round": rnd + 1, "n": q.n, "estimate": s.estimate, "low": s.ci_low,
+                                "high": s.ci_high, "status": s.status})
+            rec.elapsed_s = round(time.monotonic() - t0, 2)
+            stop, why = decide(seqs, min_rounds=d.min_rounds, max_rounds=d.max_rounds, elapsed_s=rec.elapsed_s,
+                               max_s=d.max_minutes * 60 if d.max_minutes else None,
+                               round_s=rec.elapsed_s / rec.rounds)
+            rec.stopped = why
+            self.record.save()
+            if stop:
+                break
+        for s in rec.arms:
+            q = seqs[s.arm]
+            rec.fixed_design_rounds[s.arm] = q.fixed_design_rounds()
+            self.intervals[s.arm] = {"low": s.ci_low, "high": s.ci_high, "level": p.confidence,
+                                     "verdict": _sequence_verdict(s.status, d.margin),
+                                     "basis": f"confidence sequence over {q.n} paired rounds"}
+        self.record.save()
+
+    def table_of(self, names: list[str] | None = None, wide: bool = False) -> pd.DataFrame:
+        """What the named arms (default all) measured so far: MEASURED_COLUMNS, rounded (`wide`: ARM_COLUMNS)."""
+        t = arms_table([a for a in self.manifest.arms if names is None or a.name in names])
+        return t if wide else t[MEASURED_COLUMNS].round(3)
+
+    def requests_by_arm(self) -> dict[str, list[RequestRecord]]:
+        """The measured requests of every arm (the starts that count)."""
+        return {name: [r for m in ms for w in m.windows for r in w.requests] for name, ms in self.starts.items()
+                if ms}
 
     def categories(self, names: list[str] | None = None) -> pd.DataFrame:
         """Per workload category of the named arms (default all): tok/s, accept length, break-even, speed-up
@@ -212,7 +309,8 @@ class Trial:
 
         with self._failing(["compare"]), self.record.step("compare"):
             self._summarise(self.params.arms)
-            base = add_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed)
+            base = add_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed,
+                                   intervals=self.intervals)
             add_category_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed,
                                      base)
             self.manifest.drift = check_drift(self.manifest, self.params.drift_dir or self.params.output_dir,
@@ -230,8 +328,9 @@ class Trial:
         return explain(self.manifest, target_tok_s=target_tok_s)
 
     def result(self) -> TrialResult:
-        return TrialResult(self.record.dir, self.manifest,
-                           pd.DataFrame([r.model_dump() for r in self.requests()]))
+        from spectrial.serving import requests_frame
+
+        return TrialResult(self.record.dir, self.manifest, requests_frame(self.requests()))
 
     def close(self) -> None:
         """Close the host connections (idempotent); the record keeps what was measured."""
@@ -304,16 +403,28 @@ class Trial:
             measured = self.starts.get(arm.name, [])
             reqs = [r for m in measured for w in m.windows for r in w.requests]
             stats = merge_stats([w.stats for m in measured for w in m.windows])
-            for k, v in arm_figures(reqs, stats, arm.speculative, self.params.confidence, self.params.seed).items():
-                setattr(a, k, v)
-            a.categories = category_figures(reqs, arm.speculative, self.params.confidence, self.params.seed)
+            p = self.params
+            figs = arm_figures(reqs, stats, arm.speculative, p.confidence, p.seed,
+                               k=p.arm_steps(arm) if arm.speculative else None, synthetic=arm.synthetic_accept,
+                               concurrency=p.concurrency, slo=p.slo.limits())
+            figs.categories = category_figures(reqs, arm.speculative, p.confidence, p.seed)
+            a = with_figures(a, figs)
             a.status = "ok" if a.tok_s else "failed"
             a.reason = ("; ".join(f"start {s.restart + 1}: {s.reason}" for s in failed) or None) \
                 if a.status == "ok" else "no successful request"
+            self._put(a)
         self.record.save()
 
+    def _put(self, arm: ArmRecord) -> None:
+        """Replace the arm of the same name in the record."""
+        arms = self.manifest.arms
+        arms[next(i for i, a in enumerate(arms) if a.name == arm.name)] = arm
+
     def _write_requests(self) -> None:
-        self.record.write_table("requests.csv", self.requests())
+        """requests.csv (with how each stream was delivered) and stream.csv (every token event)."""
+        from spectrial.serving import write_requests
+
+        write_requests(self.record, self.requests(), {a.name: a.accept_len for a in self.manifest.arms})
 
     # --- all in one ----------------------------------------------------------------------------------------
     def run(self, raise_on_failure: bool = True) -> TrialResult:
@@ -335,6 +446,19 @@ class Trial:
             raise RunFailed(f"trial {self.record.run_id} failed (record: {self.record.dir}):\n"
                             f"{self.manifest.reason}", result)
         return result
+
+
+def _sequence_verdict(status: str, margin: float | None) -> str:
+    """A confidence sequence's status as a verdict (the words of `figures.verdict_of`)."""
+    from spectrial.figures import NOT_DISTINGUISHABLE
+
+    if status in ("faster", "slower"):
+        return status
+    if status == "equivalent":
+        return f"equivalent within ±{margin:.0%}"
+    if status == "inconsistent":
+        return "inconsistent: no constant speed-up fits every round (it drifted during the run)"
+    return NOT_DISTINGUISHABLE
 
 
 def run_trial(params: TrialParams | str | Path, overrides: dict[str, Any] | None = None, *,

@@ -9,21 +9,16 @@ from typing import Any
 
 import pandas as pd
 
-from spectrial import analysis, figures
+from spectrial import figures
 from spectrial.diagnose.acceptance import PINNED
 from spectrial.diagnose.common import f2, log, rec
 from spectrial.diagnose.context import Context, LogFile, number
 from spectrial.diagnose.model import Evidence, Finding
 from spectrial.diagnose.registry import detector
 from spectrial.explain import Explanation, explain
-from spectrial.history import fill_derived
 from spectrial.schema import ArmRecord
 
-
-def _filled(a: ArmRecord) -> ArmRecord:
-    """An arm with what its figures imply filled in (hand-made records carry verify time and share instead of a
-    cycle): `history.fill_derived`."""
-    return ArmRecord.model_validate(fill_derived(a.model_dump())) if a.status == "ok" else a
+_filled = figures.filled  # hand-made records carry verify time and share instead of a cycle
 
 
 def _groups(arms: Sequence[tuple[str, ArmRecord]]) -> list[list[tuple[str, ArmRecord]]]:
@@ -67,13 +62,14 @@ def _pinned(a: ArmRecord) -> bool:
 
 
 def _arm_finding(ex: Explanation, path: str, arm: ArmRecord, base: ArmRecord, base_where: str) -> Finding | None:
-    be = number((ex.numbers.get("break_even") or {}).get(arm.name))
+    """An arm whose accept length is below its break-even (= its speed-up below 1, the same figures): critical when
+    its verdict is slower (or a single measurement that cannot say otherwise), a warning when the difference is
+    within the noise, info for a forced-acceptance what-if."""
+    be = number(arm.break_even_accept_len)
     accept = number(arm.accept_len)
     if be is None or accept is None or accept >= be or _pinned(arm):
         return None
-    sp = figures.speedup(arm, base)
-    if sp is not None and sp >= 1:
-        return None
+    sp = number(arm.speedup)
     base_ms = number(ex.numbers.get("baseline_ms_per_token"))
     cycle = number(arm.cycle_ms)
     k = int(arm.steps) if number(arm.steps) else None
@@ -96,16 +92,24 @@ def _arm_finding(ex: Explanation, path: str, arm: ArmRecord, base: ArmRecord, ba
         ev.append(rec(f"{path}.draft_ms_per_cycle", draft))
     if k and alphas:
         need = alphas.get(k)
-        measured = analysis.required_alpha(accept, k) if 1 < accept <= k + 1 else None
+        measured = number(arm.alpha) if arm.alpha_source == "from accept length" else \
+            figures.alpha_of(accept, k)[0] if 1 < accept <= k + 1 else None
         parts.append(f"to break even at k={k} each drafted token must be accepted with probability "
                      + ("> 1 (out of reach at this cycle)" if need is None else f"alpha >= {need:.2f}")
                      + (f" (measured {measured:.2f})" if measured is not None else "")
                      + f"; by depth ({basis}): {_alpha_text(alphas, k)}")
     syn = arm.synthetic_accept is not None or arm.synthetic
+    ci = f" [{arm.speedup_ci_low:.2f}, {arm.speedup_ci_high:.2f}]" if arm.speedup_ci_low and arm.speedup_ci_high \
+        else ""
+    undecided = arm.pays == "undecided"
+    if undecided:
+        parts.append(f"the speed-up {sp:.2f}x{ci} is {arm.verdict}: it may not be slower at all; measure more "
+                     "(more starts, or `decide: true`) before acting on it")
     return Finding(
-        kind="below_break_even", severity="info" if syn else "critical", arm=arm.name,
+        kind="below_break_even", severity="info" if syn else "warning" if undecided else "critical", arm=arm.name,
         title=f"{arm.name}: accept length {accept:.2f} below the break-even {be:.2f}"
-              + (f" ({sp:.2f}x the baseline)" if sp is not None else "")
+              + (f" ({sp:.2f}x{ci} the baseline, {arm.verdict})" if sp is not None and arm.verdict else
+                 f" ({sp:.2f}x the baseline)" if sp is not None else "")
               + (": a what-if at forced acceptance" if syn else ""),
         detail="; ".join(parts) + ".",
         evidence=ev,
@@ -123,10 +127,11 @@ def _record(ctx: Context) -> Iterator[Finding]:
         if not spec:
             continue
         ex = explain(m.model_copy(update={"arms": [a for _, a in group]}))
-        base = figures.pick_baseline([a for _, a in group])
-        if base is None:
-            continue
         for p, a in spec:
+            base = next((b for _, b in group if b.name == a.baseline_arm), None) or \
+                figures.pick_baseline([b for _, b in group])
+            if base is None:
+                continue
             f = _arm_finding(ex, p, a, base, next(pp for pp, aa in group if aa is base) + ".tok_s")
             if f is not None:
                 yield f
@@ -164,9 +169,10 @@ def _table(lf: LogFile) -> Iterator[Finding]:
     losers: list[tuple[Finding, float]] = []
     for _, rows in sorted(_table_arms(lf).items()):
         arms = [a for a, _ in rows]
-        base = figures.pick_baseline(arms)
+        base = figures.add_comparisons(arms, None)  # one value per row: judged without an interval
         if base is None or len(arms) < 2:
             continue
+        rows = list(zip(arms, [n for _, n in rows], strict=True))
         ex = explain(arms)
         lines = {a.name: n for a, n in rows}
         for a, n in rows:
@@ -175,7 +181,7 @@ def _table(lf: LogFile) -> Iterator[Finding]:
             f = _arm_finding(ex, f"{lf.label}:{n}", a, base, f"{lf.label}:{lines[base.name]}")
             if f is not None:
                 f.evidence = [log(lf, n), log(lf, lines[base.name])]
-                losers.append((f, number(a.accept_len) / number((ex.numbers.get("break_even") or {})[a.name])))  # type: ignore[operator]
+                losers.append((f, number(a.accept_len) / number(a.break_even_accept_len)))  # type: ignore[operator]
     if not losers:
         return
     losers.sort(key=lambda x: -x[1])

@@ -271,7 +271,7 @@ def tree_at_batch(ctx: Context) -> Iterator[Finding]:
         if not tk or tk[0] <= 1 or not c or c <= 1:
             continue
         base = baseline_of(ctx, arm)
-        slower = base is not None and (figures.speedup(arm, base) or 1) < 1
+        slower = base is not None and (arm.pays == "no" or arm.pays is None and (figures.speedup(arm, base) or 1) < 1)
         dt = la.option("--speculative-num-draft-tokens")
         arms, ev, was = found.setdefault((tk[0], c), ([], [], False))
         arms.append(arm.name)

@@ -116,7 +116,18 @@ class Engine(ABC):
         if not self.resolved:
             raise ConfigError(f"engine {self.name}: call prepare() (or resolve_dry() for a dry run) before "
                               "asking for a launch command")
-        return self.build_spec(arm)
+        spec = self.build_spec(arm)
+        slots, setting = self.slots()
+        if slots is not None and slots < self.params.concurrency:
+            spec.notes.append(f"concurrency {self.params.concurrency} but the server runs {slots} request(s) at once "
+                              f"({setting}): the others queue, so TTFT includes waiting and the achieved "
+                              f"concurrency is {slots}; raise {setting} to {self.params.concurrency}")
+        return spec
+
+    def slots(self) -> tuple[int | None, str]:
+        """How many requests the server decodes at once as launched, and the setting that says so (None: the
+        engine's own limit, assumed to be enough)."""
+        return None, ""
 
     def version(self) -> dict[str, Any]:
         """Engine version (and source identity where known)."""
@@ -247,9 +258,16 @@ class Engine(ABC):
 def client_decode(ok: list[RequestRecord]) -> tuple[float | None, float | None]:
     """(tokens decoded after the first, decode ms) over successful requests, from the client's stream timing.
 
-    Per request the span between the first and last streamed chunk, (tokens - 1) / client_tok_s, holds the
-    decode of every token after the first (which comes with prefill and belongs to TTFT).
+    Per request the span between the first and last token event holds the decode of every token after those of
+    the first event (which come with prefill and belong to TTFT); without recorded events, (tokens - 1) /
+    client_tok_s.
     """
-    tokens = float(sum(r.tokens - 1 for r in ok if r.tokens)) or None
-    spans = [(r.tokens - 1) / r.client_tok_s for r in ok if r.client_tok_s and r.tokens]
-    return tokens, (sum(spans) * 1000 if spans and len(spans) == len(ok) else None)
+    pairs = []
+    for r in ok:
+        ev, n = r.events_ms or [], r.event_tokens or []
+        if len(ev) >= 2 and n:
+            pairs.append((float(r.tokens - n[0]), ev[-1] - ev[0]))
+        elif r.client_tok_s and r.tokens:
+            pairs.append((float(r.tokens - 1), (r.tokens - 1) / r.client_tok_s * 1000))
+    tokens = sum(t for t, _ in pairs) or None
+    return tokens, (sum(ms for _, ms in pairs) if pairs and len(pairs) == len(ok) else None)

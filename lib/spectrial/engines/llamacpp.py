@@ -56,8 +56,10 @@ class LlamaCppConfig(BaseModel):
 
     threads: int | None = Field(None, ge=1, description="-t: CPU threads for generation.")
     threads_draft: int | None = Field(None, ge=1, description="-td: CPU threads of the draft model.")
-    ctx_size: int = Field(2048, ge=64, description="-c: context size.")
-    parallel: int = Field(1, ge=1, description="-np: server slots.")
+    ctx_size: int = Field(2048, ge=64, description="-c: context size of one slot (llama-server gets -c ctx_size x "
+                                                   "slots, so each request keeps this context).")
+    parallel: int | None = Field(None, ge=1, description="-np: server slots (None: the trial's concurrency, so "
+                                                         "concurrent requests run at once instead of queueing).")
     gpu_layers: int | Literal["auto", "all"] | None = Field(None, description="-ngl: layers on the GPU.")
     draft_gpu_layers: int | Literal["auto", "all"] | None = Field(None, description="-ngld: draft layers on GPU.")
     flash_attn: Literal["on", "off", "auto"] | None = Field(None, description="-fa.")
@@ -233,9 +235,16 @@ class LlamaCpp(Engine):
         elif arm.synthetic_accept is not None:
             raise ConfigError(f"arms[{arm.name}].synthetic_accept: only speculative arms take synthetic acceptance")
 
+    def slots(self) -> tuple[int | None, str]:
+        """Requests llama-server decodes at once: -np (engine_config.parallel, else the trial's concurrency)."""
+        return self.config.parallel or self.params.concurrency, "engine_config.parallel (-np)"
+
     def build_spec(self, arm: Arm) -> LaunchSpec:
-        """argv for one arm (server flags, speculative flags, extra args)."""
-        p, c = self.params, self.config
+        """argv for one arm (server flags with -np = the slots and -c = ctx_size x slots, speculative flags,
+        extra args)."""
+        p = self.params
+        slots = self.slots()[0] or 1
+        c = self.config.model_copy(update={"parallel": slots, "ctx_size": self.config.ctx_size * slots})
         self._check_arm(arm)
         argv = [str(self.binary), "-m", self.models["model"], "--host", p.bind, "--port", str(p.port),
                 *render(SERVER_FLAGS, c)]
@@ -278,8 +287,8 @@ class LlamaCpp(Engine):
                 "(ChatML when the model has none)")
 
     def context_tokens(self) -> int | None:
-        """The context of one slot: -c / -np."""
-        return self.config.ctx_size // self.config.parallel
+        """The context of one slot (-c / -np = ctx_size)."""
+        return self.config.ctx_size
 
     def server_lengths(self, base_url: str, chat: bool) -> Lengths | None:
         """Lengths by llama-server's own tokenizer: the prompt as the server builds it (chat: `/apply-template`

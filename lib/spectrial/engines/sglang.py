@@ -463,12 +463,18 @@ class SGLang(Engine):
             notes = [*notes, f"synthetic acceptance: {SIMULATE_VAR}={tau:.6g} (the accept length per-token "
                              f"rate {arm.synthetic_accept} gives at {p.arm_steps(arm)} steps; SGLang forces it, "
                              "output tokens become meaningless)"]
+        if c.cuda_graph_max_bs is not None and c.cuda_graph_max_bs < p.concurrency:
+            notes = [*notes, f"concurrency {p.concurrency} above engine_config.cuda_graph_max_bs "
+                             f"({c.cuda_graph_max_bs}): batches that large decode without CUDA graphs"]
         argv = [str(self.python), "-m", "sglang.launch_server", "--model-path", self.paths.get("model", p.model),
                 "--tp-size", str(c.tp_size), "--host", p.bind, "--port", str(p.port),
                 *render(SERVER_FLAGS, c, self.version_tuple), *spec_argv, *c.extra_args, *arm.extra_args]
         return LaunchSpec(argv=argv, env=env, port=p.port, probe=probe,
                           name=f"sglang-{arm.name}", bind=p.bind, notes=notes, python=True,
                           probe_timeout_s=HEALTH_TIMEOUT_S, poll_s=HEALTH_POLL_S, exit_rule=classify_exit)
+
+    def slots(self) -> tuple[int | None, str]:
+        return self.config.max_running_requests, "engine_config.max_running_requests (--max-running-requests)"
 
     def version(self) -> dict[str, Any]:
         return {"engine": "sglang", "version": self.sglang_version, **self.identity}

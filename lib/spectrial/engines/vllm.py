@@ -69,7 +69,8 @@ print("SPECTRIAL_JSON " + json.dumps(out))
 SERVER_FLAGS = (Flag("served_model_name", "--served-model-name"),
                 Flag("gpu_memory_utilization", "--gpu-memory-utilization", fmt=general),
                 Flag("max_model_len", "--max-model-len"), Flag("trust_remote_code", "--trust-remote-code", switch=True),
-                Flag("enforce_eager", "--enforce-eager", switch=True), Flag("dtype", "--dtype"))
+                Flag("enforce_eager", "--enforce-eager", switch=True), Flag("dtype", "--dtype"),
+                Flag("max_num_seqs", "--max-num-seqs"))
 
 
 class VLLMConfig(BaseModel):
@@ -90,6 +91,9 @@ class VLLMConfig(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1, description="--tensor-parallel-size: one GPU per rank.")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="--gpu-memory-utilization.")
     max_model_len: int | None = Field(None, ge=16, description="--max-model-len.")
+    max_num_seqs: int | None = Field(None, ge=1, description="--max-num-seqs: sequences decoded at once (None: "
+                                                            "vLLM's default; below the trial's concurrency, "
+                                                            "requests queue and the record says so).")
     trust_remote_code: bool = Field(False, description="--trust-remote-code.")
     enforce_eager: bool = Field(False, description="--enforce-eager (no CUDA graphs).")
     served_model_name: str | None = Field(None, description="--served-model-name; requests name it (default: "
@@ -277,19 +281,22 @@ class VLLM(Engine):
         return LaunchSpec(argv=argv, env=self._env(arm), port=p.port, probe=probe, name=f"vllm-{arm.name}", python=True,
                           bind=p.bind)
 
+    def slots(self) -> tuple[int | None, str]:
+        return self.config.max_num_seqs, "engine_config.max_num_seqs (--max-num-seqs)"
+
     def version(self) -> dict[str, Any]:
         return {"engine": "vllm", "version": self.identity.get("vllm_version"), **self.identity}
 
     def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         body = super().completion_payload(prompt, max_tokens)
         body["model"] = self.config.served_model_name or self.paths.get("model", self.params.model)
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         return body
 
     def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
         body = super().chat_payload(messages, max_tokens)
         body["model"] = self.config.served_model_name or self.paths.get("model", self.params.model)
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         return body
 
     def chat_template_note(self) -> str:

@@ -33,14 +33,18 @@ def sweep_command(
     except SpectrialError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    cols = ["point", "status", "tok_s", "tok_s_ci_low", "tok_s_ci_high", "speedup", "accept_len", "cycle_ms",
-            "predicted_tok_s"]
-    typer.echo(result.points()[cols].round(3).to_string(index=False))
+    from rich.console import Console
+
+    from spectrial.headline import sweep_headlines
+
+    console = Console()
+    for h in sweep_headlines(result.manifest):
+        h.print(console)
     best = result.best()
     if not best.empty:
-        typer.echo("\nbest per scenario and concurrency:")
-        keep = [c for c in ("scenario", "concurrency", "best", "tok_s", "tok_s_ci_low", "tok_s_ci_high", "speedup",
-                            "verdict") if c in best.columns]
+        keep = [c for c in ("scenario", "concurrency", "best", "runner_up", "ratio_to_runner_up", "verdict")
+                if c in best.columns]
+        typer.echo("\nbest per scenario and concurrency, against the runner-up:")
         typer.echo(best[keep].round(3).to_string(index=False))
     b = result.manifest.budget or {}
     typer.echo(f"\n{b['restarts']} server starts (grid: {b['grid_restarts']}), {b['wall_s']:.0f} s; "

@@ -211,7 +211,7 @@ def setting_error(model: SweepModel, e: float, s: Setting, c: int) -> float:
 
 def noise(sw: Sweep, c: int) -> float:
     """w: the median relative half-width below tok/s of the measured settings' CIs at concurrency c."""
-    widths = [(pt.figures["tok_s"] - pt.figures["tok_s_ci_low"]) / pt.figures["tok_s"]
+    widths = [(pt.figures.tok_s - pt.figures.tok_s_ci_low) / pt.figures.tok_s
               for pt in sw.points.values() if pt.setting is not None and pt.concurrency == c and pt.measured
               and pt.figures.get("tok_s_ci_low") is not None]
     return min(0.5, max(0.0, statistics.median(widths))) if widths else 0.0
@@ -235,13 +235,13 @@ def candidates(sw: Sweep, model: SweepModel, todo: list[Setting]
             best = sw.best_measured(s.synthetic_accept, c)
             err = pred["margin"]
             top = pred["tok_s"] * (1 + err)
-            ratio = float("inf") if best is None else top * (1 - w[c]) / best.figures["tok_s"]
+            ratio = float("inf") if best is None else top * (1 - w[c]) / best.figures.tok_s
             if ratio > best_ratio:
                 best_ratio = ratio
                 why = (f"predicted {pred['tok_s']:.1f} tok/s at concurrency {c} (accept len {pred['accept_len']:.2f}, "
                        f"cycle {pred['cycle_ms']:.2f} ms), up to {top:.1f} with the model error {err:.1%}; measured, "
                        f"its CI would reach down to ~{top * (1 - w[c]):.1f} (noise {w[c]:.1%}), above the best "
-                       "measured there: " + (f"{best.arm.name} {best.figures['tok_s']:.1f} tok/s" if best else "none"))
+                       "measured there: " + (f"{best.arm.name} {best.figures.tok_s:.1f} tok/s" if best else "none"))
         if best_ratio > 1.0:
             out.append((best_ratio, s, why, preds[s]))
     if out:
@@ -255,9 +255,9 @@ def candidates(sw: Sweep, model: SweepModel, todo: list[Setting]
                 continue
             v, s = max(pred_all, key=lambda t: t[0])
             if s in todo:
-                out.append((v / best.figures["tok_s"], s, (
+                out.append((v / best.figures.tok_s, s, (
                     f"the model's best at concurrency {c}: predicted {v:.1f} tok/s (best measured: "
-                    f"{best.arm.name} {best.figures['tok_s']:.1f}); within the noise, but the search does not "
+                    f"{best.arm.name} {best.figures.tok_s:.1f}); within the noise, but the search does not "
                     "end before the setting the model, smoothing every measurement, calls best is measured"),
                     preds[s]))
     return sorted(out, key=lambda t: -t[0])

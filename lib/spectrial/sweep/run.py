@@ -31,7 +31,7 @@ from spectrial.errors import ConfigError, RunFailed, SpectrialError
 from spectrial.figures import add_comparisons, arm_figures, compare_requests, merge_stats
 from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
-from spectrial.schema import PointRecord, RequestRecord, WindowStats
+from spectrial.schema import ArmFigures, PointRecord, RequestRecord, WindowStats
 from spectrial.secrets import secret_values
 from spectrial.session import MeasuredStart, Session, StartSource, WindowPlan
 from spectrial.sweep.guided import cv_errors, margin, noise, run_guided
@@ -56,11 +56,11 @@ class _Point:
     prediction: dict[str, Any] | None = None
     fingerprint_key: str | None = None
     failed: str | None = None
-    figures: dict[str, Any] = field(default_factory=dict)
+    figures: ArmFigures = field(default_factory=ArmFigures)
 
     @property
     def measured(self) -> bool:
-        return bool(self.figures.get("tok_s"))
+        return bool(self.figures.tok_s)
 
 
 def _point_id(arm: Arm, c: int) -> str:
@@ -191,9 +191,10 @@ class Sweep:
         if not pt.requests:
             return
         figs = arm_figures(pt.requests, merge_stats(pt.stats), pt.arm.speculative, self.params.confidence,
-                           self.params.seed)
+                           self.params.seed, k=self.params.arm_steps(pt.arm) if pt.arm.speculative else None,
+                           synthetic=pt.arm.synthetic_accept, concurrency=pt.concurrency, slo=self.params.slo.limits())
         pt.figures = figs
-        if not figs.get("tok_s"):
+        if not figs.tok_s:
             pt.failed = pt.failed or "no successful request"
 
     # --- what the model sees ---------------------------------------------------------------------------
@@ -215,7 +216,7 @@ class Sweep:
     def best_measured(self, scenario: float | None, c: int) -> _Point | None:
         pts = [pt for pt in self.points.values() if pt.setting is not None and pt.measured
                and pt.setting.synthetic_accept == scenario and pt.concurrency == c]
-        return max(pts, key=lambda pt: pt.figures["tok_s"]) if pts else None
+        return max(pts, key=lambda pt: pt.figures.tok_s) if pts else None
 
     def tried(self, s: Setting) -> bool:
         return any(pt.requests or pt.failed for pt in self.points.values() if pt.setting == s)
@@ -248,9 +249,9 @@ class Sweep:
                             k=s.k if s else 0, phase=pt.phase, start_orders=pt.start_orders,
                             fingerprint_key=pt.fingerprint_key, prediction=pt.prediction)
             if pt.measured:
-                d = d.model_copy(update={**pt.figures, "status": "ok", "reason": None})
+                d = d.model_copy(update={**dict(pt.figures), "status": "ok", "reason": None})
             elif pt.failed or pt.requests:
-                d = d.model_copy(update={**pt.figures, "status": "failed",
+                d = d.model_copy(update={**dict(pt.figures), "status": "failed",
                                          "reason": pt.failed or "no successful request"})
             else:
                 d.status, d.reason = "not measured", self._why_unmeasured(pt)
@@ -296,11 +297,14 @@ class Sweep:
                         and (d.fingerprint_key == key or len(self.baselines) == 1)]
                 if base is None or base.status != "ok":
                     continue
-                reqs = [r for pt in (base, *mine) for r in self.points[pt.id].requests if r.tok_s]
-                add_comparisons([base, *mine], reqs, self.params.confidence, self.params.seed, base=base,
-                                key="point")
-                for d in mine:
+                reqs = [r for pt in (base, *mine) for r in self.points[pt.id].requests]
+                group = [base, *mine]
+                add_comparisons(group, reqs, self.params.confidence, self.params.seed, base=base, key="point")
+                for d in group[1:]:
                     d.baseline = base.id
+                for d in group:
+                    points[next(i for i, x in enumerate(points) if x.id == d.id)] = d
+                    by_id[d.id] = d
 
     def _best(self, points: list[PointRecord]) -> list[dict[str, Any]]:
         out = []
@@ -394,11 +398,11 @@ def execute(sw: Sweep, raise_on_failure: bool = True, drift: bool = True) -> Swe
         except Exception as inner:  # noqa: BLE001 - the original error is the one to report
             sw.failures.append(f"summary failed too: {inner}")
         record.finish("failed", "\n".join(dict.fromkeys(sw.failures)))
-        record.write_table("requests.csv", sw.all_requests())
+        _write_requests(record, sw)
         raise
     finally:
         sw.source.close()
-    record.write_table("requests.csv", sw.all_requests())
+    _write_requests(record, sw)
     base_ok = any(d.status == "ok" for d in record.manifest.points if d.method == "none")
     spec_ok = any(d.status == "ok" for d in record.manifest.points if d.method != "none")
     problems = list(dict.fromkeys(sw.failures))
@@ -417,3 +421,10 @@ def flat_params(params: SweepParams) -> dict[str, Any]:
     """The params as one flat mapping (trial keys and sweep keys side by side), as records and tools read them."""
     data = params.model_dump(mode="json")
     return {**data.pop("trial"), **data}
+
+
+def _write_requests(record: RunRecord, sw: Any) -> None:
+    """requests.csv and stream.csv of a sweep (each request's delivery judged against its point's accept length)."""
+    from spectrial.serving import write_requests
+
+    write_requests(record, sw.all_requests(), {p.id: p.accept_len for p in record.manifest.points}, key="point")

@@ -1,0 +1,338 @@
+"""The answer first: does speculation pay here, by how much, how sure — one line per arm, read from the record.
+
+`headline(manifest) -> Headline` reads the figures `spectrial.figures` put on the arms (it computes nothing of
+its own but what would decide an undecided arm), so the CLI, notebook 02, report.html and `spectrial sweep` say
+the same thing:
+
+    Speculation pays here: eagle3 k=3 is 2.59x faster [2.56, 2.67] than the baseline
+    eagle3 k=3: 2.59x [2.56, 2.67] faster — accept length 3.46 vs break-even 1.33 [1.30, 1.35]
+    draft k=2: 1.04x [0.95, 1.15] not distinguishable — accept length 2.10 vs break-even 2.02 [1.83, 2.21];
+        could see differences of 9 % or more; needs ~14 more starts per arm to detect 5 % (or `decide: true`)
+
+`Headline.text()` (plain lines), `.markdown()`, `.table()` (compact, rounded, with units), `.rich()` (a rich
+renderable that fits the terminal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel, Field
+
+from spectrial.figures import NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, pick_baseline, positive
+from spectrial.schema import ArmRecord, Manifest, as_manifest
+
+DETECT = 0.05  # the difference an undecided arm is told how to detect
+
+
+class ArmLine(BaseModel):
+    """One arm as the headline states it (figures from the record; `needs` is what would decide it)."""
+
+    arm: str
+    method: str = "none"
+    k: int | None = None
+    synthetic: bool = False
+    status: str = "ok"
+    reason: str | None = None
+    baseline: bool = False
+    tok_s: float | None = None
+    tok_s_ci: tuple[float, float] | None = None
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    verdict: str | None = None
+    pays: str | None = None
+    accept_len: float | None = None
+    break_even: float | None = None
+    break_even_ci: tuple[float, float] | None = None
+    starts: int = 0
+    requests: int = 0
+    min_detectable: float | None = None
+    needs: str | None = None
+    against: str | None = None  # the arm's baseline where it is not the headline's
+    ttft_p50_ms: float | None = None
+    itl_p50_ms: float | None = None
+    e2el_p50_ms: float | None = None
+    output_tok_s: float | None = None
+    goodput: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.arm + (f" (k={self.k}{', synthetic' if self.synthetic else ''})" if self.k and not self.baseline
+                           else "")
+
+    def sentence(self) -> str:
+        """The arm in one sentence (several clauses for an undecided one)."""
+        if self.status != "ok":
+            return f"{self.label}: {self.status} — {self.reason or 'no reason recorded'}"
+        if self.baseline:
+            ci = f" [{self.tok_s_ci[0]:.1f}, {self.tok_s_ci[1]:.1f}]" if self.tok_s_ci else ""
+            n = f"; {self.starts} start(s), {self.requests} requests" if self.requests else ""
+            return f"{self.label}: {_n(self.tok_s, 1)} tok/s{ci} decode rate per request (the baseline{n})"
+        if self.method == "none":
+            return f"{self.label}: another baseline, {_n(self.tok_s, 1)} tok/s per request"
+        if self.tok_s is None:
+            return f"{self.label}: no decode rate recorded"
+        if self.speedup is None:
+            return f"{self.label}: {_n(self.tok_s, 1)} tok/s per request; {self.verdict or 'no baseline to compare with'}"
+        ci = f" [{self.speedup_ci[0]:.2f}, {self.speedup_ci[1]:.2f}]" if self.speedup_ci else ""
+        verdict = self.verdict or "not judged"
+        if verdict == NO_SPREAD:
+            verdict = "single measurements, no interval"
+        s = f"{self.label}: {self.speedup:.2f}x{ci} {verdict}" + (f" (against {self.against})" if self.against else "")
+        if self.accept_len is not None and self.break_even is not None:
+            be = f" [{self.break_even_ci[0]:.2f}, {self.break_even_ci[1]:.2f}]" if self.break_even_ci else ""
+            s += f" — accept length {self.accept_len:.2f} vs break-even {self.break_even:.2f}{be}"
+        if self.pays == "undecided":
+            if self.min_detectable:
+                s += f"; this run could see differences of {(self.min_detectable - 1) * 100:.0f} % or more"
+            if self.needs:
+                s += f"; {self.needs}"
+        return s
+
+
+class Headline(BaseModel):
+    """What was found (the title), one line per arm, and how a decide run ended."""
+
+    title: str
+    baseline: str | None = None
+    baseline_tok_s: float | None = None
+    arms: list[ArmLine] = Field(default_factory=list)
+    decided: str | None = None
+
+    def lines(self) -> list[str]:
+        out = [self.title]
+        if self.decided:
+            out.append(self.decided)
+        out += [a.sentence() for a in self.arms]
+        return out
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+    def markdown(self, heading: str | None = None) -> str:
+        """The title (bold, or as a heading of `heading`, e.g. "##"), the decide line, one bullet per arm."""
+        body = [f"{heading} {self.title}" if heading else f"**{self.title}**", ""]
+        if self.decided:
+            body += [self.decided, ""]
+        body += [f"- {_md(a.sentence())}" for a in self.arms]
+        return "\n".join(body)
+
+    def table(self, terminal: bool = False) -> pd.DataFrame:
+        """Compact, rounded, units in the column names: what a report shows (`terminal`: fewer, shorter columns,
+        the verdict in one word; the sentences below the table say the rest)."""
+        rows = []
+        for a in self.arms:
+            verdict = "baseline" if a.baseline else (_short(a.verdict) if terminal else a.verdict) \
+                if a.status == "ok" else a.status
+            row = {"arm": a.label, "tok/s" if terminal else "decode tok/s": _r(a.tok_s, 1),
+                   "speed-up [CI]": None if a.speedup is None or a.baseline else f"{a.speedup:.2f}x" + (
+                       f" [{a.speedup_ci[0]:.2f}, {a.speedup_ci[1]:.2f}]" if a.speedup_ci else ""),
+                   "verdict": verdict, "accept" if terminal else "accept len": _r(a.accept_len, 2),
+                   "break-even": None if a.break_even is None else f"{a.break_even:.2f}" + (
+                       f" [{a.break_even_ci[0]:.2f}, {a.break_even_ci[1]:.2f}]" if a.break_even_ci else ""),
+                   "TTFT ms": _r(a.ttft_p50_ms, 1), "ITL ms": _r(a.itl_p50_ms, 2)}
+            if not terminal:
+                row = {**{k.replace("TTFT ms", "TTFT p50 ms").replace("ITL ms", "ITL p50 ms"): v
+                          for k, v in row.items()}, "E2E p50 ms": _r(a.e2el_p50_ms, 0),
+                       "out tok/s": _r(a.output_tok_s, 1), "starts": a.starts}
+            rows.append(row)
+        df = pd.DataFrame(rows)
+        return df.dropna(axis=1, how="all") if len(df) else df
+
+    def rich(self) -> Any:
+        """A rich renderable: the title, the decide line, the compact table, then one sentence per arm."""
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table(show_header=True, header_style="bold", expand=False, pad_edge=False, box=None)
+        df = self.table(terminal=True)
+        for col in df.columns:
+            t.add_column(str(col), overflow="fold", justify="left" if col in ("arm", "verdict") else "right")
+        for _, row in df.iterrows():
+            t.add_row(*["—" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v) for v in row])
+        parts: list[Any] = [Text(self.title, style="bold")]
+        if self.decided:
+            parts.append(Text(self.decided))
+        parts.append(t)
+        parts += [Text("• " + a.sentence()) for a in self.arms if not a.baseline]
+        return Group(*parts)
+
+    def print(self, console: Any = None) -> None:
+        from rich.console import Console
+
+        (console or Console()).print(self.rich())
+
+
+def _short(verdict: str | None) -> str | None:
+    """A verdict in one word for a terminal column."""
+    if verdict is None:
+        return None
+    if verdict == NOT_DISTINGUISHABLE:
+        return "undecided"
+    if verdict.startswith("equivalent"):
+        return verdict.replace("equivalent within ", "equal ")
+    if verdict in (NO_SPREAD, TOO_FEW):
+        return "no interval"
+    return verdict.split(":")[0].split(" (")[0]
+
+
+def _n(x: float | None, nd: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def _r(x: float | None, nd: int) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _md(text: str) -> str:
+    return text.replace("*", r"\*").replace("_", r"\_")
+
+
+def _pair(lo: Any, hi: Any) -> tuple[float, float] | None:
+    lo, hi = positive(lo), positive(hi)
+    return (lo, hi) if lo is not None and hi is not None else None
+
+
+def _needs(a: ArmRecord, starts: int) -> str | None:
+    """What would decide an undecided arm: how many more starts (or requests, with one start per arm) a fixed
+    design needs to detect a DETECT difference, from the width of its interval."""
+    from spectrial.sequential import rounds_to_detect
+
+    ci = _pair(a.speedup_ci_low, a.speedup_ci_high)
+    if ci is None:
+        return "needs at least 2 requests per arm for an interval"
+    per_start = starts >= 2
+    n = starts if per_start else (a.requests_ok or 0)
+    if n < 2:
+        return None
+    total = rounds_to_detect(ci[0], ci[1], n, effect=DETECT, level=a.ci_level or 0.95)
+    if total is None:
+        return None
+    more = max(total - n, 1)
+    unit = "starts per arm" if per_start else "requests per arm (and 2+ starts to see start-to-start drift)"
+    return f"needs ~{more} more {unit} to detect {DETECT * 100:.0f} % (or `decide: true`)"
+
+
+def arm_line(a: ArmRecord, base: ArmRecord | None) -> ArmLine:
+    starts = len([s for s in a.starts if s.status == "ok"]) or len(a.starts) or len(a.get("start_orders") or [])
+    sv = a.serving
+    line = ArmLine(arm=a.name, method=a.method, k=a.steps, synthetic=bool(a.synthetic),
+                   status=a.status, reason=a.reason, baseline=base is not None and a.name == base.name,
+                   tok_s=a.tok_s, tok_s_ci=_pair(a.tok_s_ci_low, a.tok_s_ci_high), speedup=a.speedup,
+                   speedup_ci=_pair(a.speedup_ci_low, a.speedup_ci_high), verdict=a.verdict, pays=a.pays,
+                   accept_len=a.accept_len if a.speculative else None,
+                   break_even=a.break_even_accept_len if a.speculative else None,
+                   break_even_ci=_pair(a.break_even_ci_low, a.break_even_ci_high) if a.speculative else None,
+                   starts=starts, requests=a.requests_ok or 0, min_detectable=a.min_detectable_ratio,
+                   ttft_p50_ms=sv.ttft_ms.p50 if sv and sv.ttft_ms else None,
+                   itl_p50_ms=sv.itl_ms.p50 if sv and sv.itl_ms else None,
+                   e2el_p50_ms=sv.e2el_ms.p50 if sv and sv.e2el_ms else None,
+                   output_tok_s=sv.output_tok_s if sv else None, goodput=sv.goodput if sv else None)
+    if base is not None and a.baseline_arm not in (None, base.name):
+        line.against = a.baseline_arm
+    if line.pays == "undecided" and not (a.verdict or "").startswith("equivalent"):
+        line.needs = _needs(a, starts)
+    return line
+
+
+def headlines(source: Manifest | Any) -> list[Headline]:
+    """Every headline of a record: one for a trial, one per session of a hand-made record that has several
+    (each judged against its own session's baseline), one per scenario and concurrency of a sweep."""
+    m = as_manifest(source)
+    if m.points:
+        return sweep_headlines(m)
+    sessions = list(dict.fromkeys(a.session for a in m.arms if a.session is not None))
+    if len(sessions) > 1:
+        out = []
+        for s in sessions:
+            h = headline(m, arms=[a for a in m.arms if a.session == s])
+            out.append(h.model_copy(update={"title": f"session {s}: {h.title}"}))
+        return out
+    return [headline(m)]
+
+
+def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) -> Headline:
+    """The headline of a record (or of `arms` of it, e.g. one concurrency level of a sweep, one session): the
+    arms as `spectrial.figures` judged them against their baseline (re-judged when `arms` is a subset whose
+    reference differs)."""
+    m = as_manifest(source) if source is not None else None
+    arms = list(arms if arms is not None else m.arms)  # type: ignore[union-attr]
+    base = pick_baseline(arms)
+    if base is not None and any(a.status == "ok" and a.baseline_arm is None and a.verdict is None for a in arms):
+        from spectrial.figures import (
+            add_comparisons,  # arms never compared (built by hand): the one comparison
+        )
+
+        add_comparisons(arms, None, base=base)
+    lines = [arm_line(a, base) for a in arms]
+    lines.sort(key=lambda x: (not x.baseline, x.status != "ok"))
+    spec = [x for x in lines if x.method != "none" and x.status == "ok" and x.speedup is not None]
+    decided = None
+    if m is not None and m.decide is not None and len(arms) == len(m.arms):
+        d = m.decide
+        decided = (f"Sampled until decided: {d.rounds} round(s), {d.starts} starts; {d.stopped}"
+                   + (" (a fixed design with the same precision: "
+                      + ", ".join(f"{k} ~{v} rounds" for k, v in d.fixed_design_rounds.items() if v) + ")"
+                      if any(d.fixed_design_rounds.values()) else ""))
+    return Headline(title=_title(base, spec, lines), baseline=base.name if base else None,
+                    baseline_tok_s=base.tok_s if base else None, arms=lines, decided=decided)
+
+
+def sweep_headlines(source: Manifest | Any) -> list[Headline]:
+    """A sweep's headlines: per scenario (synthetic acceptance) and concurrency, its settings against the baseline
+    of that concurrency; each title says where."""
+    m = as_manifest(source)
+    out = []
+    levels = sorted({p.concurrency for p in m.points})
+    scenarios = list(dict.fromkeys(p.scenario for p in m.points if p.method != "none"))
+    for sc in scenarios:
+        for c in levels:
+            pts = [p for p in m.points if p.concurrency == c and (p.method == "none" or p.scenario == sc)
+                   and p.status != "not measured"]
+            if not any(p.method != "none" for p in pts):
+                continue
+            h = headline(None, arms=pts)
+            where = f"concurrency {c}" + (f", forced acceptance {sc:g}" if sc is not None else "")
+            out.append(h.model_copy(update={"title": f"{where}: {h.title}"}))
+    return out
+
+
+def _title(base: ArmRecord | None, spec: list[ArmLine], lines: list[ArmLine]) -> str:
+    if base is None:
+        failed = [x.arm for x in lines if x.status != "ok"]
+        return "No baseline completed: nothing to compare" + (f" (failed: {', '.join(failed)})" if failed else "")
+    if not spec:
+        others = [x for x in lines if x.method != "none"]
+        if not others:
+            return f"Only the baseline was measured ({_n(base.tok_s, 1)} tok/s per request)"
+        why = "; ".join(f"{x.label}: {x.reason or x.verdict or ('no decode rate' if x.tok_s is None else 'not compared')}"
+                        for x in others)
+        return f"No speculative arm could be compared with the baseline ({why})"
+
+    def ci(x: ArmLine) -> str:
+        return f" [{x.speedup_ci[0]:.2f}, {x.speedup_ci[1]:.2f}]" if x.speedup_ci else ""
+
+    faster = sorted((x for x in spec if x.pays == "yes"), key=lambda x: -(x.speedup or 0))
+    if faster:
+        b = faster[0]
+        return f"Speculation pays here: {b.label} is {b.speedup:.2f}x faster{ci(b)} than the baseline"
+    best = max(spec, key=lambda x: x.speedup or 0)
+    if all(x.pays == "no" for x in spec):
+        return (f"Speculation does not pay here: every arm is slower than the baseline (best: {best.label} "
+                f"{best.speedup:.2f}x{ci(best)})")
+    equiv = [x for x in spec if (x.verdict or "").startswith("equivalent")]
+    if equiv and len(equiv) == len([x for x in spec if x.pays != "no"]):
+        return f"No difference that matters: {', '.join(x.label for x in equiv)} {equiv[0].verdict} of the baseline"
+    if all(x.verdict in (NO_SPREAD, TOO_FEW, None) for x in spec):
+        return (f"Not judged: single measurements without an interval (best: {best.label} {best.speedup:.2f}x "
+                "the baseline)")
+    undecided = [x for x in spec if x.pays == "undecided"]
+    slower = [x for x in spec if x.pays == "no"]
+    return (f"Not decided: {len(undecided)} arm(s) {NOT_DISTINGUISHABLE}"
+            + (f", {len(slower)} slower" if slower else "") + f" (best: {best.label} {best.speedup:.2f}x{ci(best)})")
+
+
+__all__ = ["ArmLine", "Headline", "arm_line", "headline", "headlines", "sweep_headlines"]

@@ -117,6 +117,8 @@ trial.table_of(trial.experiment_arms)
 trial.compare()
 answer = trial.headline()
 display(Markdown(answer.markdown()))
+if trial.manifest.decide is not None:
+    show_figure(plots.decide_figure(trial.manifest.decide))
 answer.table()
 
 # %% [markdown]

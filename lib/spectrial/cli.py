@@ -183,6 +183,20 @@ def schema(model: Annotated[str, typer.Argument(help="Manifest (default), or a p
     typer.echo(json.dumps(models[model].model_json_schema(), indent=2))
 
 
+@app.command()
+def migrate(paths: Annotated[list[Path], typer.Argument(help="Run folders, or folders of them (e.g. outputs).")]
+            ) -> None:
+    """Rewrite run records of an older spectrial in the current schema (figures re-derived, serving metrics added
+    from requests.csv); the old manifest is kept as manifest.v<N>.json."""
+    from spectrial.migrate import migrate_all
+
+    try:
+        for line in migrate_all(paths):
+            typer.echo(line)
+    except SpectrialError as exc:
+        _fail(exc)
+
+
 @models_app.command("tiny")
 def models_tiny(outdir: Annotated[Path, typer.Argument(help="Folder to write the models into.")],
                 seed: int = 0) -> None:

@@ -262,9 +262,13 @@ def speedup(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord) -
 
 def break_even(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord) -> float | None:
     """The accept length at which `arm`'s cycle would just match the baseline: cycle_ms / baseline ms_per_token
-    = accept_len / speed-up (None without an accept length or a speed-up)."""
+    = accept_len / speed-up; a hand-made arm with a cycle time (say, a profiled verify time) but no decode rate
+    gets cycle_ms / baseline ms_per_token (None without either)."""
     s, al = speedup(arm, base), positive(arm.accept_len)
-    return al / s if s and al else None
+    if s and al:
+        return al / s
+    cycle, base_rate = positive(getattr(arm, "cycle_ms", None)), positive(base.tok_s)
+    return cycle * base_rate / 1000.0 if s is None and cycle and base_rate else None
 
 
 def verdict_of(low: float | None, high: float | None, margin: float | None = None) -> str | None:

@@ -13,7 +13,7 @@ from spectrial.server import TAG_VAR
 
 
 def dry_run(params: TrialParams) -> list[dict[str, Any]]:
-    """Per arm: {"arm", "host", "env", "argv", "display"}; no host is contacted, nothing is built."""
+    """Per arm: {"arm", "host", "env", "argv", "notes", "display"}; no host is contacted, nothing is built."""
     engine = get_engine(params.engine, params, LocalHost())
     engine.resolve_dry()
     out = []
@@ -22,7 +22,9 @@ def dry_run(params: TrialParams) -> list[dict[str, Any]]:
         env, argv = mask_env(spec.env), mask_argv(spec.argv)
         env_words = [f"{k}={v}" for k, v in env.items()]
         line = shlex.join([*env_words, *argv])
-        display = (f"# arm {arm.name} on {params.host} ({arm.method})\n"
+        notes = "".join(f"# note: {n}\n" for n in spec.notes)
+        display = (f"# arm {arm.name} on {params.host} ({arm.method})\n{notes}"
                    f"{line}\n# plus {TAG_VAR}=<run-id:arm> so spectrial can find and stop what it started\n")
-        out.append({"arm": arm.name, "host": params.host, "env": env, "argv": argv, "display": display})
+        out.append({"arm": arm.name, "host": params.host, "env": env, "argv": argv, "notes": list(spec.notes),
+                    "display": display})
     return out

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from spectrial.figures import base_ms_per_token, is_baseline, pick_baseline
-from spectrial.schema import ArmRecord
+from spectrial.schema import ArmRecord, DecideRecord
 
 
 def _ok(arms: list[ArmRecord]) -> list[ArmRecord]:
@@ -61,4 +61,32 @@ def break_even_figure(arms: list[ArmRecord],
     fig.update_yaxes(title_text="ms", row=1, col=1)
     fig.update_yaxes(title_text="break-even accept length", row=1, col=2)
     fig.update_layout(title=title, template="plotly_white", height=440)
+    return fig
+
+
+def decide_figure(decide: DecideRecord, title: str = "Speed-up and its confidence sequence, round by round"
+                  ) -> go.Figure:
+    """A decide run's looks: per speculative arm the estimated speed-up after each paired round with its
+    confidence sequence (infinite until enough rounds: not drawn), the line at 1 and the equivalence margin."""
+    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+    fig = go.Figure()
+    for i, arm in enumerate(decide.arms):
+        colour = palette[i % len(palette)]
+        looks = [x for x in arm.looks if x.get("estimate") is not None]
+        rounds = [x["round"] for x in looks]
+        fig.add_scatter(x=rounds, y=[round(x["estimate"], 4) for x in looks], mode="lines+markers", name=arm.arm,
+                        legendgroup=arm.arm, line={"color": colour})
+        bounded = [x for x in looks if x.get("low") is not None and x.get("high") is not None]
+        if bounded:
+            fig.add_scatter(x=[x["round"] for x in bounded], y=[round(x["high"], 4) for x in bounded], mode="lines",
+                            line={"color": colour, "dash": "dot"}, name=f"{arm.arm}: {decide.level:.0%} sequence",
+                            legendgroup=arm.arm)
+            fig.add_scatter(x=[x["round"] for x in bounded], y=[round(x["low"], 4) for x in bounded], mode="lines",
+                            line={"color": colour, "dash": "dot"}, showlegend=False, legendgroup=arm.arm)
+    fig.add_hline(y=1.0, line_color="#555", annotation_text="the baseline")
+    if decide.margin:
+        for y in (1 + decide.margin, 1 / (1 + decide.margin)):
+            fig.add_hline(y=round(y, 4), line_dash="dash", line_color="#aaa")
+    fig.update_layout(title=title, xaxis_title="paired rounds (one start of every arm each)",
+                      yaxis_title="speed-up (decode rate / baseline's)", template="plotly_white", height=420)
     return fig

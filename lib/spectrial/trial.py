@@ -321,6 +321,12 @@ class Trial:
         self.record.finish("failed" if problems else "ok", "\n".join(problems) or None)
         return arms_table(self.manifest.arms)
 
+    def headline(self):  # noqa: ANN201 - spectrial.headline.Headline
+        """The answer so far: does speculation pay, by how much, how sure (after `compare`)."""
+        from spectrial.headline import headline
+
+        return headline(self.manifest)
+
     def explain(self, target_tok_s: float | None = None):  # noqa: ANN201 - spectrial.explain.Explanation
         """The analysis of this run (break-even, cycle-cost model, acceptance needed, roofline)."""
         from spectrial.explain import explain

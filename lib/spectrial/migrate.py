@@ -1,0 +1,72 @@
+"""`spectrial migrate RUN_DIR...`: rewrite run records written by an older spectrial in the current schema.
+
+Loading any record already migrates it in memory (`spectrial.schema.as_manifest`: old field names, and from
+schema 3 every comparison re-derived by `spectrial.figures.rederive`); this writes the result back, so that
+tools reading manifest.json without spectrial see the same numbers, and adds what the run folder still allows:
+the serving figures of each arm (or sweep point) from its requests.csv (and stream.csv where there is one).
+The file as it was is kept beside it as `manifest.v<N>.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from spectrial.errors import ConfigError
+from spectrial.records import dump_json, list_runs
+from spectrial.schema import SCHEMA_VERSION, ArmRecord, Manifest, as_manifest
+
+
+def _with_serving(m: Manifest, run: Path) -> Manifest:
+    """Arms (and points) without serving figures get them from the folder's requests."""
+    from spectrial import serving
+
+    key = "point" if m.points else "arm"
+    by = serving.read_requests(run, key=key)
+    if not by:
+        return m
+    conc = (m.params or {}).get("concurrency") or (m.params.get("trial") or {}).get("concurrency")
+    level = float((m.params or {}).get("confidence") or 0.95)
+
+    def fill(a: ArmRecord) -> ArmRecord:
+        ident = getattr(a, "id", None) or a.get("id") or a.name
+        reqs = [r for r in by.get(str(ident), []) if r.ok]
+        if a.serving is not None or a.status != "ok" or not reqs:
+            return a
+        sv = serving.serving_figures(reqs, expected_tokens_per_chunk=a.accept_len if a.speculative else 1.0,
+                                     concurrency=conc if isinstance(conc, int) else None, level=level)
+        return a.model_copy(update={"serving": sv, "ttft_ms": sv.ttft_ms.p50 if sv.ttft_ms else None,
+                                    "itl_ms": sv.itl_ms.p50 if sv.itl_ms else None})
+
+    return m.model_copy(update={"arms": [fill(a) for a in m.arms], "points": [fill(p) for p in m.points]})
+
+
+def migrate_run(run_dir: str | Path) -> str:
+    """Rewrite one run folder's manifest.json in the current schema (a no-op when it already is); returns what
+    was done, in a few words."""
+    run = Path(run_dir)
+    path = run / "manifest.json"
+    if not path.is_file():
+        raise ConfigError(f"RUN_DIR: {run} holds no manifest.json; pass a run folder, e.g. outputs/<run-id>",
+                          parameter="RUN_DIR")
+    raw = json.loads(path.read_text())
+    version = int(raw.get("schema_version") or 1)
+    if version >= SCHEMA_VERSION:
+        return f"{run}: already schema {version}"
+    m = _with_serving(as_manifest(raw), run)
+    backup = run / f"manifest.v{version}.json"
+    if not backup.exists():
+        shutil.copy2(path, backup)
+    dump_json(path, m.model_dump(mode="python", serialize_as_any=True))
+    return f"{run}: schema {version} -> {SCHEMA_VERSION} (the old file: {backup.name})"
+
+
+def migrate_all(paths: list[Path]) -> list[str]:
+    """Every run folder under each path (a run folder itself, or a folder of them)."""
+    runs: list[Path] = []
+    for p in paths:
+        runs += [p] if (p / "manifest.json").is_file() else list_runs(p)
+    if not runs:
+        raise ConfigError(f"no run record (manifest.json) under {', '.join(map(str, paths))}", parameter="RUN_DIR")
+    return [migrate_run(r) for r in runs]

@@ -1,0 +1,93 @@
+"""`decide:` — interleave rounds of starts until every speculative arm is decided by a confidence sequence over the
+paired rounds (spectrial.sequential; its validity by simulation is tests/test_sequential.py), on real llama.cpp;
+and concurrency that is real: engine slots follow the requested concurrency, or the launch says why not."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from consistency import check_run
+from spectrial.errors import ConfigError
+from spectrial.params import load_params
+from spectrial.plan import dry_run
+from spectrial.schema import load_record
+from spectrial.trial import run_trial
+
+LOCAL = Path(__file__).resolve().parents[1] / "params" / "local.yaml"
+
+
+def test_decide_parameters() -> None:
+    p = load_params(LOCAL, {"decide": True})
+    assert p.decide is not None and p.decide.max_rounds == 20 and p.decide.margin is None
+    assert load_params(LOCAL, {"decide": False}).decide is None
+    q = load_params(LOCAL, {"decide": {"margin": 0.03, "max_rounds": 8}})
+    assert q.decide.margin == 0.03 and q.decide.max_rounds == 8
+    with pytest.raises(ConfigError, match="decide: needs order interleaved or random"):
+        load_params(LOCAL, {"decide": True, "order": "blocked"})
+    with pytest.raises(ConfigError, match="max_rounds"):
+        load_params(LOCAL, {"decide": {"min_rounds": 5, "max_rounds": 3}})
+    with pytest.raises(ConfigError, match="unknown parameter; allowed here: margin, max_minutes"):
+        load_params(LOCAL, {"decide": {"rounds": 3}})
+
+
+def test_llamacpp_slots_follow_the_concurrency() -> None:
+    """-np follows concurrency and -c keeps each slot's context; fewer slots than streams is said at launch."""
+    arms = dry_run(load_params(LOCAL, {"concurrency": 4}))
+    argv = arms[0]["argv"]
+    assert argv[argv.index("-np") + 1] == "4" and argv[argv.index("-c") + 1] == str(1024 * 4)
+    assert arms[0]["notes"] == []
+    few = dry_run(load_params(LOCAL, {"concurrency": 4, "engine_config.parallel": 2}))
+    argv = few[0]["argv"]
+    assert argv[argv.index("-np") + 1] == "2"
+    assert any("concurrency 4 but the server runs 2 request(s) at once" in n for n in few[0]["notes"])
+    assert "# note: concurrency 4" in few[0]["display"]
+    one = dry_run(load_params(LOCAL))[0]["argv"]
+    assert one[one.index("-np") + 1] == "1" and one[one.index("-c") + 1] == "1024"
+
+
+def test_vllm_and_sglang_name_their_slot_limits(tmp_path: Path) -> None:
+    from spectrial.engines import get_engine
+    from spectrial.host import LocalHost
+
+    for engine, cfg, words in (("vllm", {"max_num_seqs": 2}, "--max-num-seqs"),
+                               ("sglang", {"max_running_requests": 2}, "--max-running-requests")):
+        p = load_params(data={"engine": engine, "model": str(tmp_path), "concurrency": 8, "engine_config": cfg,
+                              "arms": [{"name": "baseline"}]})
+        eng = get_engine(engine, p, LocalHost())
+        eng.resolve_dry()
+        spec = eng.launch_spec(p.arms[0])
+        assert words in spec.argv and any(words in n and "queue" in n for n in spec.notes), spec.notes
+
+
+@pytest.mark.slow
+def test_a_decide_run_on_llamacpp_stops_by_itself(tiny_params, tmp_path):
+    """Rounds of one start per arm until every speculative arm is settled or the round budget is spent; the record
+    says how many starts and why; each arm's interval is its confidence sequence at the last look, the verdict
+    and pays follow it, and the record's readers agree."""
+    params = {**tiny_params, "repeats": 3, "max_tokens": 32,
+              "arms": [{"name": "baseline"}, {"name": "draft", "method": "draft"}],
+              "decide": {"min_rounds": 3, "max_rounds": 9, "max_minutes": 8}}
+    result = run_trial(load_params(data=params), progress=False, raise_on_failure=False)
+    m = load_record(result.run_dir)
+    d = m.decide
+    assert d is not None and 3 <= d.rounds <= 9 and d.starts == 2 * d.rounds
+    assert d.stopped.startswith(("decided after", "start budget", "time budget")), d.stopped
+    assert len([s for s in m.starts if s.arm == "draft"]) == d.rounds
+    seq = d.arms[0]
+    assert seq.arm == "draft" and seq.rounds == len([x for x in seq.looks if x["n"]]) > 0
+    draft = m.arm("draft")
+    assert draft.ci_basis.startswith("confidence sequence over")
+    if seq.ci_low is not None:
+        assert (draft.speedup_ci_low, draft.speedup_ci_high) == (seq.ci_low, seq.ci_high)
+        assert seq.ci_low <= seq.estimate <= seq.ci_high
+    expected = {"faster": "faster", "slower": "slower"}.get(seq.status, "not distinguishable at this noise")
+    if not seq.status.startswith("inconsistent"):
+        assert draft.verdict == expected
+    if d.stopped.startswith("decided"):
+        assert seq.status in ("faster", "slower", "equivalent", "inconsistent")
+        assert math.isfinite(seq.ci_low) and math.isfinite(seq.ci_high)
+        assert not (seq.ci_low <= 1.0 <= seq.ci_high) or seq.status != "faster"
+    check_run(result.run_dir)

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from consistency import check_arm, check_doctor, check_manifest, check_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consistency import check_arm, check_doctor, check_manifest, check_run
 from spectrial.figures import add_comparisons, pick_baseline
 from spectrial.headline import headline
 from spectrial.schema import ArmRecord, as_manifest, load_record

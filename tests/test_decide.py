@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
-
 from consistency import check_run
+
 from spectrial.errors import ConfigError
 from spectrial.params import load_params
 from spectrial.plan import dry_run

@@ -196,7 +196,7 @@ def _pair(lo: Any, hi: Any) -> tuple[float, float] | None:
     return (lo, hi) if lo is not None and hi is not None else None
 
 
-def _needs(a: ArmRecord, starts: int) -> str | None:
+def _needs(a: ArmRecord, starts: int, decided_run: bool = False) -> str | None:
     """What would decide an undecided arm: how many more starts (or requests, with one start per arm) a fixed
     design needs to detect a DETECT difference, from the width of its interval."""
     from spectrial.sequential import rounds_to_detect
@@ -213,10 +213,11 @@ def _needs(a: ArmRecord, starts: int) -> str | None:
         return None
     more = max(total - n, 1)
     unit = "starts per arm" if per_start else "requests per arm (and 2+ starts to see start-to-start drift)"
-    return f"needs ~{more} more {unit} to detect {DETECT * 100:.0f} % (or `decide: true`)"
+    how = "raise `decide.max_rounds` or `decide.max_minutes`" if decided_run else "or `decide: true`"
+    return f"needs ~{more} more {unit} to detect {DETECT * 100:.0f} % ({how})"
 
 
-def arm_line(a: ArmRecord, base: ArmRecord | None) -> ArmLine:
+def arm_line(a: ArmRecord, base: ArmRecord | None, decided_run: bool = False) -> ArmLine:
     starts = len([s for s in a.starts if s.status == "ok"]) or len(a.starts) or len(a.get("start_orders") or [])
     sv = a.serving
     line = ArmLine(arm=a.name, method=a.method, k=a.steps, synthetic=bool(a.synthetic),
@@ -234,7 +235,7 @@ def arm_line(a: ArmRecord, base: ArmRecord | None) -> ArmLine:
     if base is not None and a.baseline_arm not in (None, base.name):
         line.against = a.baseline_arm
     if line.pays == "undecided" and not (a.verdict or "").startswith("equivalent"):
-        line.needs = _needs(a, starts)
+        line.needs = _needs(a, starts, decided_run)
     return line
 
 
@@ -267,7 +268,7 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
         )
 
         add_comparisons(arms, None, base=base)
-    lines = [arm_line(a, base) for a in arms]
+    lines = [arm_line(a, base, m is not None and m.decide is not None) for a in arms]
     lines.sort(key=lambda x: (not x.baseline, x.status != "ok"))
     spec = [x for x in lines if x.method != "none" and x.status == "ok" and x.speedup is not None]
     decided = None

@@ -314,12 +314,13 @@ class Session:
         assert self.host is not None and self.engine is not None
         p, rec, host, engine = self.params, self.record, self.host, self.engine
         spec = self.spec(arm)
-        label = arm.name if p.restarts == 1 else f"{arm.name}#{restart + 1}"
+        one = p.restarts == 1 and p.decide is None  # one start per arm: names without a number
+        label = arm.name if one else f"{arm.name}#{restart + 1}"
         entry = StartRecord(arm=arm.name, restart=restart, order=len(rec.manifest.starts), phase=phase,
                             fingerprint_key=self.fp_key)
         rec.manifest.starts.append(entry)
         work = f"{host.expand(p.work_dir)}/{rec.run_id}"
-        name = spec.name if p.restarts == 1 else f"{spec.name}-{restart + 1}"
+        name = spec.name if one else f"{spec.name}-{restart + 1}"
         server = Server(host, dataclasses.replace(spec, name=name, argv=list(spec.argv)), work_dir=work,
                         state_dir=host.expand(p.state_dir), grace_s=p.stop_grace_s, run_id=rec.run_id, arm=arm.name,
                         tag=f"{rec.run_id}:{arm.name}:{restart}:{_rnd.token_hex(3)}")

@@ -72,7 +72,12 @@ def test_orphan_of_a_killed_kernel_is_stopped_by_the_next_trial(sshd: SshdServer
     kill = next(s for s in m2["steps"] if s["name"] == "kill_old_server")["report"]
     print("second trial's kill step:", kill)
     assert kill["previous"]["run_id"] == m1["run_id"] and kill["previous"]["pgid"] == st["pgid"]
-    assert kill["action"].startswith(f"stopped previous spectrial server (pgid {st['pgid']})")
+    assert kill["action"].startswith(f"stopped previous spectrial server of run {m1['run_id']} (pgid {st['pgid']}: ")
+    # the killed run's record is marked abandoned and gets its server log (the evidence of what it was doing)
+    m1 = manifest_json(run1)
+    assert m1["status"] == "failed" and m1["reason"].startswith("abandoned: pid ") and m1["finished_at"]
+    assert "server log copied into it" in kill["abandoned"]["settled"], kill["abandoned"]
+    assert (run1 / "logs" / "llama-server-baseline.log").read_text().strip()
     assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
     assert read_state(LocalHost(), state_dir, port) is None
     assert not LocalHost().port_holders(port)

@@ -162,7 +162,8 @@ def test_interrupt_inside_an_arm_stops_its_server_and_records_why(tiny_params) -
         signal.signal(signal.SIGALRM, old)
     assert not LocalHost().port_holders(tiny_params["port"])
     m = manifest_json(t.run_dir)
-    assert m["status"] == "failed" and "KeyboardInterrupt" in m["reason"]
+    assert m["status"] == "failed" and "interrupted by Ctrl-C" in m["reason"]
+    assert m["reason"].startswith("arm baseline: benchmark:baseline: ")  # the arm and the step it was in
     assert m["arms"][0]["status"] == "failed" and m["starts"][0]["status"] == "failed"
     assert m["starts"][0]["server"]["stop"]["how"] in ("TERM", "KILL")
     t.params.repeats = 2

@@ -1,19 +1,29 @@
-"""`spectrial` command line: the same library calls the notebooks make, without Jupyter."""
+"""`spectrial` command line: the same library calls the notebooks make, without Jupyter.
+
+Exit codes: 0 done (the record says ok), 1 the run failed (its record says why), 2 bad input or an error before or
+outside a run (the message says what to do), 130 / 143 / 129 interrupted by Ctrl-C / SIGTERM / SIGHUP (servers
+stopped, the record says failed and why).
+"""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import signal
 import sys
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Annotated, Any
 
-import typer
+from spectrial import interrupts
 
-from spectrial.errors import SpectrialError
-from spectrial.params import load_params, parse_overrides
+if __name__ == "__main__" or sys.argv and sys.argv[0].endswith("spectrial"):  # the command, not a library import
+    interrupts.install_exit()  # before anything slow: a signal while starting up exits 130 / 143 / 129
+
+import contextlib  # noqa: E402
+import json  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Annotated, Any  # noqa: E402
+
+import typer  # noqa: E402
+
+from spectrial.errors import SpectrialError  # noqa: E402
+from spectrial.params import load_params, parse_overrides  # noqa: E402
 
 app = typer.Typer(help="Controlled, reproducible trials of speculative decoding.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -32,20 +42,18 @@ def _fail(exc: Exception) -> None:
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """Stop the run on SIGTERM as on Ctrl-C (servers stopped, the record written with the reason), then exit
-    130 (Ctrl-C) or 143 (SIGTERM)."""
-    from spectrial.interrupts import Terminated, on_sigterm
-
-    old = signal.signal(signal.SIGTERM, on_sigterm)
+    """Stop the run on SIGTERM or SIGHUP as on Ctrl-C (servers stopped, the record written with the reason), then
+    exit 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)."""
+    interrupts.install()
     try:
         yield
     except KeyboardInterrupt as exc:
-        term = isinstance(exc, Terminated)
-        typer.secho(f"interrupted by {'SIGTERM' if term else 'Ctrl-C'}: servers stopped, the record says why",
-                    fg="red", err=True)
-        raise typer.Exit(143 if term else 130) from None
+        with contextlib.suppress(OSError):  # a hung-up terminal cannot take the message
+            typer.secho(f"interrupted by {interrupts.name(exc)}: servers stopped, the record says why",
+                        fg="red", err=True)
+        raise typer.Exit(interrupts.exit_code(exc)) from None
     finally:
-        signal.signal(signal.SIGTERM, old)
+        interrupts.install_exit()  # the run is over: a later SIGTERM / SIGHUP exits at once (143 / 129)
 
 
 @app.command()

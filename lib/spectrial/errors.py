@@ -4,7 +4,9 @@
     ConfigError           a parameter is missing, mistyped or contradictory: `parameter` names it
     HostError             a command on a host failed or its transport dropped (`lost`): command, exit code,
                           output tails
+      ConnectionLost      the connection to a remote host dropped and could not be re-established: host, since
     ResourceBusyError     a port, GPU or disk is not available: `resource`, `holders` (pid + command line)
+    RecordWriteError      the run record cannot be written (its disk is full): the run stops
     ServerError           a server did not start, never became ready, or died mid-run (`phase`): exit code,
                           command, log path and tail
     RunFailed             a trial or sweep ran but did not measure what it should: `result` is the partial
@@ -49,6 +51,25 @@ class HostError(SpectrialError):
         super().__init__(msg, hint=hint)
 
 
+class ConnectionLost(HostError):
+    """The connection to a remote host dropped and could not be re-established within the retries: `host`,
+    `since` (UTC time the drop was noticed), `down_s` (seconds from then to giving up), `attempts`, `last_error`.
+
+    What was started there (a server, a sampler) may still run: the message says so; stop it once the host is
+    reachable again (the next trial's kill step does)."""
+
+    def __init__(self, host: str, *, since: str, down_s: float, attempts: int, last_error: str,
+                 command: str = "", hint: str = "") -> None:
+        self.host, self.command, self.exit_code, self.lost = host, command, None, True
+        self.stdout, self.stderr = "", last_error
+        self.since, self.down_s, self.attempts, self.last_error = since, down_s, attempts, last_error
+        msg = (f"lost the connection to {host} at {since} and could not reconnect ({attempts} attempt(s) over "
+               f"{down_s:.1f} s; last: {last_error}); the remote server may still be running there")
+        SpectrialError.__init__(self, msg, hint=hint or (
+            "check that the host and its sshd are up (network, VPN); the next trial on that host stops what "
+            "this run left there"))
+
+
 class ResourceBusyError(SpectrialError):
     """A port, GPU or disk spectrial needs is not available; `holders` names the processes (pid, command)."""
 
@@ -56,6 +77,11 @@ class ResourceBusyError(SpectrialError):
                  holders: list[tuple[int, str]] | None = None, hint: str = "") -> None:
         self.resource, self.holders = resource, list(holders or [])
         super().__init__(message, hint=hint)
+
+
+class RecordWriteError(ResourceBusyError):
+    """The run record itself could not be written (a full disk, a vanished or read-only output_dir): the run
+    stops as on an interrupt (servers stopped), and the message names the file, the folder's free space, the fix."""
 
 
 class ServerError(SpectrialError):

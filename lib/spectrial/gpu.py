@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spectrial.errors import ConfigError, ResourceBusyError
@@ -118,8 +119,10 @@ class GpuSampler:
     group with the arm. On a host without nvidia-smi it records nothing and says so.
     """
 
-    def __init__(self, host: Host, log_path: str, interval_ms: int = 500) -> None:
+    def __init__(self, host: Host, log_path: str, interval_ms: int = 500, env: dict[str, str] | None = None,
+                 on_start: Callable[[int], None] | None = None) -> None:
         self.host, self.log_path, self.interval_ms = host, log_path, interval_ms
+        self.env, self.on_start = env, on_start  # the start's helper tag (found by the next kill step), a hook
         self.pgid: int | None = None
         self.reason = ""
 
@@ -129,7 +132,9 @@ class GpuSampler:
             return self
         self.pgid = self.host.start_detached(
             ["nvidia-smi", f"--query-gpu={','.join(SAMPLE_QUERY)}", "--format=csv,noheader,nounits",
-             f"-lms={self.interval_ms}"], env=None, log_path=self.log_path)
+             f"-lms={self.interval_ms}"], env=self.env, log_path=self.log_path)
+        if self.on_start is not None:
+            self.on_start(self.pgid)
         return self
 
     def stop(self) -> list[dict[str, object]]:

@@ -51,6 +51,7 @@ class ArmLine(BaseModel):
     min_detectable: float | None = None
     needs: str | None = None
     against: str | None = None  # the arm's baseline where it is not the headline's
+    failed_requests: int = 0
     ttft_p50_ms: float | None = None
     itl_p50_ms: float | None = None
     e2el_p50_ms: float | None = None
@@ -84,6 +85,8 @@ class ArmLine(BaseModel):
         if self.accept_len is not None and self.break_even is not None:
             be = f" [{self.break_even_ci[0]:.2f}, {self.break_even_ci[1]:.2f}]" if self.break_even_ci else ""
             s += f" — accept length {self.accept_len:.2f} vs break-even {self.break_even:.2f}{be}"
+        if self.failed_requests:
+            s += f" ({self.failed_requests} measured request(s) failed: the run is marked failed)"
         if self.pays == "undecided":
             if self.min_detectable:
                 s += f"; this run could see differences of {(self.min_detectable - 1) * 100:.0f} % or more"
@@ -228,6 +231,7 @@ def arm_line(a: ArmRecord, base: ArmRecord | None, decided_run: bool = False) ->
                    break_even=a.break_even_accept_len if a.speculative else None,
                    break_even_ci=_pair(a.break_even_ci_low, a.break_even_ci_high) if a.speculative else None,
                    starts=starts, requests=a.requests_ok or 0, min_detectable=a.min_detectable_ratio,
+                   failed_requests=a.requests_failed or 0,
                    ttft_p50_ms=sv.ttft_ms.p50 if sv and sv.ttft_ms else None,
                    itl_p50_ms=sv.itl_ms.p50 if sv and sv.itl_ms else None,
                    e2el_p50_ms=sv.e2el_ms.p50 if sv and sv.e2el_ms else None,

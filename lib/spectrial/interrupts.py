@@ -1,4 +1,4 @@
-"""Interrupts: SIGTERM handled as Ctrl-C is, and the few steps that must not be cut in half.
+"""Interrupts: SIGTERM and SIGHUP handled as Ctrl-C is, and the few steps that must not be cut in half.
 
 A server launch is one such step: between the spawn and the state file that names its process group, an
 interrupt would leave a server nobody knows about. `deferred()` holds SIGINT and SIGTERM for the length of such
@@ -13,20 +13,63 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-HELD = (signal.SIGINT, signal.SIGTERM)
+HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (timeout, a CI cancel, a service manager): handled as Ctrl-C is, wherever the run is."""
 
 
+class HungUp(Terminated):
+    """SIGHUP (the terminal closed, the SSH session dropped): handled as Ctrl-C is, wherever the run is."""
+
+
 def on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated("SIGTERM")
 
 
+def on_sighup(signum: int, frame: FrameType | None) -> None:
+    raise HungUp("SIGHUP")
+
+
+EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}
+
+
+def install() -> None:
+    """SIGTERM and SIGHUP raise (Terminated, HungUp) in the main thread from now on, as SIGINT does (unless
+    SIGINT was ignored when the process started: a shell's background job)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+        signal.signal(signal.SIGHUP, on_sighup)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def install_exit() -> None:
+    """Until a run starts (`install`): SIGINT / SIGTERM / SIGHUP exit at once with 130 / 143 / 129 (nothing is
+    running that needs stopping; a traceback from the middle of an import would say nothing)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, lambda signum, frame, code=code: _exit(code))
+
+
+def _exit(code: int) -> None:
+    raise SystemExit(code)
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """The documented exit code of an interrupt: 130 (Ctrl-C), 143 (SIGTERM), 129 (SIGHUP)."""
+    return 129 if isinstance(exc, HungUp) else 143 if isinstance(exc, Terminated) else 130
+
+
+def name(exc: KeyboardInterrupt) -> str:
+    return "SIGHUP" if isinstance(exc, HungUp) else "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM during the block; deliver the first one caught after it.
+    """Hold SIGINT, SIGTERM and SIGHUP during the block; deliver the first one caught after it.
 
     Only the main thread receives signals, so elsewhere this does nothing. A held signal whose previous
     disposition was the default action is re-raised with that action in place; an ignored one stays ignored."""

@@ -8,6 +8,7 @@ output notebook (as papermill has saved it so far) into the run record and notes
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ def run_notebook(name: str, parameters: dict[str, Any] | None = None, *, output_
     try:
         pm.execute_notebook(str(nb), str(out_nb), parameters=params, cwd=str(repo_root()),
                             kernel_name=kernel_name, progress_bar=False)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the kernel's trial stops its servers and says why
+        interrupt_kernels(out_dir / "manifest.json")
+        raise
     except Exception as exc:  # papermill keeps the partially executed notebook; the record says why
         error = exc
     manifest = out_dir / "manifest.json"
@@ -65,6 +69,29 @@ def run_notebook(name: str, parameters: dict[str, Any] | None = None, *, output_
 
         report = str(write_report(out_dir))
     return {"notebook": str(out_nb), "run_dir": str(out_dir) if manifest.is_file() else None, "report": report}
+
+
+def interrupt_kernels(manifest: Path, timeout_s: float = 60.0) -> list[int]:
+    """Send Ctrl-C (SIGINT) to the notebook kernels this process started and wait (up to `timeout_s`) until they
+    have handled it: the run record is final, or the kernel has gone. Returns the kernels' pids."""
+    import json
+    import signal
+    import time
+
+    kernels = [p for p in psutil.Process().children(recursive=True)
+               if any("ipykernel" in a for a in p.cmdline()[:4])]
+    for k in kernels:
+        with contextlib.suppress(psutil.Error):
+            k.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(k.is_running() for k in kernels):
+        try:
+            if json.loads(manifest.read_text()).get("status") not in ("running", "pending"):
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    return [k.pid for k in kernels]
 
 
 def papermill_output_path() -> Path | None:

@@ -242,7 +242,11 @@ class TrialParams(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Environment put on every launch command.")
     env_check: Literal["fail", "warn"] = Field("fail", description="What a missing requested variable does.")
     port: int = Field(8089, ge=1, le=65535, description="Server port on the host.")
-    bind: str = Field("127.0.0.1", description="Address the server listens on (host side).")
+    bind: str = Field("127.0.0.1", description="Address the server listens on (host side): an IPv4 or IPv6 address "
+                                                "or a host name.")
+    takeover: bool = Field(False, description="Stop a previous spectrial server on the port even when the run "
+                                              "that started it may still be going (controlled from another "
+                                              "machine); a live run on this machine is always refused.")
     require_gpu: bool = Field(False, description="Fail when the host has no NVIDIA GPU.")
     gpu_free_mib: int = Field(1024, ge=0, description="A GPU counts as free below this many MiB used.")
     gpu_wait_s: float = Field(60, ge=0, description="How long to wait for GPUs to become free.")
@@ -255,6 +259,20 @@ class TrialParams(BaseModel):
     state_dir: str = Field("~/.cache/spectrial/state", description="Host folder of server state files.")
     work_dir: str = Field("~/.cache/spectrial/runs", description="Host folder of server logs per run.")
     seed: int = Field(0, description="Seed for prompt order and bootstrap.")
+
+    @field_validator("bind")
+    @classmethod
+    def _bind_ok(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(v)
+            return v
+        except ValueError:
+            pass
+        if not _ADDR_RE.match(v):
+            raise ValueError(f"{v!r} is neither an IP address nor a host name (e.g. 127.0.0.1, 0.0.0.0, ::1)")
+        return v
 
     @field_validator("decide", mode="before")
     @classmethod

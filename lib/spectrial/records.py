@@ -14,8 +14,10 @@ import math
 import os
 import re
 import secrets as _rnd
+import shutil
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from typing import Any
 import pandas as pd
 
 from spectrial import __version__
+from spectrial.errors import RecordWriteError
+from spectrial.ownership import controller, describe, owner_state
 from spectrial.schema import Manifest, StepRecord
 from spectrial.secrets import mask_mapping, redact
 
@@ -63,14 +67,43 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def dump_json(path: Path, data: Any, redact_values: list[str] | None = None) -> None:
-    """Write JSON atomically (temp file + rename), NaN/inf as null, secret values redacted."""
+def write_error(path: Path, exc: OSError) -> RecordWriteError:
+    """A record file that could not be written (a full disk, a read-only or vanished folder): what, where, how
+    much room is left, what to do."""
+    folder = path.parent
+    try:
+        free = f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free there"
+    except OSError:
+        free = "the folder cannot be inspected"
+    return RecordWriteError(f"cannot write the run record file {path}: {exc.strerror or exc} ({free})",
+                             resource="disk", hint=f"free space in {folder} or set output_dir to another folder; "
+                                                   "the servers were stopped")
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """write(tmp) then rename over `path`; on any error the temp file is removed (no litter) and an OSError
+    becomes `write_error`."""
     tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise write_error(path, exc) from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def dump_json(path: Path, data: Any, redact_values: list[str] | None = None) -> None:
+    """Write JSON atomically (temp file + rename), NaN/inf as null, secret values redacted; a failed write leaves
+    the previous file and no temp file, and raises RecordWriteError."""
     text = json.dumps(_clean(json.loads(json.dumps(data, default=_jsonable))), indent=2) + "\n"
     if redact_values:
         text = redact(text, [json.dumps(v)[1:-1] for v in redact_values] + list(redact_values))
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    _atomic(path, lambda tmp: tmp.write_text(text))
 
 
 class RunRecord:
@@ -84,6 +117,7 @@ class RunRecord:
         self.secrets: list[str] = []
         self.manifest = Manifest(
             run_id=self.run_id, name=name, kind=kind, started_at=utc_now(), spectrial_version=__version__,
+            controller=controller(),
             params=mask_mapping(params.model_dump(mode="json") if hasattr(params, "model_dump") else params or {}))
         self.save()
 
@@ -111,6 +145,7 @@ class RunRecord:
         """Time a protocol step; the step is recorded (ok or with its error) even when it raises."""
         entry = StepRecord(name=name, started_at=utc_now(), **info)
         self.manifest.steps.append(entry)
+        self.save()  # a run killed inside the step still shows where it was
         t0 = time.monotonic()
         try:
             yield entry
@@ -130,10 +165,11 @@ class RunRecord:
         return self.dir / rel
 
     def write_text(self, rel: str, text: str) -> Path:
-        """Write an artifact with secrets redacted; returns its path."""
+        """Write an artifact with secrets redacted (atomically); returns its path."""
         path = self.add_file(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(redact(text, self.secrets))
+        body = redact(text, self.secrets)
+        _atomic(path, lambda tmp: tmp.write_text(body))
         self.save()
         return path
 
@@ -143,7 +179,8 @@ class RunRecord:
             return None
         path = self.add_file(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame([r.model_dump() if hasattr(r, "model_dump") else dict(r) for r in rows]).to_csv(path, index=False)
+        frame = pd.DataFrame([r.model_dump() if hasattr(r, "model_dump") else dict(r) for r in rows])
+        _atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
         self.save()
         return path
 
@@ -151,17 +188,63 @@ class RunRecord:
         """Write a table as a CSV artifact (atomically: a full disk leaves the old file, not half a new one)."""
         path = self.add_file(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        frame.to_csv(tmp, index=False)
-        os.replace(tmp, path)
+        _atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
         self.save()
         return path
 
-    def finish(self, status: str, reason: str | None = None) -> None:
+    def finish(self, status: str, reason: str | None = None, best_effort: bool = False) -> None:
+        """Set the run's final status and reason and write the record; with `best_effort` (a run already stopping
+        on another error) a record that cannot be written is reported on stderr instead of raised."""
         self.manifest.status = status
         self.manifest.reason = redact(reason, self.secrets) if reason else None
         self.manifest.finished_at = utc_now()
-        self.save()
+        try:
+            self.save()
+        except RecordWriteError as exc:
+            if not best_effort:
+                raise
+            print(f"spectrial: the record could not be completed: {exc}", file=sys.stderr)
+
+
+def settle(run_dir: str | Path, reason: str | None = None) -> str | None:
+    """Mark a record `failed` when it still says running (or pending) but the process that drove it is gone
+    (a SIGKILL, a dead kernel, a killed papermill, a reboot): the run, its starts and arms still running, each
+    with the reason "abandoned: process N on H gone". Returns what was done (None: nothing to do — final already,
+    or its controller alive or on another machine)."""
+    path = Path(run_dir) / "manifest.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("status") not in ("running", "pending"):
+        return None
+    owner = data.get("controller")
+    if owner_state(owner) != "gone":
+        return None
+    why = f"abandoned: {describe(owner)} that drove it is gone" + (f"; {reason}" if reason else "")
+    data.update(status="failed", reason=why, finished_at=data.get("finished_at") or utc_now())
+    for key in ("starts", "arms", "points"):
+        for item in data.get(key) or []:
+            if isinstance(item, dict) and item.get("status") in ("running", "pending"):
+                item.update(status="failed", reason=why)
+    dump_json(path, data)
+    return f"record marked failed ({why})"
+
+
+def add_log_to_record(run_dir: str | Path, rel: str, text: str) -> bool:
+    """Copy a server log into a finished (or abandoned) run folder, unless it holds that file already; listed in
+    the manifest's files. Returns whether it was written."""
+    run = Path(run_dir)
+    dest = run / rel
+    if dest.exists():
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text)
+    data = manifest_json(run)
+    if rel not in (data.get("files") or []):
+        data["files"] = [*(data.get("files") or []), rel]
+        dump_json(run / "manifest.json", data)
+    return True
 
 
 def manifest_json(run_dir: str | Path) -> dict[str, Any]:

@@ -485,6 +485,7 @@ class Manifest(Record):
     started_at: str | None = None
     finished_at: str | None = None
     spectrial_version: str | None = None
+    controller: dict[str, Any] | None = None  # the spectrial process driving the run (spectrial.ownership)
     params: dict[str, Any] = Field(default_factory=dict)
     host: dict[str, Any] = Field(default_factory=dict)
     engine: dict[str, Any] = Field(default_factory=dict)
@@ -597,10 +598,17 @@ def as_arms(source: Manifest | Mapping[str, Any] | Sequence[Any]) -> list[ArmRec
             if isinstance(a, ArmRecord | Mapping)]
 
 
-def load_record(run_dir: str | Path) -> Manifest:
-    """A run folder's manifest.json, typed (any schema version)."""
+def load_record(run_dir: str | Path, settle: bool = True) -> Manifest:
+    """A run folder's manifest.json, typed (any schema version). A record still `running` whose controlling
+    process is gone is marked failed first ("abandoned", `spectrial.records.settle`) unless `settle` is False."""
     path = Path(run_dir) / "manifest.json"
-    return as_manifest(json.loads(path.read_text()))
+    m = as_manifest(json.loads(path.read_text()))
+    if settle and m.status in ("running", "pending") and m.controller:
+        from spectrial.records import settle as settle_run
+
+        if settle_run(Path(run_dir)):
+            m = as_manifest(json.loads(path.read_text()))
+    return m
 
 
 def json_schema() -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """Server lifecycle on a host: launch detached with an explicit environment, wait ready, verify, stop.
 
 The launch puts the requested variables on the command itself (`env K=V ... engine ...`), in a new
-session (`setsid`), with a tag variable `SPECTRIAL_TAG` so spectrial can later recognise what it started.
-A state file on the host (`<state_dir>/server-<port>.json`) records pid, pgid, tag, argv and log path;
-the next trial's "kill old server" step reads it. Stopping signals the recorded process group only.
+session (`setsid`), with a tag variable `SPECTRIAL_TAG` (and `SPECTRIAL_OWNER`, the controlling spectrial process:
+`spectrial.ownership`) so spectrial can later recognise what it started. A state file on the host
+(`<state_dir>/server-<port>.json`) names the start (tag, owner, run record) BEFORE the process exists, then its
+pid, pgid, session and the helpers started with it (the GPU sampler); the next trial's "kill old server" step
+reads it: it stops what carries the tag when the owning run is gone, and refuses when that run is alive.
+Stopping signals the recorded process groups only.
 
 A multi-node server is the head `Server` plus `companions`: servers on the other nodes (llama.cpp
 `rpc-server` workers, SGLang ranks > 0), each with its own state file on its node, started before or
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +39,7 @@ from spectrial.envcheck import (
 from spectrial.errors import ConfigError, ResourceBusyError, ServerError
 from spectrial.gpu import query as gpu_query
 from spectrial.host import Host, ProcInfo
+from spectrial.ownership import OWNER_VAR, controller, describe, owner_env, owner_state, parse_owner
 from spectrial.progress import Progress
 from spectrial.records import utc_now
 from spectrial.schema import EnvCheckRecord
@@ -87,6 +92,8 @@ class LaunchSpec:
     poll_s: float = 0.1  # between probes
     python: bool = False  # a Python server: its processes get spectrial's environment probe (spectrial.envcheck)
     exit_rule: ExitFn = classify_exit  # (how it was stopped, exit code, log tail) -> (clean?, evidence)
+    term_again_s: float | None = None  # a second SIGTERM this long after the first (an engine busy with a request
+    # finishes it before it exits: llama-server exits at once on the second signal)
 
     def __post_init__(self) -> None:
         if not _SAFE_NAME_RE.match(self.name):
@@ -156,37 +163,101 @@ def server_processes(host: Host, state: dict[str, Any]) -> tuple[list[ProcInfo],
     return ours, others
 
 
-def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15) -> dict[str, Any]:
+def tagged(host: Host, tag: str, procs: list[ProcInfo] | None = None) -> list[ProcInfo]:
+    """Live processes carrying start `tag` (the server's own, or a helper's: `<tag>:<kind>`) in their
+    exec-time environment."""
+    procs = host.processes() if procs is None else procs
+    return [p for p in procs if p.environ is not None and
+            (p.environ.get(TAG_VAR) == tag or str(p.environ.get(TAG_VAR, "")).startswith(tag + ":"))]
+
+
+def stop_groups(host: Host, procs: list[ProcInfo], grace_s: float) -> str:
+    """Stop the process groups (sessions, from setsid) of `procs`; returns how each went, in a few words."""
+    out = []
+    for g in sorted({p.pgid for p in procs if p.pgid > 1}):
+        out.append(f"pgid {g}: {host.stop_group(g, grace_s)}")
+    return "; ".join(out) or "nothing to stop"
+
+
+def _busy(port: int, host: Host, st: dict[str, Any], who: str, procs: list[ProcInfo]) -> ResourceBusyError:
+    owner = st.get("owner") or {}
+    why = ("its run is still going" if who == "alive" else
+           "its run is controlled from another machine, so spectrial cannot tell whether it is still going")
+    return ResourceBusyError(
+        f"port {port} on {host.name} is used by spectrial run {st.get('run_id') or '?'} (arm {st.get('arm') or '?'}, "
+        f"started {st.get('started_at') or '?'}, controlled by {describe(owner)}): {why}. Its processes:\n"
+        + "\n".join(f"  pid {p.pid}: {shlex.join(mask_argv(p.cmdline))[:200]}" for p in procs[:8]),
+        resource="port", holders=[(p.pid, p.command) for p in procs],
+        hint="wait for that run, choose another port (-p port=...), or, if that run is over, take its server "
+             "over with -p takeover=true")
+
+
+def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15, takeover: bool = False
+                  ) -> dict[str, Any]:
     """The protocol's "kill old server" step.
 
-    Stops the server that spectrial's state file records for `port` (its process group, once its processes
-    are shown to be that server's: `server_processes`), then refuses, naming pid and command line, if anything
-    else holds the port.
+    The state file spectrial keeps for `port` names the last start on it (written before its process existed):
+    when the run that owns it is gone (or is this process, or `takeover`), every process of that start is stopped
+    — the recorded process group once shown to be that server's (`server_processes`), and whatever carries its
+    tag (a launch cut before its pid was recorded, the GPU sampler); `report["abandoned"]` then names that run's
+    record and server log. When the owning run is alive (or on another machine and its processes live), the step
+    refuses, naming that run and its processes. A process on the port that carries a spectrial tag but has no
+    state file is judged by the owner in its environment the same way; anything else on the port is refused,
+    with its pid and command line.
     """
-    report: dict[str, Any] = {"port": port, "previous": None, "action": "none"}
+    report: dict[str, Any] = {"port": port, "previous": None, "action": "none", "abandoned": None}
     st = read_state(host, state_dir, port)
+    actions = []
     if st and not st.get("corrupt"):
-        report["previous"] = {k: st.get(k) for k in ("pid", "pgid", "tag", "started_at", "run_id", "arm")}
-        ours, others = server_processes(host, st)
-        if ours:
-            report["stopped"] = [{"pid": p.pid, "command": shlex.join(mask_argv(p.cmdline))[:200]} for p in ours]
-            how = host.stop_group(int(st["pgid"]), grace_s)
-            report["action"] = f"stopped previous spectrial server (pgid {st['pgid']}): {how}, {len(ours)} process(es)"
+        report["previous"] = {k: st.get(k) for k in ("pid", "pgid", "tag", "started_at", "run_id", "arm", "status",
+                                                     "record", "log", "name")}
+        who = owner_state(st.get("owner"))
+        procs = host.processes()
+        ours, others = server_processes(host, st) if st.get("pgid") else ([], [])
+        mine = tagged(host, st["tag"], procs) if st.get("tag") else []
+        live = list({p.pid: p for p in [*ours, *mine]}.values())
+        if live and (who == "alive" or who == "unknown" and st.get("owner") and not takeover):
+            raise _busy(port, host, st, who, live)
+        if live:
+            report["stopped"] = [{"pid": p.pid, "command": shlex.join(mask_argv(p.cmdline))[:200]} for p in live]
+            how = stop_groups(host, live, grace_s)
+            actions.append(f"stopped previous spectrial server of run {st.get('run_id')} ({how}), "
+                           f"{len(live)} process(es)")
         elif others:
-            report["action"] = f"state file pgid {st['pgid']} now belongs to other processes: left alone"
+            actions.append(f"state file pgid {st.get('pgid')} now belongs to other processes: left alone")
         else:
-            report["action"] = "previous server already gone"
+            actions.append("previous server already gone")
+        if who != "alive":
+            report["abandoned"] = {"run_id": st.get("run_id"), "record": st.get("record"), "log": st.get("log"),
+                                   "name": st.get("name"), "owner": st.get("owner"), "owner_state": who}
         host.remove(state_path(state_dir, port))
     elif st:
         host.remove(st["path"])
-        report["action"] = "removed corrupt state file"
+        actions.append("removed corrupt state file")
     holders = host.port_holders(port)
+    if holders:  # a spectrial process without a state file (removed, or a launch cut before it was written)
+        procs = host.processes()
+        for h in holders:
+            group = [p for p in procs if h.pgid and p.pgid == h.pgid]
+            env = next((p.environ for p in group if p.environ and p.environ.get(TAG_VAR)), None)
+            if env is None:
+                continue
+            owner = parse_owner(env.get(OWNER_VAR))
+            who = owner_state(owner)
+            info = {"tag": env[TAG_VAR], "run_id": env[TAG_VAR].split(":")[0], "owner": owner}
+            if who == "alive" or who == "unknown" and owner and not takeover:
+                raise _busy(port, host, {**info, "started_at": None, "arm": env[TAG_VAR].split(":")[1:2]}, who,
+                            group)
+            actions.append(f"stopped a spectrial server of run {info['run_id']} that no state file named "
+                           f"({stop_groups(host, group, grace_s)})")
+        holders = host.port_holders(port)
     if holders:
         raise ResourceBusyError(
             f"port {port} on {host.name} is held by a process spectrial did not start:\n"
             + "\n".join(f"  pid {p.pid}: {p.command}" for p in holders),
             resource="port", holders=[(p.pid, p.command) for p in holders],
             hint="stop it yourself, or choose another port (-p port=...)")
+    report["action"] = "; ".join(actions) or "none"
     return report
 
 
@@ -194,10 +265,12 @@ class Server:
     """A server process group on a host; use as a context manager so it is always stopped."""
 
     def __init__(self, host: Host, spec: LaunchSpec, *, work_dir: str, state_dir: str, tag: str,
-                 grace_s: float = 15, run_id: str = "", arm: str = "") -> None:
+                 grace_s: float = 15, run_id: str = "", arm: str = "", record_dir: str = "") -> None:
         self.host, self.spec = host, spec
         self.work_dir, self.state_dir = work_dir, state_dir
         self.tag, self.grace_s, self.run_id, self.arm = tag, grace_s, run_id, arm
+        self.record_dir = record_dir
+        self.owner = controller()
         self.log_path = f"{work_dir.rstrip('/')}/{spec.name}.log"
         self.exit_path = f"{work_dir.rstrip('/')}/{spec.name}.exit"
         self.pid: int | None = None
@@ -216,7 +289,7 @@ class Server:
     def launch_env(self) -> dict[str, str]:
         """The environment put on the command: the requested variables, the tag, and for a Python server with
         requested variables the environment probe (its folder first on PYTHONPATH)."""
-        env = {**self.spec.env, TAG_VAR: self.tag}
+        env = {**self.spec.env, TAG_VAR: self.tag, OWNER_VAR: owner_env(self.owner)}
         if self.probe_dir:
             base = self.spec.env.get("PYTHONPATH", self._inherited_pythonpath)
             env.update({PROBE_DIR_VAR: self.probe_dir, PROBE_NAMES_VAR: ",".join(self.spec.env),
@@ -254,29 +327,65 @@ class Server:
             self._inherited_pythonpath = self.host.run('printf %s "${PYTHONPATH:-}"', check=False).stdout
         # the wrapper records the engine's exit status; its TERM trap keeps it alive until the engine is gone
         # (a trap, unlike an ignored signal, is not inherited by the engine)
-        wrapped = ["sh", "-c", 'trap : TERM INT; "$@"; echo $? > "$0"', self.exit_path, *self.spec.argv]
+        wrapped = ["sh", "-c", 'trap : TERM INT HUP; "$@"; echo $? > "$0"', self.exit_path, *self.spec.argv]
         self._t0 = time.monotonic()
         self.started_at = utc_now()
-        with interrupts.deferred():  # an interrupt here would leave a server that no state file names
-            self.pid = self.host.start_detached(wrapped, env=self.launch_env, log_path=self.log_path,
-                                                cwd=self.work_dir)
-            self.state = {"pid": self.pid, "pgid": self.pid, "sid": self.pid, "tag": self.tag,
-                          "port": self.spec.port, "argv": mask_argv(self.spec.argv), "env": mask_env(self.spec.env),
-                          "log": self.log_path, "started_at": self.started_at, "run_id": self.run_id,
-                          "arm": self.arm, "members": []}
+        # the state file names the start before its process exists: whatever happens next (this process
+        # killed, the launching shell killed with it), the next kill step finds the server by its tag
+        self.state = {"status": "launching", "tag": self.tag, "owner": self.owner, "run_id": self.run_id,
+                      "arm": self.arm, "name": self.spec.name, "record": self.record_dir, "port": self.spec.port,
+                      "argv": mask_argv(self.spec.argv), "env": mask_env(self.spec.env), "log": self.log_path,
+                      "started_at": self.started_at, "members": [], "helpers": []}
+        self._write_state()
+        with interrupts.deferred():  # the pid is recorded before an interrupt is let through
             try:
+                self.pid = self.host.start_detached(wrapped, env=self.launch_env, log_path=self.log_path,
+                                                    cwd=self.work_dir)
+                self.state.update(status="running", pid=self.pid, pgid=self.pid, sid=self.pid)
                 leader = next((p for p in self.host.processes(self.pid) if p.pid == self.pid), None)
                 self.state.update(start_ticks=leader.start_ticks if leader else 0, boot_id=boot_id(self.host))
                 self._write_state()
                 if self.spec.http:
                     self.base_url = self.host.client_url(self.spec.port, self.spec.bind)
             except BaseException:
-                self.host.stop_group(self.pid, self.grace_s)
+                if self.pid is not None:
+                    self.host.stop_group(self.pid, self.grace_s)
+                self._stop_half_launched()
                 self.pid = None
+                self._drop_state()
                 raise
 
     def _write_state(self) -> None:
         self.host.write_text(state_path(self.state_dir, self.spec.port), json.dumps(self.state, indent=1))
+
+    def _stop_half_launched(self, wait_s: float = 1.5) -> None:
+        """A launch cut half-way (its shell killed with this process's group, say): the server may be starting
+        (its tag appears once `env` has run), so look for it a little while, and stop what carries the tag."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            found = tagged(self.host, self.tag)
+            if found:
+                stop_groups(self.host, found, self.grace_s)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
+
+    def _drop_state(self) -> None:
+        """Remove the state file when it is this start's."""
+        st = read_state(self.host, self.state_dir, self.spec.port)
+        if st and st.get("tag") == self.tag:
+            self.host.remove(state_path(self.state_dir, self.spec.port))
+
+    def helper_env(self, kind: str) -> dict[str, str]:
+        """The environment a helper process of this start carries (`<tag>:<kind>` and the owner): the kill step
+        finds it by that, whatever happened to this process."""
+        return {TAG_VAR: f"{self.tag}:{kind}", OWNER_VAR: owner_env(self.owner)}
+
+    def add_helper(self, kind: str, pgid: int | None) -> None:
+        """Note a helper's process group in the state file."""
+        if pgid is not None:
+            self.state.setdefault("helpers", []).append({"kind": kind, "pgid": int(pgid)})
+            self._write_state()
 
     def record_members(self) -> list[ProcInfo]:
         """Note every live process of the server (pid and start time) in its state file, so that the next
@@ -435,13 +544,14 @@ class Server:
 
         Then stop the companions on their nodes (all of them, even when one stop fails).
         """
-        try:
-            report = self._stop_self()
-        finally:
-            if self.companions:
-                companions = self._stop_companions()
-                if self.stop_report:
-                    self.stop_report["companions"] = companions
+        with interrupts.deferred():  # a second Ctrl-C waits for the stop (bounded by stop_grace_s)
+            try:
+                report = self._stop_self()
+            finally:
+                if self.companions:
+                    companions = self._stop_companions()
+                    if self.stop_report:
+                        self.stop_report["companions"] = companions
         return report
 
     def _stop_self(self) -> dict[str, Any]:
@@ -449,7 +559,17 @@ class Server:
             return {}
         t0 = time.monotonic()
         engine = next((p.pid for p in self.host.processes(self.pid) if p.ppid == self.pid), None)
+        termed = False
+        if engine is not None and self.spec.term_again_s is not None:
+            termed = self.host.signal_pid(engine, signal.SIGTERM)
+            deadline = time.monotonic() + self.spec.term_again_s
+            while time.monotonic() < deadline and self.host.alive(engine):
+                time.sleep(0.05)
+            if self.host.alive(engine):
+                self.host.signal_pid(engine, signal.SIGTERM)
         how = self.host.stop_group(self.pid, self.grace_s, first=engine)
+        if how == "gone" and termed:
+            how = "TERM"
         port_free = False
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -464,9 +584,7 @@ class Server:
                             "gpu_available": gpus.available, "gpu_mem_used_mib":
                                 [g.memory_used_mib for g in gpus.gpus], "exit_code": code, "clean": clean,
                             "evidence": evidence}
-        st = read_state(self.host, self.state_dir, self.spec.port)
-        if st and st.get("tag") == self.tag:
-            self.host.remove(state_path(self.state_dir, self.spec.port))
+        self._drop_state()
         self.pid = None
         return self.stop_report
 

@@ -240,11 +240,35 @@ class Session:
         assert self.host is not None and self.group is not None and self.engine is not None
         p = self.params
         with self.record.step("kill_old_server") as st:
-            st.report = stop_previous(self.host, p.port, self.host.expand(p.state_dir), p.stop_grace_s)
+            st.report = stop_previous(self.host, p.port, self.host.expand(p.state_dir), p.stop_grace_s, p.takeover)
             if self.group.workers:
                 st.nodes = self.group.stop_previous(self.engine, p)
+            if st.report.get("abandoned"):
+                st.report["abandoned"]["settled"] = self._settle_previous(st.report["abandoned"])
         self.done.add("kill_old_server")
         return st.report
+
+    def _settle_previous(self, prev: dict[str, Any]) -> str:
+        """The run that left a server on the port: its server log copied into its record (the evidence of what it
+        was doing), and its record marked failed if it still says running (spectrial.records.settle)."""
+        from pathlib import Path
+
+        from spectrial.records import add_log_to_record, settle
+
+        run = Path(str(prev.get("record") or ""))
+        if not prev.get("record") or not (run / "manifest.json").is_file() or run == self.record.dir:
+            return "its record is not on this machine" if prev.get("record") else "no record named"
+        assert self.host is not None
+        notes = []
+        if prev.get("log") and prev.get("name"):
+            try:
+                if add_log_to_record(run, f"logs/{prev['name']}.log", self.host.read_text(str(prev["log"]))):
+                    notes.append("server log copied into it")
+            except Exception as exc:  # noqa: BLE001 - a log that went away is reported, not fatal
+                notes.append(f"server log not copied: {exc}")
+        why = settle(run, reason=f"abandoned: its server was found on port {self.params.port} by run "
+                                 f"{self.record.run_id} and stopped")
+        return "; ".join([*notes, why or "record already final"])
 
     def verify_gpus_free(self) -> GpuStatus:
         """Wait until the GPUs are free (or record that the host has none); on every node."""
@@ -323,7 +347,7 @@ class Session:
         name = spec.name if one else f"{spec.name}-{restart + 1}"
         server = Server(host, dataclasses.replace(spec, name=name, argv=list(spec.argv)), work_dir=work,
                         state_dir=host.expand(p.state_dir), grace_s=p.stop_grace_s, run_id=rec.run_id, arm=arm.name,
-                        tag=f"{rec.run_id}:{arm.name}:{restart}:{_rnd.token_hex(3)}")
+                        tag=f"{rec.run_id}:{arm.name}:{restart}:{_rnd.token_hex(3)}", record_dir=str(rec.dir))
         if self.group is not None:
             self.group.attach(server, engine, arm, p)
         fp_before = host_fingerprint(host)
@@ -345,7 +369,8 @@ class Session:
                                           f"{arm.name}: {entry.env_check.summary}", parameter="env_check",
                                           hint="see the record's env_check per process; set env_check: warn "
                                                "to continue anyway")
-                sampler = GpuSampler(host, f"{work}/{server.spec.name}.gpu.csv", p.sample_gpu_ms)
+                sampler = GpuSampler(host, f"{work}/{server.spec.name}.gpu.csv", p.sample_gpu_ms,
+                                     env=server.helper_env("gpu"), on_start=lambda g: server.add_helper("gpu", g))
                 with rec.step(f"benchmark:{label}", **tags), sampler:
                     try:
                         self._measure(server, arm, restart, entry.order, windows, label, raws)
@@ -458,3 +483,13 @@ class Session:
                               stats_notes=list(stats.notes), cross_checks=stats.cross_checks,
                               log_lines=[raw.first_line, raw.last_line])
         return MeasuredWindow(raw.plan, record, raw.requests, stats)
+
+
+def lost_requests(m: MeasuredStart) -> str | None:
+    """What a start that ran lost: "k of n measured requests failed (the first error)", or None. A window that
+    lost requests is never silently ok: the run says failed and why, the arm's figures use what was measured."""
+    reqs = [r for w in m.windows for r in w.requests]
+    bad = [r for r in reqs if not r.ok]
+    if not bad:
+        return None
+    return f"{len(bad)} of {len(reqs)} measured requests failed (first: {str(bad[0].error)[:160]})"

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from spectrial.errors import ConfigError, RunFailed, SpectrialError
+from spectrial.errors import ConfigError, RecordWriteError, RunFailed, SpectrialError
 from spectrial.figures import (
     add_category_comparisons,
     add_comparisons,
@@ -39,7 +39,7 @@ from spectrial.params import Arm, TrialParams, load_params
 from spectrial.records import RunRecord, RunResult
 from spectrial.schema import ArmRecord, Manifest, RequestRecord, StartSummary
 from spectrial.secrets import mask_argv, mask_env
-from spectrial.session import MeasuredStart, Session, WindowPlan
+from spectrial.session import MeasuredStart, Session, WindowPlan, lost_requests
 
 
 class TrialResult(RunResult):
@@ -128,6 +128,7 @@ class Trial:
         self.starts: dict[str, list[MeasuredStart]] = {a.name: [] for a in params.arms}
         self.failures: dict[str, list[str]] = {}  # per step ("kill_old_server", "arm baseline", ...): what failed
         self.intervals: dict[str, dict[str, Any]] = {}  # a decide run's confidence sequences, per arm
+        self._active: str | None = None  # the arm whose start is running ("arm NAME"), for failure reasons
         self.closed = False
 
     # --- record --------------------------------------------------------------------------------------------
@@ -169,14 +170,16 @@ class Trial:
     def kill_old_server(self) -> dict[str, Any]:
         """Stop the server spectrial left on the port (found by its recorded process group and session);
         refuse, naming pid and command line, when another program holds it."""
-        with self._failing(["kill_old_server"]):
+        with self._failing(["prepare"]):
             self._ensure_arms()
+        with self._failing(["kill_old_server"]):
             return self.session.kill_old_server()
 
     def verify_gpus_free(self) -> dict[str, Any]:
         """Wait until the GPUs are free (or record that the host has none), then fingerprint the host."""
-        with self._failing(["verify_gpus_free"]):
+        with self._failing(["prepare"]):
             self._ensure_arms()
+        with self._failing(["verify_gpus_free"]):
             gpus = self.session.verify_gpus_free()
             self.session.fingerprint()
             return gpus.as_dict()
@@ -190,8 +193,9 @@ class Trial:
     def run_arms(self, names: list[str] | None = None) -> list[ArmRecord]:
         """Starts of the named arms (default all) in `order`: interleaved A B A B, blocked or random."""
         arms = [self.arm(n) for n in names] if names is not None else list(self.params.arms)
-        with self._failing([f"arm {a.name}" for a in arms]):
+        with self._failing(["prepare"]):
             self._ensure_arms()
+        with self._failing([f"arm {a.name}" for a in arms], active=lambda: self._active):
             self.session.open()
             for a in arms:  # a re-run replaces the arm's earlier starts
                 self.intervals.pop(a.name, None)
@@ -213,17 +217,22 @@ class Trial:
     def _start(self, arm: Arm, restart: int) -> MeasuredStart | None:
         """One start of `arm` (its figures refreshed whatever happens); None when it failed to run."""
         p = self.params
+        self._active = f"arm {arm.name}"
         try:
             m = self.session.start(arm, restart, [WindowPlan(p.concurrency, p.repeats, p.seed + restart)])
             self.starts[arm.name].append(m)
             if m.record.status != "ok":
                 self._fail(f"arm {arm.name}", f"start {restart + 1}: {m.record.reason}")
+            elif lost := lost_requests(m):
+                self._fail(f"arm {arm.name}", f"start {restart + 1}: {lost}")
             return m
-        except (KeyboardInterrupt, ConfigError):
+        except (KeyboardInterrupt, ConfigError, RecordWriteError):  # these end the run
             raise
         except SpectrialError as exc:
             self._fail(f"arm {arm.name}", f"start {restart + 1}: {exc}")
             return None
+        else:
+            self._active = None
         finally:
             self._summarise([arm])
 
@@ -362,26 +371,40 @@ class Trial:
         return list(dict.fromkeys(f"{k}: {t}" for k, texts in self.failures.items() for t in texts))
 
     @contextlib.contextmanager
-    def _failing(self, keys: list[str]) -> Iterator[None]:
-        """Record an exception that escapes a step under `keys` (a re-run of the step clears it): the arms not
-        finished and the run are marked failed, and the exception goes on."""
+    def _failing(self, keys: list[str], active: Callable[[], str | None] | None = None) -> Iterator[None]:
+        """Record an exception that escapes a step under `keys` (a re-run of the step clears them) — or only under
+        the one `active()` names when it names one (the arm whose start was running: the arms that finished keep
+        their ok); the arms not finished and the run are marked failed, and the exception goes on."""
         for k in keys:
             self.failures.pop(k, None)
         try:
             yield
         except BaseException as exc:
-            for k in keys:
-                self._fail(k, f"{type(exc).__name__}: {exc}")
+            now = active() if active is not None else None
+            where = self._where()
+            for k in ([now] if now else keys):
+                self._fail(k, f"{where}{describe_exc(exc)}")
             self._stopped(exc)
             raise
 
+    def _where(self) -> str:
+        """The protocol step that was running (the last recorded step not finished ok), as a prefix."""
+        st = next((s for s in reversed(self.manifest.steps) if s.ok is not True), None)
+        return f"{st.name}: " if st is not None and st.ok is False else ""
+
     def _stopped(self, exc: BaseException) -> None:
-        """The run stopped on `exc`: the arms not finished and the run are marked failed."""
+        """The run stopped on `exc`: the arms not finished (or with fewer starts than planned) and the run are
+        marked failed; arms that finished keep their ok."""
+        planned = None if self.params.decide is not None else self.params.restarts
         for a in self.manifest.arms:
+            done = len([s for s in self.manifest.live_starts(a.name) if s.status == "ok"])
             if a.status in ("pending", "running"):
-                a.status, a.reason = "failed", f"trial stopped: {type(exc).__name__}"
-        self.record.finish("failed", "\n".join(self._problems()) or f"{type(exc).__name__}: {exc}")
-        self._write_requests()
+                a.status, a.reason = "failed", f"trial stopped ({describe_exc(exc)})"
+            elif a.status == "ok" and planned is not None and 0 < done < planned:
+                a.status, a.reason = "failed", f"stopped after {done} of {planned} starts ({describe_exc(exc)})"
+        self.record.finish("failed", "\n".join(self._problems()) or describe_exc(exc), best_effort=True)
+        with contextlib.suppress(SpectrialError, OSError):
+            self._write_requests()
 
     def _summarise(self, arms: list[Arm]) -> None:
         """Fill the figures of `arms` from their starts that count."""
@@ -442,7 +465,7 @@ class Trial:
             self.compare()
         except BaseException as exc:  # between the steps too (a Ctrl-C lands anywhere): never left "running"
             if self.manifest.status in ("pending", "running"):
-                self._fail("trial", f"{type(exc).__name__}: {exc}")
+                self._fail("trial", f"{self._where()}{describe_exc(exc)}")
                 self._stopped(exc)
             raise
         finally:
@@ -452,6 +475,15 @@ class Trial:
             raise RunFailed(f"trial {self.record.run_id} failed (record: {self.record.dir}):\n"
                             f"{self.manifest.reason}", result)
         return result
+
+
+def describe_exc(exc: BaseException) -> str:
+    """An exception as a failure reason: an interrupt by its signal, anything else by its type and message."""
+    from spectrial import interrupts
+
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted by {interrupts.name(exc)}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _sequence_verdict(status: str, margin: float | None) -> str:

@@ -33,6 +33,7 @@ from spectrial.host import Host
 from spectrial.params import Arm
 from spectrial.schema import WindowStats
 from spectrial.server import LaunchSpec, Probe
+from spectrial.server import classify_exit as server_classify_exit
 from spectrial.workloads import Lengths, WorkItem
 
 SPEC_TYPES = {"draft": "draft-simple", "eagle3": "draft-eagle3", "ngram": "ngram-simple"}
@@ -40,6 +41,7 @@ METRIC_PREFIX = "llamacpp:"
 _ENDPOINT_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?:\d{1,5}$")
 _LOG_TS_RE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(\d+)\.(\d{2})\.(\d{3})\.(\d{3})\b")
 READY_LINE = "model loaded"  # printed right after the server flips /health to 200
+TERM_AGAIN_S = 1.0  # llama-server finishes the requests in flight on SIGTERM; a second one ends it at once
 
 # engine_config fields -> flags, in argv order (llama.cpp 0c1e570)
 SERVER_FLAGS = (Flag("ctx_size", "-c"), Flag("parallel", "-np"), Flag("metrics", "--metrics", switch=True),
@@ -262,7 +264,7 @@ class LlamaCpp(Engine):
                 argv += ["--spec-synth-rates", ",".join(f"{r:g}" for r in rates)]
         argv += [*c.extra_args, *arm.extra_args]
         return LaunchSpec(argv=argv, env={**p.env, **arm.env}, port=p.port, probe=probe, name=f"llama-server-{arm.name}",
-                          bind=p.bind)
+                          bind=p.bind, term_again_s=TERM_AGAIN_S, exit_rule=classify_exit)
 
     def version(self) -> dict[str, Any]:
         if self.binary is None:
@@ -321,6 +323,14 @@ class LlamaCpp(Engine):
 
     def window_stats(self, w: Window) -> WindowStats:
         return llamacpp_window_stats(w)
+
+
+def classify_exit(how: str, code: int | None, log_tail: str) -> tuple[bool | None, list[str]]:
+    """As `server.classify_exit`, and exit 1 right after spectrial's second SIGTERM (llama-server's "Received
+    second interrupt, terminating immediately": it was still busy with a request) is clean too."""
+    if how != "KILL" and code == 1 and "Received second interrupt" in log_tail:
+        return True, ["exit code 1 on spectrial's second SIGTERM (a request was still in flight)"]
+    return server_classify_exit(how, code, log_tail)
 
 
 def probe(client: httpx.Client, base_url: str) -> Probe:

@@ -27,13 +27,13 @@ from typing import Any
 
 import pandas as pd
 
-from spectrial.errors import ConfigError, RunFailed, SpectrialError
+from spectrial.errors import ConfigError, RecordWriteError, RunFailed, SpectrialError
 from spectrial.figures import add_comparisons, arm_figures, compare_requests, merge_stats
 from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
 from spectrial.schema import ArmFigures, PointRecord, RequestRecord, WindowStats
 from spectrial.secrets import secret_values
-from spectrial.session import MeasuredStart, Session, StartSource, WindowPlan
+from spectrial.session import MeasuredStart, Session, StartSource, WindowPlan, lost_requests
 from spectrial.sweep.guided import cv_errors, margin, noise, run_guided
 from spectrial.sweep.model import SweepModel, fit_sweep_model, relative_errors
 from spectrial.sweep.params import Setting, SweepParams, load_sweep_params
@@ -152,8 +152,10 @@ class Sweep:
                 return
             if m.record.status != "ok":
                 self.failures.append(f"{arm.name} start {restart + 1}: {m.record.reason}")
+            elif lost := lost_requests(m):
+                self.failures.append(f"{arm.name} start {restart + 1}: {lost}")
             self.add_start(arm, m)
-        except (KeyboardInterrupt, ConfigError):
+        except (KeyboardInterrupt, ConfigError, RecordWriteError):  # these end the sweep
             raise
         except SpectrialError as exc:
             self.failures.append(f"{arm.name} start {restart + 1}: {exc}")

@@ -1,0 +1,91 @@
+"""Who owns a run, and is it still alive: the controller identity every run record and every process spectrial
+starts carries, so that nothing it started can outlive it unseen.
+
+The controller is the spectrial process that drives a run: this machine's host name and boot id, its pid and
+its start time. It goes into
+
+- the run record (`Manifest.controller`): a record still `running` whose controller is gone was abandoned (a
+  SIGKILL, a dead kernel, a killed papermill); `settle` marks it `failed` ("abandoned: process N gone") the next
+  time spectrial reads it;
+- the server's state file and the environment of every process spectrial launches (`SPECTRIAL_OWNER`, beside the
+  start's `SPECTRIAL_TAG`): the kill step stops a leftover whose controller is gone, and refuses to touch one whose
+  controller is alive (another run still using the port), naming that run and its pid.
+
+A controller on another machine cannot be checked from here (`unknown`): its leftovers are refused unless the
+trial says `takeover: true`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+
+OWNER_VAR = "SPECTRIAL_OWNER"
+State = Literal["alive", "gone", "self", "unknown"]
+_TIME_SLACK_S = 0.05  # psutil's create_time is rounded to clock ticks
+
+
+@functools.lru_cache(maxsize=1)
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def controller() -> dict[str, Any]:
+    """This process as a run's controller: host name, boot id, pid, start time (s since the epoch), command."""
+    p = psutil.Process()
+    return {"host": socket.gethostname(), "boot_id": boot_id(), "pid": os.getpid(),
+            "create_time": round(p.create_time(), 2), "command": " ".join(p.cmdline())[:300]}
+
+
+def owner_env(c: dict[str, Any] | None = None) -> str:
+    """The controller as one environment value (JSON without the command)."""
+    c = c or controller()
+    return json.dumps({k: c.get(k) for k in ("host", "boot_id", "pid", "create_time")}, separators=(",", ":"))
+
+
+def parse_owner(value: str | None) -> dict[str, Any] | None:
+    """A controller from `owner_env`'s value (None when absent or unreadable)."""
+    if not value:
+        return None
+    try:
+        out = json.loads(value)
+    except ValueError:
+        return None
+    return out if isinstance(out, dict) and "pid" in out else None
+
+
+def owner_state(owner: dict[str, Any] | None) -> State:
+    """alive: the controller runs (on this machine, this boot); gone: it does not; self: it is this process;
+    unknown: no controller recorded, or one on another machine (or before a reboot of this one: gone)."""
+    if not owner or not owner.get("pid"):
+        return "unknown"
+    if owner.get("host") != socket.gethostname():
+        return "unknown"
+    if owner.get("boot_id") and boot_id() and owner["boot_id"] != boot_id():
+        return "gone"
+    pid = int(owner["pid"])
+    created = float(owner.get("create_time") or 0)
+    if pid == os.getpid() and abs(psutil.Process().create_time() - created) <= _TIME_SLACK_S + 0.01:
+        return "self"
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE or (created and abs(p.create_time() - created) > _TIME_SLACK_S + 0.01):
+            return "gone"
+    except psutil.Error:
+        return "gone"
+    return "alive"
+
+
+def describe(owner: dict[str, Any] | None) -> str:
+    if not owner:
+        return "an unrecorded controller"
+    return f"pid {owner.get('pid')} on {owner.get('host')}"

@@ -12,13 +12,20 @@ start time the kernel reports (/proc/<pid>/stat, 10 ms ticks since boot; the ssh
 one clock serves).
 Target: < 0.5 s.
 
-    python benchmarks/bench_host.py [--launches 3] [--requests 2] [--max-tokens 32] [--poll 0.1]
+With `--trials N` it also runs N whole trials (params/local.yaml: three arms, llama.cpp, tiny models) locally
+and over SSH with `run_trial`, and prints each step's seconds from the records (median over trials), summed
+per step kind (launch, ready, stop, ... over the arms), with the SSH path's extra per start. Target: the SSH
+path's own cost within ~1 s per start of the local one on loopback.
+
+    python benchmarks/bench_host.py [--launches 3] [--requests 2] [--max-tokens 32] [--poll 0.1] [--trials 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -30,7 +37,7 @@ from typing import Any
 import httpx
 import pandas as pd
 
-from spectrial.bench import load_prompts, run_requests
+from spectrial.bench import run_requests
 from spectrial.engines import get_engine
 from spectrial.engines.llamacpp import ready_offset_s
 from spectrial.fingerprint import host_fingerprint
@@ -39,10 +46,14 @@ from spectrial.host import Host, LocalHost
 from spectrial.models import ensure_tiny_models
 from spectrial.params import TrialParams, load_params
 from spectrial.provision import ensure_llama_server
+from spectrial.records import manifest_json
 from spectrial.server import Server, stop_previous
 from spectrial.ssh import SSHHost
+from spectrial.trial import run_trial
+from spectrial.workloads import bundled_items
 
 TARGET_S = 0.5
+STEP_KIND_RE = re.compile(r"^([a-z_]+)(?::.*)?$")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -115,26 +126,27 @@ def protocol(host: Host, params: TrialParams, launches: int, poll_s: float, work
     engine = get_engine("llamacpp", params, host)
     meter("prepare (first: uploads on SSH)", engine.prepare)
     meter("prepare (again: all in place)", get_engine("llamacpp", params, host).prepare)
-    prompts = load_prompts()
+    prompts = bundled_items()
+    path, payload = engine.request_target(params.request_format)
     lags = []
     state_dir = host.expand(params.state_dir)
     for i in range(launches):
         meter("kill_old_server", lambda: stop_previous(host, params.port, state_dir, 5))
         meter("verify_gpus_free", lambda: wait_gpus_free(host, timeout_s=5))
         meter("fingerprint", lambda: host_fingerprint(host))
-        srv = Server(host, engine.launch_spec(params.arms[0]), work_dir=str(work / f"run{i}"), state_dir=state_dir,
-                     tag=f"bench-host-{i}", grace_s=5)
+        spec = dataclasses.replace(engine.launch_spec(params.arms[0]), poll_s=poll_s)
+        srv = Server(host, spec, work_dir=str(work / f"run{i}"), state_dir=state_dir, tag=f"bench-host-{i}", grace_s=5)
         try:
             meter("launch", srv.start)
-            meter("ready (includes model load)", lambda s=srv: s.wait_ready(120, poll_s=poll_s, progress=False))
+            meter("ready (includes model load)", lambda s=srv: s.wait_ready(120, progress=False))
             lags.append(ready_lag_s(srv, time.clock_gettime(time.CLOCK_BOOTTIME)))
             meter("env_check", srv.verify_env)
 
             def bench(s: Server = srv) -> None:
                 with httpx.Client(timeout=10) as client:
                     engine.snapshot(client, s.base_url)
-                    run_requests(s.base_url, prompts, n=params.repeats, max_tokens=params.max_tokens,
-                                 payload=engine.completion_payload, stats_fn=engine.request_stats, progress=False)
+                    run_requests(s.base_url, prompts, n=params.repeats, max_tokens=params.max_tokens, path=path,
+                                 payload=payload, stats_fn=engine.request_stats, progress=False)
                     engine.snapshot(client, s.base_url)
                 s.host.read_text(s.log_path)
 
@@ -144,15 +156,41 @@ def protocol(host: Host, params: TrialParams, launches: int, poll_s: float, work
     return meter.rows, lags
 
 
-def sshd_host(root: Path) -> tuple[SSHHost, Any]:
-    """An SSHHost on a throwaway sshd on 127.0.0.1 (tests/sshd_plugin.py's pool), and the pool to stop."""
+def sshd_host(root: Path) -> tuple[SSHHost, Any, Any]:
+    """An SSHHost on a throwaway sshd on 127.0.0.1 (tests/sshd_plugin.py's pool), the sshd and the pool."""
     sys.path.insert(0, str(REPO / "tests"))
     from sshd_plugin import SshdPool
 
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     pool = SshdPool(root)
     server = pool.start("127.0.0.1")
-    return server.host(), pool
+    return server.host(), server, pool
+
+
+def trial_steps(n: int, root: Path, sshd: Any) -> pd.DataFrame:
+    """Seconds per step kind (summed over the arms; median over `n` trials), local and over SSH, from records."""
+    rows = []
+    for label in ("local", "ssh"):
+        over: dict[str, Any] = {"output_dir": str(root / label / "outputs"), "state_dir": str(root / label / "tstate"),
+                                "work_dir": str(root / label / "twork"), "port": free_port()}
+        if label == "ssh":
+            over.update({"host": sshd.spec, "ssh.key_filename": sshd.key_filename, "ssh.known_hosts": sshd.known_hosts})
+        for i in range(n):
+            t0 = time.monotonic()
+            result = run_trial(REPO / "params" / "local.yaml", over, progress=False)
+            wall = time.monotonic() - t0
+            m = manifest_json(result.run_dir)
+            kinds: dict[str, float] = {}
+            for step in m["steps"]:
+                kind = STEP_KIND_RE.match(step["name"])
+                key = kind[1] if kind else step["name"]
+                kinds[key] = kinds.get(key, 0.0) + float(step.get("elapsed_s") or 0)
+            rows += [{"host": label, "trial": i, "step": k, "seconds": v} for k, v in kinds.items()]
+            rows.append({"host": label, "trial": i, "step": "(whole trial, wall)", "seconds": wall})
+            rows.append({"host": label, "trial": i, "step": "(starts)", "seconds": len(m["starts"])})
+    df = pd.DataFrame(rows).groupby(["step", "host"], sort=False)["seconds"].median().unstack("host")
+    df["ssh_extra_s"] = df["ssh"] - df["local"]
+    return df
 
 
 def main() -> None:
@@ -161,12 +199,16 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--poll", type=float, default=0.1, help="readiness poll interval (Server.wait_ready)")
+    ap.add_argument("--trials", type=int, default=0, help="also run N whole 3-arm trials locally and over SSH")
     a = ap.parse_args()
     binary, models = ensure_llama_server(), ensure_tiny_models()
+    trials = None
     with tempfile.TemporaryDirectory(prefix="bench-host-") as tmp:
         root = Path(tmp)
-        ssh, pool = sshd_host(root / "sshd")
+        ssh, sshd, pool = sshd_host(root / "sshd")
         try:
+            if a.trials:
+                trials = trial_steps(a.trials, root / "trials", sshd)
             tables, lags, rtt = [], {}, {}
             for label, host in (("local", LocalHost()), ("ssh", ssh)):
                 params = load_params(data={
@@ -188,6 +230,14 @@ def main() -> None:
     print(f"one command round trip: local {rtt['local'] * 1000:.1f} ms, ssh {rtt['ssh'] * 1000:.1f} ms\n")
     print("per protocol step (median over launches; round_trips = commands + sftp + channels):")
     print(table.round(3).to_string())
+    if trials is not None:
+        starts = trials.loc["(starts)", "ssh"]
+        print(f"\nwhole trials (params/local.yaml, {a.trials} each; seconds per step kind summed over the arms, "
+              "median over trials):")
+        print(trials.round(2).to_string())
+        extra = trials.drop(["(starts)", "(whole trial, wall)"])["ssh_extra_s"].sum()
+        print(f"SSH path's own cost: {extra:.2f} s over {starts:.0f} starts = {extra / starts:.2f} s per start "
+              f"(target ~1 s per start)")
     print(f"\nreadiness detection latency (wait_ready returns - server's own 'model loaded'), poll {a.poll} s:")
     for label, values in lags.items():
         vals = [v for v in values if v is not None]

@@ -9,7 +9,10 @@
 #          sweep on the 8B set, stopped by its time budget                                       (~9.5 min)
 #   call2  carry .whl-sglang/nb: notebook 02 on the counting pair (2 starts per arm), notebook 05 (the SGLang
 #          sweep beside the committed llama.cpp sweep)                                           (~4-5 min)
-#   PHASE...  any of: setup models warm trial sweep nb02 nb05 pack
+#   faults carry .device/sglang-0.5.17.tar.xz, .whl-sglang/cli: issue 26's faults on real SGLang (SIGKILL 2 s into
+#          the EAGLE-3 benchmark, SIGHUP to the group 2 s into the baseline's), process lists and GPU memory
+#          after each fault and after the next trial's kill step                                   (~5-6 min)
+#   PHASE...  any of: setup models warm trial sweep nb02 nb05 chaos pack
 #
 # Records go to $RUNS; `pack` puts one $OUT/<run-id>.tar.gz per record made in the call and one
 # $OUT/device-<call>.tar.gz (device.log, device-info.txt, timings.tsv, gpu-samples.csv). Work that starts
@@ -26,14 +29,14 @@ for d in /usr/local/cuda/bin /opt/torch/.venv/bin; do
   [ -d "$d" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH="$d:$PATH" ;; esac
 done
 export PATH
-PY=$(command -v python3)
+PY=${PY:-$(command -v python3)}
 SGL_SITE=${SGL_SITE:-/tmp/sglang-site}
 SITE=${SITE:-/tmp/site}
 RUNS=${RUNS:-/tmp/spectrial-runs}
 WORK=${WORK:-/tmp/spectrial-device}
 TARBALL=${TARBALL:-.device/sglang-0.5.17.tar.xz}
 WHEEL_DIRS=${WHEEL_DIRS:-.whl-sglang/cli .whl-sglang/nb}
-COUNTING=params/h200-sglang-counting.yaml
+COUNTING=${COUNTING:-params/h200-sglang-counting.yaml}
 SWEEP=params/sweep-h200-sglang-8b.yaml
 LLAMACPP_SWEEP=outputs/examples/h200-llamacpp-8b/20261129-151623-h200-8b-sweep
 # the bundle FIRST: its transformers/tokenizers shadow the image's (REAL_ENGINES.md)
@@ -209,6 +212,76 @@ phase_nb05() {  # notebook 05: the SGLang sweep beside the committed llama.cpp s
     "{\"run_dir\": [\"$RUNS/$rid\", \"$LLAMACPP_SWEEP\"], \"out_dir\": \"$RUNS/$rid\"}"
 }
 
+procs() {  # what runs of SGLang, spectrial and its GPU sampler, and the GPU's memory
+  ps -eo pid,pgid,sid,stat,args --sort=pid | grep -E "sglang|nvidia-smi .*-lms|spectrial.cli|ipykernel|inductor" \
+    | grep -v -E "grep|device_sglang" | cut -c1-200
+  echo "GPU memory used (MiB): $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | tr '\n' ' ')"
+}
+
+next_step() {  # the next trial's kill step and GPU check (a new Trial: kill_old_server, verify_gpus_free), and
+  # what any spectrial reader now says of the faulted run's record
+  local rid=$1
+  "$PY" - "$COUNTING" "$RUNS" "$rid" <<'PY'
+import sys, time
+from spectrial.trial import Trial
+from spectrial.schema import load_record
+params, runs, rid = sys.argv[1:]
+t0 = time.monotonic()
+t = Trial(params, {"output_dir": runs + "/next-steps", "arms": [{"name": "baseline"}]}, progress=False)
+kill = t.kill_old_server()
+gpus = t.verify_gpus_free()
+t.close()
+print(f"next kill step ({time.monotonic() - t0:.1f} s): {kill['action']}")
+print(f"  stopped: {[p['command'][:90] for p in kill.get('stopped', [])]}")
+print(f"  abandoned: {kill.get('abandoned')}")
+print(f"  GPUs free after it: {[g['memory_used_mib'] for g in gpus['gpus']]} MiB used")
+m = load_record(f"{runs}/{rid}")
+print(f"the faulted record now: {m.status}: {m.reason}")
+PY
+}
+
+fault_run() {  # fault_run RID SIGNAL STEP TARGET [-p ...]: a CLI trial; SIGNAL 2 s into STEP, to the pid or group
+  local rid=$1 sig=$2 step=$3 target=$4 pid rc; shift 4
+  setsid "$PY" -m spectrial.cli trial "$COUNTING" -p "output_dir=$RUNS" --run-id "$rid" -p repeats=200 \
+    $(graph_args) ${EXTRA_P:-} "$@" > "$WORK/$rid.out" 2>&1 &
+  pid=$!
+  "$PY" - "$RUNS/$rid/manifest.json" "$step" "$pid" <<'PY'
+import json, os, sys, time
+path, step, pid = sys.argv[1:]
+deadline = time.monotonic() + 400
+while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+    try:
+        if any(s["name"].startswith(step) for s in json.load(open(path))["steps"]):
+            break
+    except (OSError, ValueError, KeyError):
+        pass
+    time.sleep(0.2)
+PY
+  sleep 2
+  say "$rid: SIG$sig to the $target 2 s into $step"
+  if [ "$target" = group ]; then kill -s "$sig" -- "-$pid"; else kill -s "$sig" "$pid"; fi
+  wait "$pid"; rc=$?
+  say "$rid: spectrial exited $rc; $(tail -n 2 "$WORK/$rid.out" | tr '\n' ' ')"
+  sleep 2
+  say "processes right after:"; procs
+  next_step "$rid"
+  say "processes after the next step:"; procs
+}
+
+phase_kill() {  # issue 26: SIGKILL to spectrial 2 s into the EAGLE-3 benchmark
+  fault_run "h200-sglang-chaos-kill-$(date +%H%M%S)" KILL "benchmark:eagle3" pid -p 'arms=[{"name":"eagle3","method":"eagle3"}]'
+}
+
+phase_hup() {  # issue 26: SIGHUP to spectrial's group 2 s into the baseline's benchmark
+  fault_run "h200-sglang-chaos-hup-$(date +%H%M%S)" HUP "benchmark:baseline" group -p 'arms=[{"name":"baseline"}]'
+}
+
+phase_chaos() { phase_kill; phase_hup; }
+
+phase_short() {  # the counting pair once per arm, few requests: the serving figures from SGLang's own token counts
+  run_trial "$COUNTING" "h200-sglang-counting-serving-$(date +%H%M%S)" -p repeats=4
+}
+
 phase_pack() {  # one tar.gz per record made or touched in this call (each under 16 MiB), one of the logs
   local rid f limit=$((16 * 1024 * 1024))
   [ -s "$WORK/gpu-samples.pid" ] && kill "$(cat "$WORK/gpu-samples.pid")" 2>/dev/null && rm -f "$WORK/gpu-samples.pid"
@@ -230,6 +303,17 @@ phase_pack() {  # one tar.gz per record made or touched in this call (each under
 abort() { say "$1"; phase pack; exit 1; }
 
 case "$CALL" in
+  faults)
+    phase setup || abort "setup failed"
+    phase chaos
+    phase pack
+    ;;
+  faults2)
+    phase setup || abort "setup failed"
+    phase hup
+    phase short
+    phase pack
+    ;;
   call1)
     phase setup || abort "setup failed"
     SETS=random8b phase models > "$WORK/models.log" 2>&1 &  # the counting set: written by the trial's prepare
@@ -245,7 +329,7 @@ case "$CALL" in
     phase nb05
     phase pack
     ;;
-  setup|models|warm|trial|sweep|nb02|nb05|pack)
+  setup|models|warm|trial|sweep|nb02|nb05|chaos|kill|hup|short|pack)
     for p in "$@"; do phase "$p" || { [ "$p" = pack ] && exit 1; abort "phase $p failed"; }; done
     ;;
   *) sed -n '2,19p' "$0" >&2; exit 2 ;;

@@ -164,7 +164,7 @@ def test_kill_step_stops_an_orphaned_worker(two_sshd: tuple[SshdServer, SshdServ
         assert orphan and rpc_servers(params.engine_config["rpc_port"])
         (report,) = group.stop_previous(engine, params)
         assert report["node"] == worker.spec and report["previous"]["pgid"] == orphan
-        assert report["action"].startswith(f"stopped previous spectrial server (pgid {orphan})")
+        assert report["action"].startswith(f"stopped previous spectrial server of run orphan (pgid {orphan}: ")
         assert not rpc_servers(params.engine_config["rpc_port"])
         assert read_state(group.workers[0].host, params.state_dir, params.engine_config["rpc_port"]) is None
     finally:

@@ -99,3 +99,11 @@ def test_workload_identity_decides_what_is_comparable():
     for change in ({"workload": "sharegpt"}, {"request_format": "chat"}, {"sampling": {"temperature": 0.7}},
                    {"seed": 1}, {"output_len": "dataset"}, {"max_tokens": 32}):
         assert workload_identity({**new, **change}) != workload_identity(new), change
+
+
+def test_bind_is_an_address_or_a_host_name(write_params):
+    for ok in ("127.0.0.1", "0.0.0.0", "::1", "gpu-box.local"):
+        assert load_params(write_params({**BASE, "bind": ok})).bind == ok
+    for bad in ("127.0.0.1; rm -rf /", "a b", "-x"):
+        with pytest.raises(ConfigError, match=r"bind: .*neither an IP address nor a host name"):
+            load_params(write_params({**BASE, "bind": bad}))

@@ -127,6 +127,31 @@ def test_signal_group_stops_the_whole_group(any_host: Host, reaper: Reaper, tmp_
     # (the group may linger as zombies until init reaps them: alive() ignores zombies, kill -0 does not)
 
 
+@pytest.mark.ssh
+def test_process_listing_is_the_same_with_python_and_with_the_shell(sshd: SshdServer, reaper: Reaper,
+                                                                     tmp_path: Path) -> None:
+    host = sshd.host()
+    pid = reaper.add(host, host.start_detached(["sh", "-c", "sleep 100 & sleep 100 & wait"],
+                                               env={"SPECTRIAL_X": "a b\nc"}, log_path=str(tmp_path / "g.log")))
+    wait_for(lambda: len(host.processes(pid)) == 3, what="the group of three")
+
+    def view(procs: list) -> dict[int, tuple]:
+        return {p.pid: (p.ppid, p.pgid, p.sid, p.start_ticks, p.cmdline, p.environ) for p in procs}
+
+    t0 = time.monotonic()
+    fast = view(host.processes(pid)), view(host.process_tree(pid)), view(host.processes())
+    fast_s = time.monotonic() - t0
+    host.use_python = False
+    t0 = time.monotonic()
+    slow = view(host.processes(pid)), view(host.process_tree(pid)), view(host.processes())
+    slow_s = time.monotonic() - t0
+    print(f"listing with python3 {fast_s * 1000:.0f} ms, with the shell loop {slow_s * 1000:.0f} ms")
+    assert fast[0] == slow[0] and fast[1] == slow[1] and len(fast[0]) == 3
+    assert fast[0][pid][4] == ["sh", "-c", "sleep 100 & sleep 100 & wait"]
+    assert all(env is not None and env.get("SPECTRIAL_X") == "a b\nc" for *_, env in fast[0].values())
+    assert all(fast[2][p] == slow[2][p] == fast[0][p] for p in fast[0])  # and within the full listing
+
+
 def test_port_holders_names_the_listener(any_host: Host, reaper: Reaper, tmp_path: Path) -> None:
     port = free_port()
     assert any_host.port_holders(port) == []

@@ -264,6 +264,22 @@ def test_orphans_of_a_real_vllm_are_found_and_stopped(vllm_cpu, tmp_path, port, 
     assert len(out["stopped"]) >= 2
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_a_signal_mid_benchmark_stops_a_real_vllm_at_once(vllm_cpu, tmp_path, port, write_params, sig):
+    """The terminal hangs up (or a CI job is cancelled) while a real vLLM is being measured: spectrial stops the
+    API server, EngineCore and Worker itself, says why in the record, and exits 129 (143); nothing is left."""
+    data = vparams(tmp_path, port, arms=[{"name": "baseline"}], repeats=10000, max_tokens=48)
+    proc, st = _start_and_wait([*SPECTRIAL, "trial", str(write_params(data)), "--quiet"], tmp_path / "state", port)
+    members = [m["pid"] for m in st["members"]]
+    time.sleep(1.0)  # requests in flight
+    os.killpg(proc.pid, sig)
+    assert proc.wait(120) == {signal.SIGHUP: 129, signal.SIGTERM: 143}[sig]
+    m = manifest_json(only_run(tmp_path / "out"))
+    assert m["status"] == "failed" and f"interrupted by {signal.Signals(sig).name}" in m["reason"], m["reason"]
+    assert tree_gone(members) and not LocalHost().port_holders(port)
+    assert read_state(LocalHost(), str(tmp_path / "state"), port) is None
+
+
 # --- bad input: a clear error naming the parameter, a failed record, nothing left running -------------------------
 def test_bad_input_against_real_vllm(vllm_cpu, tmp_path, port):
     # not a vLLM python

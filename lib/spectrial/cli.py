@@ -1,8 +1,8 @@
 """`spectrial` command line: the same library calls the notebooks make, without Jupyter.
 
-Exit codes: 0 done (the record says ok), 1 the run failed (its record says why), 2 bad input or an error before or
-outside a run (the message says what to do), 130 / 143 / 129 interrupted by Ctrl-C / SIGTERM / SIGHUP (servers
-stopped, the record says failed and why).
+Exit codes: 0 done (the record says ok), 1 the run failed (its record says why: an arm failed, the host's connection
+was lost, the record's disk filled up), 2 bad input or an error before a run (the message says what to do),
+130 / 143 / 129 interrupted by Ctrl-C / SIGTERM / SIGHUP (servers stopped, the record says failed and why).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ provision_app = typer.Typer(help="Build or locate engine binaries.", no_args_is_
 app.add_typer(models_app, name="models")
 app.add_typer(provision_app, name="provision")
 
+from spectrial.errors import ConnectionLost, RecordWriteError  # noqa: E402
+
+RUN_ENDING = (ConnectionLost, RecordWriteError)  # errors that end a run that had started: exit 1, as a failed run
 ParamOpt = Annotated[list[str] | None, typer.Option("-p", "--param", help="Override NAME=VALUE (dotted names).")]
 
 
@@ -87,6 +90,9 @@ def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. pa
         if exc.result is not None and getattr(exc.result, "manifest", None) is not None:
             print_headline(exc.result.manifest, wide=wide)
         typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(1) from None
+    except RUN_ENDING as exc:  # the run started and its record says failed (where it could be written)
+        typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     except SpectrialError as exc:
         _fail(exc)

@@ -492,6 +492,65 @@ _PROC_LIST = (
 )
 
 
+# The same listing in one python3 process (~30 ms) instead of three forks per process (~5 ms each: half a second
+# on a quiet machine, seconds on a busy GPU box); used when the host has python3. argv: all | pgid N | pids
+# A,B | tree PID (PID, its descendants and its group, as `tree_members`).
+_PROC_LIST_PY = """
+import base64, os, sys
+mode, arg = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ''
+def rd(p):
+    try:
+        with open(p, 'rb') as f:
+            return f.read()
+    except OSError:
+        return None
+rows = []
+for d in os.listdir('/proc'):
+    st = rd('/proc/%s/stat' % d) if d.isdigit() else None
+    f = st[st.rfind(b')') + 2:].split() if st else []
+    if len(f) > 19 and f[0] != b'Z':
+        rows.append((int(d), int(f[1]), int(f[2]), int(f[3]), int(f[19])))
+if mode == 'pgid':
+    rows = [r for r in rows if r[2] == int(arg)]
+elif mode == 'pids':
+    want = {int(x) for x in arg.split(',')}
+    rows = [r for r in rows if r[0] in want]
+elif mode == 'tree':
+    pid, kids = int(arg), {}
+    for r in rows:
+        kids.setdefault(r[1], []).append(r[0])
+    seen = {r[0] for r in rows if r[2] == pid or r[0] == pid}
+    todo = list(seen)
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    rows = [r for r in rows if r[0] in seen]
+b64 = lambda x: base64.b64encode(x).decode() if x else ''
+for pid, ppid, pgid, sid, start in sorted(rows):
+    c, e = rd('/proc/%d/cmdline' % pid), rd('/proc/%d/environ' % pid)
+    sys.stdout.write('%d %d %d %d %d %s %s\\n' % (pid, ppid, pgid, sid, start, b64(c), b64(e)))
+"""
+NO_PYTHON = "spectrial: no python3"
+
+
+def proc_list_command(mode: str, arg: str = "", python: bool = True) -> str:
+    """One shell command listing processes in the `parse_proc_list` format: python3 when the host has it, else
+    the portable shell loop (`tree` then prints NO_PYTHON: the caller lists ids first)."""
+    if mode == "tree":
+        fallback = f"echo {shlex.quote(NO_PYTHON)}"
+    elif mode == "pids":
+        fallback = _PROC_LIST.format(select=f"-p {arg}", filt="")
+    else:
+        filt = f'[ "$pgid" = "{int(arg)}" ] || continue; ' if mode == "pgid" else ""
+        fallback = _PROC_LIST.format(select="-e", filt=filt)
+    if not python:
+        return fallback
+    run_py = shlex.join(["python3", "-I", "-S", "-c", _PROC_LIST_PY, mode, arg])
+    return f"if command -v python3 >/dev/null 2>&1; then {run_py}; else {fallback}; fi"
+
+
 def parse_proc_list(text: str) -> list[ProcInfo]:
     """Parse the output of the portable `/proc` listing used on remote hosts."""
     out = []
@@ -508,22 +567,30 @@ def parse_proc_list(text: str) -> list[ProcInfo]:
 
 
 class RemoteShellHost(Host):
-    """Shared process/port inspection for hosts reached through a shell (SSH)."""
+    """Shared process/port inspection for hosts reached through a shell (SSH): one command each, in python3
+    where the host has it (`use_python = False` forces the portable shell loop)."""
+
+    use_python = True
 
     def processes(self, pgid: int | None = None) -> list[ProcInfo]:
-        filt = f'[ "$pgid" = "{int(pgid)}" ] || continue; ' if pgid is not None else ""
-        return parse_proc_list(self.run(_PROC_LIST.format(select="-e", filt=filt), rerun_if_lost=True).stdout)
+        cmd = proc_list_command("pgid", str(int(pgid)), self.use_python) if pgid is not None else \
+            proc_list_command("all", python=self.use_python)
+        return parse_proc_list(self.run(cmd, rerun_if_lost=True).stdout)
 
     def process_tree(self, pid: int) -> list[ProcInfo]:
-        """As `Host.process_tree`, in two light commands: a `ps` of ids to find the tree, then the command lines
-        and environments of those processes only (not of every process on the machine)."""
+        """As `Host.process_tree`, in one command with python3 on the host; else two light commands: a `ps` of
+        ids to find the tree, then the command lines and environments of those processes only."""
+        if self.use_python:
+            res = self.run(proc_list_command("tree", str(int(pid))), rerun_if_lost=True)
+            if NO_PYTHON not in res.stdout:
+                return parse_proc_list(res.stdout)
         ids = self.run(["ps", "-e", "-o", "pid=,ppid=,pgid=,stat="], rerun_if_lost=True).stdout
         rows = [(int(a), int(b), int(c)) for a, b, c, st in (ln.split() for ln in ids.splitlines() if ln.strip())
                 if not st.startswith("Z")]
         members = tree_members(rows, pid)
         if not members:
             return []
-        listing = self.run(_PROC_LIST.format(select="-p " + ",".join(map(str, sorted(members))), filt=""),
+        listing = self.run(proc_list_command("pids", ",".join(map(str, sorted(members))), python=False),
                            check=False, rerun_if_lost=True)
         return sorted(parse_proc_list(listing.stdout), key=lambda p: p.pid)
 
@@ -537,7 +604,7 @@ class RemoteShellHost(Host):
         pids = sorted({int(m) for m in _PID_RE.findall(res.stdout)})
         if not pids:
             return [ProcInfo(0, 0, 0, [f"<not visible to this user: {res.stdout.strip()[:200]}>"])]
-        listing = self.run(_PROC_LIST.format(select="-p " + ",".join(map(str, pids)), filt=""), check=False,
+        listing = self.run(proc_list_command("pids", ",".join(map(str, pids)), self.use_python), check=False,
                            rerun_if_lost=True)
         procs = {p.pid: p for p in parse_proc_list(listing.stdout)}  # only the holders, not every process
         return [procs.get(pid, ProcInfo(pid, 0, 0, [])) for pid in pids]

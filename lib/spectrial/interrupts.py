@@ -55,6 +55,12 @@ def install_exit() -> None:
 
 
 def _exit(code: int) -> None:
+    import contextlib
+    import sys
+
+    name = {130: "Ctrl-C", 143: "SIGTERM", 129: "SIGHUP"}.get(code, "a signal")
+    with contextlib.suppress(OSError, ValueError):  # a hung-up terminal cannot take it
+        print(f"spectrial: interrupted by {name} outside a run: nothing of a run was running", file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -94,3 +100,10 @@ def deferred() -> Iterator[None]:
                 handler(signum, frame)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(signum)
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as a failure reason: an interrupt by its signal, anything else by its type and message."""
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted by {name(exc)}"
+    return f"{type(exc).__name__}: {exc}"

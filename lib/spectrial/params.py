@@ -69,7 +69,9 @@ class SshOptions(BaseModel):
                           "UserKnownHostsFile or ~/.ssh/known_hosts. Unknown keys are refused.")
     ssh_config: str | None = Field(None, description="ssh config file for aliases (default ~/.ssh/config).")
     connect_timeout: float = Field(10, gt=0, description="Seconds for TCP connect, banner and authentication.")
-    keepalive_s: int = Field(15, ge=0, description="SSH keepalive interval (0: off).")
+    keepalive_s: int = Field(5, ge=0, description="SSH keepalive interval (0: off).")
+    dead_after_s: float = Field(10, ge=0, description="A connection whose sent data stays unacknowledged this long "
+                                                      "is declared lost (TCP_USER_TIMEOUT; 0: the kernel's default).")
     retries: int = Field(3, ge=0, description="Extra connection attempts on transient errors (exponential backoff).")
     backoff_s: float = Field(0.5, ge=0, description="First backoff between connection attempts.")
     sudo: bool = Field(False, description="Run every remote command through `sudo -n` (never prompts).")

@@ -615,8 +615,18 @@ class Server:
             self.stop()
             raise
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        """Stop the server. When the block is already leaving on an exception (an interrupt, a lost connection),
+        a failure of the stop itself is recorded in `stop_report` and the original exception goes on: Ctrl-C
+        still exits 130 while the host cannot be reached."""
+        if exc is None:
+            self.stop()
+            return
+        try:
+            self.stop()
+        except Exception as stop_exc:  # noqa: BLE001 - kept in the record; the exception in flight matters more
+            self.stop_report = {**self.stop_report, "error": f"{type(stop_exc).__name__}: {stop_exc}",
+                                "pid_left": self.pid, "host": self.host.name}
 
 
 def on_each(jobs: list[tuple[str, Callable[[], Any]]]) -> list[Any]:

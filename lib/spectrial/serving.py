@@ -45,16 +45,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from spectrial.errors import ConfigError
 from spectrial.records import finite as _num
 from spectrial.schema import Percentiles, RequestRecord, ServingFigures
+
+if TYPE_CHECKING:  # plotly only for the figure: the CLI path (a GPU host's minimal set) never needs it
+    import plotly.graph_objects as go
 
 BURST_FRACTION = 0.1  # events closer than this x TPOT are one delivered chunk
 STALL_FRACTION = 0.9  # ttft >= this x e2el: the output arrived at the end
@@ -518,6 +519,8 @@ def latency_figure(by_arm: Mapping[str, Sequence[RequestRecord]], *,
     """Percentile curves (x: ms, y: percentile) of TTFT, TPOT, ITL per token and E2E latency, one colour per
     arm; a figure that an arm's stream granularity makes meaningless is left out (`expected_tokens_per_chunk`
     per arm: its accept length, 1 for a baseline; without it every curve is drawn)."""
+    from plotly.subplots import make_subplots
+
     panels = ("TTFT (ms)", "TPOT (ms)", "ITL per token (ms)", "E2E latency (ms)")
     fig = make_subplots(rows=1, cols=4, subplot_titles=panels, shared_yaxes=True, horizontal_spacing=0.04)
     for i, (name, reqs) in enumerate(by_arm.items()):

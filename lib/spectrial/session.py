@@ -26,11 +26,12 @@ from typing import Any, Protocol
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from spectrial import interrupts
 from spectrial.bench import run_requests
 from spectrial.connect import get_host
 from spectrial.engines import Engine, Window, get_engine
 from spectrial.engines.nccl_evidence import evidence_summary, nccl_evidence
-from spectrial.errors import ConfigError
+from spectrial.errors import ConfigError, HostError
 from spectrial.figures import median, window_rates
 from spectrial.fingerprint import compare as fp_compare
 from spectrial.fingerprint import engine_identity, file_identity, fingerprint_key, host_fingerprint
@@ -39,7 +40,7 @@ from spectrial.group import HostGroup
 from spectrial.host import Host
 from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
-from spectrial.schema import LaunchRecord, RequestRecord, StartRecord, WindowRecord, WindowStats
+from spectrial.schema import LaunchRecord, RequestRecord, StartRecord, StepRecord, WindowRecord, WindowStats
 from spectrial.secrets import mask_argv, mask_env, secret_values
 from spectrial.server import LaunchSpec, Server, stop_previous
 from spectrial.serverlog import ServerLog
@@ -266,7 +267,7 @@ class Session:
                     notes.append("server log copied into it")
             except Exception as exc:  # noqa: BLE001 - a log that went away is reported, not fatal
                 notes.append(f"server log not copied: {exc}")
-        why = settle(run, reason=f"abandoned: its server was found on port {self.params.port} by run "
+        why = settle(run, reason=f"its server was found on port {self.params.port} by run "
                                  f"{self.record.run_id} and stopped")
         return "; ".join([*notes, why or "record already final"])
 
@@ -302,12 +303,29 @@ class Session:
         return self.fp_key
 
     def open(self) -> None:
-        """The whole preamble (each step once)."""
+        """The whole preamble (each step once), and the host's old run folders pruned (`work_dir`: the newest
+        kept, spectrial.remote.prune_run_dirs)."""
         if "fingerprint" not in self.done:
             self.fingerprint()
+        if "prune" not in self.done:
+            self._prune()
         if self.prepare_s is None:  # budgets count from here: builds and model writes are not measuring
             self.prepare_s = round(time.monotonic() - self._t0, 2)
             self._t0 = time.monotonic()
+
+    def _prune(self) -> None:
+        from spectrial.remote import prune_run_dirs
+
+        assert self.host is not None
+        self.done.add("prune")
+        try:
+            removed = prune_run_dirs(self.host, self.host.expand(self.params.work_dir), current=self.record.run_id)
+        except Exception as exc:  # noqa: BLE001 - housekeeping never fails a run; the record says why it was skipped
+            self.record.manifest.steps.append(StepRecord(name="prune_work_dir", ok=False, error=str(exc)[:300]))
+            return
+        if removed:
+            self.record.manifest.steps.append(StepRecord(name="prune_work_dir", ok=True, removed=removed))
+            self.record.save()
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self._t0
@@ -355,6 +373,7 @@ class Session:
         samples: list[dict[str, Any]] = []
         tags: dict[str, Any] = {"arm": arm.name, "restart": restart, **({"phase": phase} if phase else {})}
         t0 = time.monotonic()
+        failure: BaseException | None = None
         try:
             with rec.step(f"launch:{label}", **tags):
                 server.start()
@@ -386,10 +405,21 @@ class Session:
                 errs = sorted({str(r.error) for raw in raws for r in raw.requests})
                 entry.reason = "no successful request" + (": " + "; ".join(errs[:3]) if errs else "")
         except BaseException as exc:
-            entry.status, entry.reason = "failed", f"{type(exc).__name__}: {exc}"
+            failure = exc
+            entry.status, entry.reason = "failed", interrupts.describe(exc)
+            if isinstance(exc, HostError) and exc.lost and server.pid is not None:
+                entry.reason += (f"; the server (pid {server.pid}, tag {server.tag}) may still be running on "
+                                 f"{host.name}: the next trial's kill step on that host stops it")
             raise
         finally:
-            measured = self._finish(entry, server, spec, arm, raws, samples, fp_before, t0)
+            try:
+                measured = self._finish(entry, server, spec, arm, raws, samples, fp_before, t0)
+            except Exception as exc:  # noqa: BLE001 - after a failure, the failure is what the caller must see
+                if failure is None:
+                    raise
+                entry.notes.append(f"finishing the start after {type(failure).__name__} failed too: "
+                                   f"{type(exc).__name__}: {exc}")
+                measured = []
         return MeasuredStart(entry, measured)
 
     def _measure(self, server: Server, arm: Arm, restart: int, order: int, windows: list[WindowPlan],
@@ -416,6 +446,9 @@ class Session:
                 raw.requests = run_requests(server.base_url, self.prompts, n=w.requests, concurrency=w.concurrency,
                                             seed=w.seed, tags=tags, label=label if len(windows) == 1 else
                                             f"{label} c{w.concurrency}", counters=around, **common)
+                lost = getattr(self.host, "lost", None)
+                if lost is not None:  # the host is gone: the window's failed requests say nothing of the server
+                    raise lost
                 raw.after = _snapshot(engine, client, server.base_url)
 
     def _finish(self, entry: StartRecord, server: Server, spec: LaunchSpec, arm: Arm, raws: list[_Raw],

@@ -8,7 +8,16 @@
   `HostKeyError` (a `ConfigError`) naming the host, key type, SHA256 fingerprint and how to accept it;
 - transient connection failures are retried with exponential backoff (tenacity), and a connection that
   dropped between two commands is replaced by a new `Connection` before the next command;
+- a connection that dropped and cannot be re-established within the retries (at most `RECONNECT_WINDOW_S`)
+  raises `ConnectionLost` (host, since when); from then on commands and forwards fail at once (one new
+  attempt at most every `RETRY_LOST_EVERY_S`) instead of each waiting out the retries again;
+  `reachable()` tries once, `reconnect()` starts over;
 - keepalive on the transport, a connect timeout that also bounds the banner and authentication phases;
+  TCP_NODELAY (each command costs ~4 ms on loopback instead of ~45 ms of Nagle + delayed ACK) and
+  TCP_USER_TIMEOUT (a peer that stops acknowledging is declared dead after `dead_after_s`);
+- Ctrl-C during a command closes its channel and reaches the caller unchanged (fabric would wait on);
+- `close()` (also run at interpreter exit for hosts still open) closes the forwards, then says goodbye
+  (SSH_MSG_DISCONNECT) and lets sshd close first, so sshd logs a disconnect, not a reset;
 - file transfer over SFTP that never leaves the data readable by others (private temp dir, chmod, rename);
 - `sudo=True` runs every command through `sudo -n sh -c ...` (never prompts); files still move over SFTP
   as the login user;
@@ -24,6 +33,7 @@ own inline env is never used since it is not quoted). The login shell of the rem
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import logging
@@ -36,20 +46,25 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fabric import Config, Connection
+from fabric.runners import Remote
 from invoke.exceptions import CommandTimedOut
-from paramiko import SFTPClient
+from paramiko import SFTPClient, Transport
 from paramiko.client import MissingHostKeyPolicy, SSHClient
+from paramiko.common import cMSG_DISCONNECT
+from paramiko.message import Message
 from paramiko.pkey import PKey
 from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, SSHException
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from spectrial.errors import ConfigError, HostError
+from spectrial.errors import ConfigError, ConnectionLost, HostError
 from spectrial.host import CommandResult, RemoteShellHost
+from spectrial.records import utc_now
 from spectrial.tunnel import PortForward
 
 log = logging.getLogger(__name__)
@@ -62,6 +77,11 @@ _KNOWN_HOSTS_NAME_RE = re.compile(r"^\[(.+)\]:(\d+)$")
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 MAX_INLINE_COMMAND_BYTES = 100_000  # longer lines go through a script file (Linux MAX_ARG_STRLEN is 128 kB)
+RECONNECT_WINDOW_S = 10.0  # after a drop, reconnect attempts stop after this long (or after `retries`)
+RETRY_LOST_EVERY_S = 5.0  # once given up: one new attempt at most this often; otherwise ConnectionLost at once
+CLOSE_WAIT_S = 1.0  # close(): how long to wait for sshd to close its end after our disconnect message
+DISCONNECT_BY_APPLICATION = 11  # RFC 4253 SSH_DISCONNECT_BY_APPLICATION
+_OPEN_HOSTS: weakref.WeakSet[SSHHost] = weakref.WeakSet()
 
 
 class HostKeyError(ConfigError):
@@ -100,8 +120,43 @@ class _SessionNotOpened(SSHException):
     """No channel could be opened: the command was never sent, so running it again is safe."""
 
 
+class _Remote(Remote):
+    """fabric's remote runner, except that Ctrl-C closes the command's channel and re-raises at once (fabric
+    forwards it only to a pty and otherwise waits for the output threads), and a timeout is recognised even
+    when the channel closed before invoke's timer thread finished (invoke then reported exit -1)."""
+
+    fired = False
+
+    def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        with contextlib.suppress(Exception):
+            self.channel.close()  # the output threads see the end: nothing waits for the remote command
+        raise interrupt
+
+    def kill(self) -> None:
+        self.fired = True  # set before the channel closes, so `_finish` cannot miss it
+        super().kill()
+
+    @property
+    def timed_out(self) -> bool:
+        return self.fired
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):  # closing on a dead transport must not mask the real outcome
+            super().stop()
+
+
 class _Connection(Connection):
-    """A fabric Connection whose session-open failures are marked as 'command not sent'."""
+    """A fabric Connection whose session-open failures are marked as 'command not sent', and that never
+    reconnects behind SSHHost's back (fabric's `open()` would, with no retries, tuning or accounting)."""
+
+    opened = False
+
+    def open(self) -> Any:
+        if self.opened and not self.is_connected:
+            raise _SessionNotOpened("the SSH connection dropped")
+        result = super().open()
+        self.opened = True
+        return result
 
     def create_session(self) -> Any:
         if not self.is_connected:
@@ -117,6 +172,49 @@ def _transient(exc: BaseException) -> bool:
     if isinstance(exc, (_UnknownHostKey, BadHostKeyException, AuthenticationException, socket.gaierror)):
         return False
     return isinstance(exc, (OSError, EOFError, SSHException))
+
+
+def _tune_socket(transport: Transport, dead_after_s: float) -> None:
+    """TCP_NODELAY and TCP_USER_TIMEOUT on the transport's socket (a proxy/gateway channel is left alone)."""
+    sock = transport.sock
+    if not isinstance(sock, socket.socket):
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if dead_after_s > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_after_s * 1000))
+
+
+def _close_gracefully(conn: Connection, wait_s: float = CLOSE_WAIT_S) -> None:
+    """Close `conn` the way OpenSSH does: SFTP and channels first, then SSH_MSG_DISCONNECT, then let sshd close
+    its end and the transport thread read to the end, so no unread byte turns our close into a reset."""
+    with contextlib.suppress(Exception):
+        if conn._sftp is not None:
+            conn._sftp.close()
+            conn._sftp = None
+    transport = conn.client.get_transport()
+    if transport is not None and transport.is_active():
+        msg = Message()
+        msg.add_byte(cMSG_DISCONNECT)
+        msg.add_int(DISCONNECT_BY_APPLICATION)
+        msg.add_string("spectrial closing")
+        msg.add_string("")
+        with contextlib.suppress(Exception):
+            transport._send_user_message(msg)  # the thread-safe send path (waits out a key exchange)
+            if transport is not threading.current_thread():
+                transport.join(wait_s)  # sshd closes on the disconnect; the transport thread then closes the socket
+    with contextlib.suppress(Exception):
+        conn.close()
+    conn.client.close()
+
+
+@atexit.register
+def _close_open_hosts() -> None:
+    """At interpreter exit, close the SSH hosts still open (clean disconnect instead of a reset)."""
+    for host in list(_OPEN_HOSTS):
+        with contextlib.suppress(Exception):
+            host.close()
 
 
 def _split_known_hosts_name(name: str) -> tuple[str, int]:
@@ -145,8 +243,12 @@ class SSHHost(RemoteShellHost):
                  key_filename: str | Sequence[str] | None = None, known_hosts: str | Sequence[str] | None = None,
                  ssh_config: str | None = None, connect_timeout: float = 10, keepalive_s: int = 15,
                  retries: int = 3, backoff_s: float = 0.5, sudo: bool = False,
-                 strict_host_keys: bool = True) -> None:
-        """Describe the host; nothing connects before `connect()` or the first command."""
+                 strict_host_keys: bool = True, dead_after_s: float = 10) -> None:
+        """Describe the host; nothing connects before `connect()` or the first command.
+
+        `dead_after_s`: a connection whose sent data stays unacknowledged this long is closed (TCP_USER_TIMEOUT;
+        0: the kernel's default, many minutes).
+        """
         if retries < 0:
             raise ConfigError(f"retries: {retries} must be >= 0 (extra connection attempts)")
         if connect_timeout <= 0:
@@ -156,7 +258,7 @@ class SSHHost(RemoteShellHost):
         self.key_filename = [key_filename] if isinstance(key_filename, str) else list(key_filename or [])
         self.known_hosts = [known_hosts] if isinstance(known_hosts, str) else (
             list(known_hosts) if known_hosts is not None else None)
-        self.connect_timeout, self.keepalive_s = connect_timeout, keepalive_s
+        self.connect_timeout, self.keepalive_s, self.dead_after_s = connect_timeout, keepalive_s, dead_after_s
         self.retries, self.backoff_s = retries, backoff_s
         self.sudo, self.strict_host_keys = sudo, strict_host_keys
         self._config = self._load_config(ssh_config)
@@ -166,28 +268,36 @@ class SSHHost(RemoteShellHost):
         self.connects = 0  # how many connections this host opened (reconnects included)
         self._lock = threading.RLock()  # (re)connecting happens from forward threads too
         self._forwards: dict[tuple[str, int], PortForward] = {}
+        self._dropped_at: str | None = None  # when a drop was noticed (UTC), until a reconnect succeeds
+        self._dropped_mono = 0.0
+        self._lost: ConnectionLost | None = None  # set once reconnecting after a drop failed
+        self._lost_tried = 0.0
+        self._closed_on_purpose = False  # close() was called: the next connect is not a reconnect
+        _OPEN_HOSTS.add(self)
 
     @classmethod
     def from_spec(cls, spec: str, *, key_filename: str | Sequence[str] | None = None,
                   known_hosts: str | Sequence[str] | None = None, connect_timeout: float = 10,
                   keepalive_s: int = 15, retries: int = 3, sudo: bool = False, strict_host_keys: bool = True,
-                  ssh_config: str | None = None, backoff_s: float = 0.5) -> SSHHost:
+                  ssh_config: str | None = None, backoff_s: float = 0.5, dead_after_s: float = 10) -> SSHHost:
         """Host from `ssh://[user@]host[:port]` or `ssh:[user@]ALIAS`; `name` is the spec itself."""
         user, host, port = parse_spec(spec)
         return cls(host, user=user, port=port, name=spec, key_filename=key_filename, known_hosts=known_hosts,
                    ssh_config=ssh_config, connect_timeout=connect_timeout, keepalive_s=keepalive_s,
-                   retries=retries, backoff_s=backoff_s, sudo=sudo, strict_host_keys=strict_host_keys)
+                   retries=retries, backoff_s=backoff_s, sudo=sudo, strict_host_keys=strict_host_keys,
+                   dead_after_s=dead_after_s)
 
     # --- connection ----------------------------------------------------------------------------------
     @staticmethod
     def _load_config(ssh_config: str | None) -> Config:
+        overrides = {"run": {"encoding": "utf-8"}, "runners": {"remote": _Remote}}
         if ssh_config is None:
-            return Config(overrides={"run": {"encoding": "utf-8"}})
+            return Config(overrides=overrides)
         path = os.path.expanduser(ssh_config)
         if not os.path.isfile(path):
             raise ConfigError(f"ssh_config: {ssh_config!r} is not a file; give the path of an ssh config "
                               "file or leave it unset to read ~/.ssh/config")
-        return Config(runtime_ssh_path=path, overrides={"run": {"encoding": "utf-8"}})
+        return Config(runtime_ssh_path=path, overrides=overrides)
 
     def _known_hosts_files(self, conn: Connection) -> list[str]:
         """The global file, plus `known_hosts` if given, else the ssh config's UserKnownHostsFile or ~/.ssh/."""
@@ -235,6 +345,7 @@ class SSHHost(RemoteShellHost):
             conn.client.close()
             raise
         conn.transport.set_keepalive(int(self.keepalive_s))
+        _tune_socket(conn.transport, self.dead_after_s)
         return conn
 
     def connect(self) -> SSHHost:
@@ -247,10 +358,21 @@ class SSHHost(RemoteShellHost):
             return self
         if self._conn is not None:
             self.note_event("connection_lost", "the SSH connection was found closed (server, network or keepalive)")
+        dropped = self._conn is not None or (self.connects and not self._closed_on_purpose)
+        if dropped and self._dropped_at is None:  # a drop, not a first connect (or one after close())
+            self._dropped_at, self._dropped_mono = utc_now(), time.monotonic()
         self._drop()
+        if self._lost is not None and time.monotonic() - self._lost_tried < RETRY_LOST_EVERY_S:
+            raise self._lost_error()  # given up a moment ago: fail at once instead of waiting out retries again
         target = f"{self._user + '@' if self._user else ''}{self._target}:{self._port or 'default port'}"
         t0 = time.monotonic()
-        retrying = Retrying(stop=stop_after_attempt(self.retries + 1), retry=retry_if_exception(_transient),
+        if self._lost is not None:
+            stop: Any = stop_after_attempt(1)
+        elif self._dropped_at is not None:
+            stop = stop_after_attempt(self.retries + 1) | stop_after_delay(RECONNECT_WINDOW_S)
+        else:
+            stop = stop_after_attempt(self.retries + 1)
+        retrying = Retrying(stop=stop, retry=retry_if_exception(_transient),
                             wait=wait_exponential(multiplier=self.backoff_s, max=30), reraise=True)
         try:
             self._conn = retrying(self._open_once)
@@ -264,15 +386,68 @@ class SSHHost(RemoteShellHost):
                               "server's authorized_keys, or load it into ssh-agent") from exc
         except (OSError, EOFError, SSHException) as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
+            if self._dropped_at is not None:  # it was up before: the connection is lost
+                previous = self._lost.attempts if self._lost is not None else 0
+                self._lost = ConnectionLost(self.name, since=self._dropped_at,
+                                            down_s=time.monotonic() - self._dropped_mono,
+                                            attempts=previous + attempts,
+                                            last_error=f"{type(exc).__name__}: {exc}")
+                self._lost_tried = time.monotonic()
+                if not previous:
+                    self.note_event("connection_given_up", str(self._lost).splitlines()[0])
+                raise self._lost_error() from exc
             hint = "cannot resolve the host name" if isinstance(exc, socket.gaierror) else (
                 f"gave up after {attempts} attempt(s) over {time.monotonic() - t0:.1f} s; is sshd running "
                 "there and the port reachable (firewall, VPN)? raise retries/connect_timeout for slow links")
             raise HostError(self.name, f"ssh connect {target}", None, stderr=f"{type(exc).__name__}: "
                                    f"{exc}", hint=hint) from exc
         self.connects += 1
-        if self.connects > 1:
-            self.note_event("reconnected", f"connection #{self.connects} opened in {time.monotonic() - t0:.2f} s")
+        if self._dropped_at is not None:
+            self.note_event("reconnected", f"connection #{self.connects} opened in {time.monotonic() - t0:.2f} s, "
+                                           f"{time.monotonic() - self._dropped_mono:.2f} s after the drop")
+        self._dropped_at, self._lost, self._closed_on_purpose = None, None, False
         return self
+
+    def _lost_error(self) -> ConnectionLost:
+        """A fresh ConnectionLost like the stored one, its `down_s` brought up to now."""
+        lost = self._lost
+        assert lost is not None
+        return ConnectionLost(self.name, since=lost.since, down_s=time.monotonic() - self._dropped_mono,
+                              attempts=lost.attempts, last_error=lost.last_error)
+
+    @property
+    def lost(self) -> ConnectionLost | None:
+        """The ConnectionLost this host gave up with (None while connected or not yet given up)."""
+        return self._lost
+
+    def reachable(self, timeout_s: float | None = None) -> bool:
+        """Whether the host answers now: True while connected (the transport notices a closed or silent peer
+        by itself); otherwise one connection attempt, no retries, bounded by `timeout_s` (default
+        connect_timeout). A success becomes the connection (and ends the `lost` state)."""
+        with self._lock:
+            if self.connected:
+                return True
+            saved = self.connect_timeout
+            self.connect_timeout = timeout_s or saved
+            try:
+                conn = self._open_once()
+            except (OSError, EOFError, SSHException):
+                return False
+            finally:
+                self.connect_timeout = saved
+            self._drop()
+            self._conn = conn
+            self.connects += 1
+            if self._dropped_at is not None:
+                self.note_event("reconnected", f"connection #{self.connects} opened by a reachability check")
+            self._dropped_at, self._lost, self._closed_on_purpose = None, None, False
+            return True
+
+    def reconnect(self) -> SSHHost:
+        """Forget an earlier give-up and connect again with the full retries (raises as `connect`)."""
+        with self._lock:
+            self._lost = None
+            return self._connect_locked()
 
     def _unknown_key_error(self, exc: _UnknownHostKey) -> HostKeyError:
         host, port = _split_known_hosts_name(exc.hostname)  # the target, or a gateway on the way
@@ -297,12 +472,18 @@ class SSHHost(RemoteShellHost):
             "~/.ssh/known_hosts", host=host, port=port, key_type=key.get_name(), fingerprint=key.fingerprint)
 
     def _drop(self) -> None:
+        """Forget the connection (closing it: gracefully while it still works, else at once)."""
         with self._lock:
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.close()
-                self._conn.client.close()
-                self._conn = None
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            _close_gracefully(conn, CLOSE_WAIT_S if conn.is_connected else 0)
+
+    def _drop_if_dead(self, conn: _Connection) -> None:
+        """Forget `conn` when its transport is gone (a live one keeps serving the forwards' streams)."""
+        if not conn.is_connected:
+            with self._lock:
+                if self._conn is conn:
+                    self._drop()
 
     def _connection(self) -> _Connection:
         """The open connection, replaced by a new one when the previous one dropped."""
@@ -351,12 +532,16 @@ class SSHHost(RemoteShellHost):
         return self._conn is not None and self._conn.is_connected
 
     def close(self) -> None:
-        """Close the port forwards and the connection (and its SFTP session); the next command opens a new one."""
+        """Close the port forwards, the SFTP session and the connection (a clean SSH disconnect: sshd logs
+        "Received disconnect", not a reset); the next command opens a new one."""
         with self._lock:
             forwards, self._forwards = list(self._forwards.values()), {}
+            self._dropped_at, self._lost = None, None  # closed on purpose: the next connect is a first one
         for fwd in forwards:
             fwd.close()
         self._drop()
+        with self._lock:
+            self._dropped_at, self._lost, self._closed_on_purpose = None, None, True
 
     def __enter__(self) -> SSHHost:
         return self.connect()
@@ -385,26 +570,25 @@ class SSHHost(RemoteShellHost):
                 r = conn.run(full, hide=True, warn=True, timeout=timeout, in_stream=False)
                 break
             except _SessionNotOpened as exc:
-                # the command was never sent: reconnect once and send it
-                self._drop()
+                # the command was never sent: reconnect once (if the connection is gone) and send it
+                self._drop_if_dead(conn)
                 if attempt == 2:
                     raise HostError(self.name, full, None, stderr=str(exc),
                                            hint="could not open an SSH channel on a fresh connection "
                                                 "(server MaxSessions reached or shutting down?)") from exc
             except (SSHException, EOFError, OSError) as exc:
-                self._drop()
+                self._drop_if_dead(conn)
                 self.note_event("connection_lost", f"while sending a command: {type(exc).__name__}: {exc}")
                 raise HostError(self.name, full, None, stderr=f"{type(exc).__name__}: {exc}",
                                 hint="the SSH connection failed while sending the command; it may or "
                                      "may not have run (the next command reconnects)", lost=True) from exc
-            except CommandTimedOut as exc:
-                self._drop()  # the channel was closed under a running command; start clean
+            except CommandTimedOut as exc:  # its channel is closed; the connection (and its forwards) stays
                 res = exc.result
                 raise HostError(self.name, full, None, res.stdout, res.stderr,
                                        f"timed out after {timeout} s; the remote command may still be "
                                        "running (start long jobs with start_detached)") from exc
         if r.exited == -1 and not conn.is_connected:
-            self._drop()
+            self._drop_if_dead(conn)
             self.note_event("connection_lost", f"while a command ran: {full[:120]}")
             raise HostError(self.name, full, None, r.stdout, r.stderr,
                             "the SSH connection dropped while the command ran; it may or may not "
@@ -417,9 +601,27 @@ class SSHHost(RemoteShellHost):
             self._home = super().home()
         return self._home
 
+    def _forget_sftp(self) -> None:
+        """Drop the cached SFTP session after it failed (a dead connection is replaced by `_connection`)."""
+        conn = self._conn
+        if conn is not None and conn._sftp is not None:
+            with contextlib.suppress(Exception):
+                conn._sftp.close()
+            conn._sftp = None
+
     def _sftp(self) -> SFTPClient:
         self.counters["sftp"] += 1
-        return self._connection().sftp()
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                return conn.sftp()
+            except (SSHException, EOFError, OSError) as exc:  # opening the session sent nothing: safe to retry
+                self._drop_if_dead(conn)
+                if attempt == 2 or conn.is_connected:
+                    raise HostError(self.name, "sftp", None, stderr=f"{type(exc).__name__}: {exc}",
+                                    hint="could not open an SFTP session (is the sftp subsystem enabled?)",
+                                    lost=not conn.is_connected) from exc
+        raise AssertionError("unreachable")
 
     def _upload(self, src: io.BufferedIOBase | io.BytesIO, remote: str, mode: int) -> None:
         """Write `src` to `remote` so that no one else can read it at any point, then rename into place."""
@@ -432,6 +634,10 @@ class SSHHost(RemoteShellHost):
         except OSError as exc:
             raise HostError(self.name, f"sftp mkdir {tmpdir}", None, stderr=str(exc),
                                    hint=f"cannot write into {parent!r} (missing or not writable)") from exc
+        except (SSHException, EOFError) as exc:
+            self._forget_sftp()
+            raise HostError(self.name, f"sftp mkdir {tmpdir}", None, stderr=f"{type(exc).__name__}: {exc}",
+                            hint="the SSH connection dropped (the next command reconnects)", lost=True) from exc
         tmp = f"{tmpdir}/data"
         failure: OSError | None = None
         try:
@@ -440,10 +646,15 @@ class SSHHost(RemoteShellHost):
             sftp.posix_rename(tmp, path)
         except OSError as exc:
             failure = exc
+        except (SSHException, EOFError) as exc:  # the connection (or the SFTP session) dropped mid-transfer
+            self._forget_sftp()
+            raise HostError(self.name, f"sftp put {path}", None, stderr=f"{type(exc).__name__}: {exc}",
+                            hint="the SSH connection dropped during the upload (the next command reconnects)",
+                            lost=True) from exc
         finally:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(Exception):  # OSError, or SSHException/EOFError on a dropped connection
                 sftp.remove(tmp)
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(Exception):
                 sftp.rmdir(tmpdir)
         if failure is not None:  # measured after the partial file is gone: the space the caller really has
             free = self.free_space([parent]).get(parent)
@@ -469,8 +680,12 @@ class SSHHost(RemoteShellHost):
             with os.fdopen(fd, "wb") as fh:
                 self._sftp().getfo(path, fh)
             os.replace(tmp, local)
-        except OSError as exc:
+        except (OSError, SSHException, EOFError) as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise HostError(self.name, f"sftp get {path}", None, stderr=str(exc),
-                                   hint="check that the remote file exists and is readable") from exc
+            lost = not isinstance(exc, OSError) or not self.connected
+            if lost:
+                self._forget_sftp()
+            raise HostError(self.name, f"sftp get {path}", None, stderr=str(exc) or type(exc).__name__,
+                            hint="the SSH connection dropped during the download (the next command reconnects)"
+                            if lost else "check that the remote file exists and is readable", lost=lost) from exc

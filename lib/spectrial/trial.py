@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from spectrial.errors import ConfigError, RecordWriteError, RunFailed, SpectrialError
+from spectrial.errors import ConfigError, ConnectionLost, RecordWriteError, RunFailed, SpectrialError
 from spectrial.figures import (
     add_category_comparisons,
     add_comparisons,
@@ -226,7 +226,7 @@ class Trial:
             elif lost := lost_requests(m):
                 self._fail(f"arm {arm.name}", f"start {restart + 1}: {lost}")
             return m
-        except (KeyboardInterrupt, ConfigError, RecordWriteError):  # these end the run
+        except (KeyboardInterrupt, ConfigError, RecordWriteError, ConnectionLost):  # these end the run
             raise
         except SpectrialError as exc:
             self._fail(f"arm {arm.name}", f"start {restart + 1}: {exc}")
@@ -478,12 +478,9 @@ class Trial:
 
 
 def describe_exc(exc: BaseException) -> str:
-    """An exception as a failure reason: an interrupt by its signal, anything else by its type and message."""
     from spectrial import interrupts
 
-    if isinstance(exc, KeyboardInterrupt):
-        return f"interrupted by {interrupts.name(exc)}"
-    return f"{type(exc).__name__}: {exc}"
+    return interrupts.describe(exc)
 
 
 def _sequence_verdict(status: str, margin: float | None) -> str:

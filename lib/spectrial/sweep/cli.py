@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from spectrial.errors import SpectrialError
+from spectrial.errors import ConnectionLost, RecordWriteError, SpectrialError
 from spectrial.params import parse_overrides
 
 
@@ -29,6 +29,9 @@ def sweep_command(
                                progress=not quiet)
     except RunFailed as exc:
         typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(1) from None
+    except (ConnectionLost, RecordWriteError) as exc:  # the sweep had started: its record says failed
+        typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     except SpectrialError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from spectrial.errors import ConfigError, RecordWriteError, RunFailed, SpectrialError
+from spectrial.errors import ConfigError, ConnectionLost, RecordWriteError, RunFailed, SpectrialError
 from spectrial.figures import add_comparisons, arm_figures, compare_requests, merge_stats
 from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
@@ -155,7 +155,7 @@ class Sweep:
             elif lost := lost_requests(m):
                 self.failures.append(f"{arm.name} start {restart + 1}: {lost}")
             self.add_start(arm, m)
-        except (KeyboardInterrupt, ConfigError, RecordWriteError):  # these end the sweep
+        except (KeyboardInterrupt, ConfigError, RecordWriteError, ConnectionLost):  # these end the sweep
             raise
         except SpectrialError as exc:
             self.failures.append(f"{arm.name} start {restart + 1}: {exc}")

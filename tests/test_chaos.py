@@ -305,3 +305,29 @@ def test_sglang_double_killed_mid_benchmark(tmp_path, port, write_params):
     assert not _tagged(run.name) and not LocalHost().port_holders(port)
     m1 = load_record(run)
     assert m1.status == "failed" and m1.reason.startswith("abandoned:"), m1.reason
+
+
+@pytest.mark.parametrize("at", ["benchmark", "stop"])
+def test_a_double_ctrl_c(at, tiny_params, write_params, tmp_path):
+    """Ctrl-C twice, 0.2 s apart, mid-benchmark or while the server stops: the stop is not cut in half (the second
+    one waits for it: no stale state file, nothing on the port), exit 130, and llama-server, busy with a request,
+    is ended by its second SIGTERM instead of waiting out the grace period for SIGKILL."""
+    out = tmp_path / f"double-{at}"
+    path = write_params(_params(tiny_params, out, repeats=20, max_tokens=64, stop_grace_s=15), f"d-{at}.yaml")
+    proc = subprocess.Popen([*SPECTRIAL, "trial", str(path), "--quiet"], cwd=REPO, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert wait(moment(at, out, tiny_params["state_dir"], tiny_params["port"]), proc, 120)
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGINT)
+    rc = proc.wait(60)
+    assert rc == 130, proc.stderr.read()[-2000:] if proc.stderr else rc
+    assert read_state(LocalHost(), tiny_params["state_dir"], tiny_params["port"]) is None
+    assert not LocalHost().port_holders(tiny_params["port"])
+    m = manifest_json(_run_dir(out))
+    stops = [s for s in m["steps"] if s["name"].startswith("stop:")]
+    assert stops and all(s.get("elapsed_s") is not None and s["elapsed_s"] < 5 for s in stops), stops
+    assert all(s["report"]["how"] == "TERM" for s in stops if s.get("report")), stops
+    after(out, tiny_params, tmp_path, f"double-{at}")

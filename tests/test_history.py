@@ -53,12 +53,15 @@ def test_committed_case_reads_into_the_matrix() -> None:
     assert len(case) == 8 and not (h.issues["source"] == CASE_NAME).any()
     # the other committed records' issues are real: the SGLang 8B sweep whose EAGLE-3 starts died in CUDA-graph
     # capture (deep_gemm), the SGLang counting trial cut at the device call's deadline, and the vLLM ngram arm
-    # whose prompt lookup never drafted (0 verify cycles)
+    # whose prompt lookup never drafted (0 verify cycles), and the two fault runs killed on purpose on the H200
+    # (SIGKILL and SIGHUP mid-benchmark, outputs/examples/h200-sglang/faults: settled as failed by the next reader)
     found = {(s.split("/")[0], p.split(":")[0]) for s, p in zip(h.issues["source"], h.issues["problem"], strict=True)}
     assert found == {("h200-sglang", "run failed"), ("h200-sglang", "arm did not complete (status 'failed')"),
                      ("vllm-cpu", "0 verify steps")}, found
     failed = set(h.issues["source"][h.issues["problem"].str.startswith("run failed")])
-    assert failed == {"h200-sglang/h200-sglang-8b-sweep-082758", "h200-sglang/h200-sglang-counting-091935"}, failed
+    assert failed == {"h200-sglang/h200-sglang-8b-sweep-082758", "h200-sglang/h200-sglang-counting-091935",
+                      "h200-sglang/faults/h200-sglang-chaos-kill-061143",
+                      "h200-sglang/faults/h200-sglang-chaos-hup-062153"}, failed
     m = history.matrix(h.table, "tok_s", rows=("run", "session", "nccl_env"))
     assert m.loc[(CASE_NAME, "later", "set, unverified"), "eagle3 k=2"] == pytest.approx(60.5)
     assert m.loc[(CASE_NAME, "earlier", "unrecorded"), "eagle3 k=2"] == pytest.approx(94.0)

@@ -89,3 +89,37 @@ def test_a_launch_is_not_cut_in_half(sig):
     finally:
         signal.signal(signal.SIGTERM, old)
         signal.signal(signal.SIGINT, old_int)
+
+
+def test_an_interrupt_in_a_steps_first_write_still_closes_the_step(tmp_path, monkeypatch):
+    """The aimed moment of the double Ctrl-C test: the interrupt lands while `step` writes the step's start; the
+    step must still end with ok false, its error and its elapsed time (it once stayed open in the record)."""
+    from spectrial.records import RunRecord
+
+    rec = RunRecord(tmp_path, "t")
+    real = RunRecord.save
+    calls = []
+
+    def save(self):
+        real(self)
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt("Ctrl-C")
+
+    monkeypatch.setattr(RunRecord, "save", save)
+    with pytest.raises(KeyboardInterrupt), rec.step("stop:x"):
+        pytest.fail("the body must not run after the interrupt")
+    on_disk = json.loads(rec.manifest_path.read_text())["steps"][0]
+    assert on_disk["ok"] is False and on_disk["elapsed_s"] is not None and "KeyboardInterrupt" in on_disk["error"]
+
+
+def test_an_interrupt_before_invoke_starts_the_command_reaches_the_caller(monkeypatch):
+    """An interrupt inside invoke before it set the command up is the interrupt, not invoke's AttributeError."""
+    from invoke.runners import Runner
+
+    def interrupted(self, command, **kw):
+        raise KeyboardInterrupt("Ctrl-C")
+
+    monkeypatch.setattr(Runner, "_run_body", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        LocalHost().run("true")

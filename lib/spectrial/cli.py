@@ -51,12 +51,16 @@ def interruptible() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as exc:
+        interrupts.ignore()  # the run is over; a second Ctrl-C changes nothing now
         with contextlib.suppress(OSError):  # a hung-up terminal cannot take the message
             typer.secho(f"interrupted by {interrupts.name(exc)}: servers stopped, the record says why",
                         fg="red", err=True)
         raise typer.Exit(interrupts.exit_code(exc)) from None
-    finally:
-        interrupts.install_exit()  # the run is over: a later SIGTERM / SIGHUP exits at once (143 / 129)
+    except BaseException:
+        interrupts.install_exit()
+        raise
+    else:
+        interrupts.install_exit()  # the run is over: a later signal exits at once (130 / 143 / 129)
 
 
 @app.command()

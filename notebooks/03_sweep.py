@@ -95,11 +95,15 @@ steps_table(result.manifest).groupby("ok").size().rename("protocol steps by outc
 # ## Why each setting was measured
 # The guided search's decisions in order: the probes (and why each one), then each setting whose prediction
 # could beat the best measured one beyond the noise (with the prediction that chose it), then why it stopped.
+# Below, every setting not measured: why (not needed, or the budget: then the sweep is `partial`), the
+# final model's prediction per concurrency level with its range, and whether it could beat the best there.
 
 # %%
 dec = result.decisions()
 display(dec[[c for c in ("phase", "setting", "reason") if c in dec.columns]])
-print("stopped by:", (result.manifest.budget or {}).get("stopped_by"))
+print("stopped by:", (result.manifest.budget or {}).get("stopped_by") or "the plan was done")
+print(f"status: {result.status}" + (f" ({result.manifest.reason})" if result.status == "partial" else ""))
+result.not_measured()
 
 # %% [markdown]
 # ## Every grid point
@@ -132,6 +136,7 @@ sweep_figures.prediction_figure(result.manifest).show()
 # ## Best setting per scenario and concurrency
 # The best measured setting with its CI, against the baseline and against the runner-up (ratio of medians with
 # its CI at `confirm_level`): "confirmed" when the CI excludes 1, "tied" when the two cannot be told apart.
+# Never "confirmed" while a setting left unmeasured could beat it (`could_beat` names them: a partial sweep).
 
 # %%
 result.best().round(3)

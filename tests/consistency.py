@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from spectrial import validity
 from spectrial.diagnose import diagnose
 from spectrial.explain import explain
 from spectrial.figures import NO_BASELINE, NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, is_baseline
@@ -69,6 +70,9 @@ def check_arm(arm: ArmRecord, arms: list[ArmRecord]) -> None:
             assert lo <= 1 <= hi, where
         elif v.startswith("equivalent"):
             assert lo <= 1 <= hi or lo > 1 or hi < 1, where
+    # an invalid measurement (a failed check of the arm or its baseline) is never called faster or slower
+    bad = validity.invalid_names(arm, base)
+    assert bool(bad) == validity.is_invalid(v) or not v or v == NO_BASELINE, f"{where}: {bad} vs verdict {v!r}"
     expected = {"faster": "yes", "slower": "no"}.get(v)
     if v in (NO_SPREAD, TOO_FEW):
         expected = "yes" if arm.speedup > 1 else "no" if arm.speedup < 1 else "undecided"

@@ -39,7 +39,11 @@ def test_llamacpp_slots_follow_the_concurrency() -> None:
     argv = arms[0]["argv"]
     assert argv[argv.index("-np") + 1] == "4" and argv[argv.index("-c") + 1] == str(1024 * 4)
     assert arms[0]["notes"] == []
-    few = dry_run(load_params(LOCAL, {"concurrency": 4, "engine_config.parallel": 2}))
+    with pytest.raises(ConfigError) as exc:  # issue 27: bad input, named, before anything starts
+        dry_run(load_params(LOCAL, {"concurrency": 4, "engine_config.parallel": 2}))
+    assert exc.value.parameter == "concurrency" and "engine_config.parallel" in str(exc.value)
+    assert "validity.allow_queue" in exc.value.hint
+    few = dry_run(load_params(LOCAL, {"concurrency": 4, "engine_config.parallel": 2, "validity.allow_queue": True}))
     argv = few[0]["argv"]
     assert argv[argv.index("-np") + 1] == "2"
     assert any("concurrency 4 but the server runs 2 request(s) at once" in n for n in few[0]["notes"])
@@ -54,8 +58,13 @@ def test_vllm_and_sglang_name_their_slot_limits(tmp_path: Path) -> None:
 
     for engine, cfg, words in (("vllm", {"max_num_seqs": 2}, "--max-num-seqs"),
                                ("sglang", {"max_running_requests": 2}, "--max-running-requests")):
-        p = load_params(data={"engine": engine, "model": str(tmp_path), "concurrency": 8, "engine_config": cfg,
-                              "arms": [{"name": "baseline"}]})
+        data = {"engine": engine, "model": str(tmp_path), "concurrency": 8, "engine_config": cfg,
+                "arms": [{"name": "baseline"}]}
+        eng = get_engine(engine, load_params(data=data), LocalHost())
+        eng.resolve_dry()
+        with pytest.raises(ConfigError, match=words):
+            eng.launch_spec(eng.params.arms[0])
+        p = load_params(data={**data, "validity": {"allow_queue": True}})
         eng = get_engine(engine, p, LocalHost())
         eng.resolve_dry()
         spec = eng.launch_spec(p.arms[0])

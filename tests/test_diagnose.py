@@ -174,6 +174,13 @@ def _mutate(kind: str, m: dict[str, Any]) -> None:
         spec.update(stats_scoped=False, stats_source="server_info avg_spec_accept_length")
     elif kind == "below_break_even":
         spec.update(tok_s=80.0, accept_len=1.6, cycle_ms=20.0, tok_s_values=[79.0, 80.0, 81.0])
+    elif kind == "invalid_measurement":  # 8 requests asked at once, the server ran them at 2.1 on average
+        _concurrency(m, 8)
+        spec["validity"] = {"checks": [{"name": "concurrency", "ok": False, "value": 2.1, "limit": 6.0,
+                                        "summary": "achieved concurrency 2.10 of 8 requested",
+                                        "evidence": {"requested": 8, "achieved": 2.1},
+                                        "fix": "send more requests per start"}],
+                            "failed": ["concurrency"], "warnings": []}
     else:  # pragma: no cover - a new detector needs its mutation here
         raise AssertionError(f"no mutation for {kind}")
 
@@ -481,8 +488,13 @@ def test_doctor_on_a_real_local_trial(tiny_params: dict[str, Any], write_params:
         for e in f.evidence:
             if e.kind == "record" and e.where.split("[")[0].split(".")[0] in ("arms", "starts", "params", "drift"):
                 _resolve(manifest, e.where)
-    assert set(d.kinds()) <= {"below_break_even"}, d.text()
+    assert set(d.kinds()) <= {"below_break_even", "invalid_measurement"}, d.text()
+    # 2 requests per start: the steady-state check says so (info: the verdict stands); nothing else failed
+    assert all(f.severity == "info" and "steady_state" in f.title for f in d.of("invalid_measurement")), d.text()
+    assert {f.arm for f in d.of("invalid_measurement")} == {"baseline", "draft", "eagle3"}, d.text()
     for f in d.of("below_break_even"):
         arm = arms[f.arm]
         assert arm["speedup"] < 1 and arm["accept_len"] < arm["break_even_accept_len"]
-        assert f.severity == ("info" if arm.get("synthetic_accept") is not None else "critical")
+        # critical only when the arm is slower; an undecided one (its interval spans 1) is a warning
+        want = "info" if arm.get("synthetic_accept") is not None else "critical" if arm["pays"] == "no" else "warning"
+        assert f.severity == want, (f.severity, arm["verdict"])

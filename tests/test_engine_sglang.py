@@ -77,7 +77,8 @@ def test_kimi_example_dry_run_prints_the_expert_command(tmp_path):
     assert list(arms) == ["baseline", "eagle3"]
     common = ["python3", "-m", "sglang.launch_server", "--model-path", "/models/Kimi-K2.5-INT4", "--tp-size", "8",
               "--host", "0.0.0.0", "--port", "8000", "--trust-remote-code", "--mem-fraction-static", "0.88",
-              "--num-continuous-decode-steps", "4", "--disable-custom-all-reduce", "--enable-metrics"]
+              "--num-continuous-decode-steps", "4", "--disable-custom-all-reduce", "--enable-metrics",
+              "--disable-radix-cache"]  # issue 27: a prompt from the radix cache skips the prefill the others paid
     assert arms["baseline"]["argv"] == common
     assert arms["eagle3"]["argv"] == common + [
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/models/Kimi-K2.5-EAGLE3",

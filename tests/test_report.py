@@ -149,6 +149,7 @@ def test_report_and_history_of_a_real_trial(tiny_params: dict, write_params: Cal
     assert h.issues.empty and len(h.table) == 3 and set(h.table["nccl_env"]) == {"none"}
     html = write_report(result.run_dir).read_text()
     assert_offline(html)
-    # the explain sections' figures and the serving section's latency distributions
-    assert html.count("Plotly.newPlot(") == len(e.figures()) + 1 and len(e.figures()) >= 2
+    # the explain sections' figures, the per-request accept lengths and the serving section's latency distributions
+    assert html.count("Plotly.newPlot(") == len(e.figures()) + 2 and len(e.figures()) >= 2
+    assert "Is the measurement valid?" in html and "Accept length per request" in html and "per-request mean" in html
     assert json.loads((result.run_dir / "manifest.json").read_text())["report"] == "report.html"

@@ -299,10 +299,10 @@ def test_llamacpp_ignores_per_request_draft_depth(llama_server, tiny_models, por
     assert per_step[1] > 2.0 and per_step[4] > 2.0, per_step  # a request's n_max 1 still drafts ~4 per cycle
 
 
-def _check_record(run: Path, levels: list[int]) -> dict[str, Any]:
+def _check_record(run: Path, levels: list[int], status: str = "ok") -> dict[str, Any]:
     """What every sweep record must hold; returns the manifest."""
     m = manifest_json(run)
-    assert m["kind"] == "sweep" and m["status"] == "ok", m["reason"]
+    assert m["kind"] == "sweep" and m["status"] == status, m["reason"]
     starts = m["starts"]
     # one start measures every concurrency level: the restart economy of per-request settings
     for s in starts:
@@ -369,12 +369,14 @@ def test_cli_grid_sweep_stops_at_the_restart_budget(tiny_params, write_params):
     assert res.exit_code == 0, res.output
     runs = [p for p in Path(tiny_params["output_dir"]).iterdir() if (p / "manifest.json").is_file()]
     assert len(runs) == 1
-    m = _check_record(runs[0], [1])
+    m = _check_record(runs[0], [1], status="partial")  # stopped by its budget: partial, exit 0
     assert [s["arm"] for s in m["starts"]] == ["baseline", "eagle3-s1-a0.8", "eagle3-s2-a0.8"]
     assert m["budget"]["stopped_by"].startswith("restart budget") and m["budget"]["grid_restarts"] == 4
     left = [p for p in m["points"] if p["status"] == "not measured"]
     assert [p["id"] for p in left] == ["eagle3-s3-a0.8@c1"] and "restart budget" in left[0]["reason"]
+    assert [x["setting"] for x in m["budget"]["not_measured"]] == ["eagle3-s3-a0.8"] and "eagle3-s3-a0.8" in m["reason"]
     assert "best per scenario and concurrency" in res.output and "manifest.json" in res.output
+    assert res.output.strip().splitlines()[-1].startswith("partial: stopped by the restart budget")
     assert math.isfinite(json.loads((runs[0] / "manifest.json").read_text())["points"][0]["tok_s"])
 
 

@@ -138,6 +138,15 @@ def test_cli_trial_measures_the_truth_with_env_check_fail(vllm_cpu, tmp_path, po
     assert ngram["verify_steps"] == 0 and ngram["drafted"] == 0 and ngram["requests_ok"] == base["requests_ok"]
     # the comparison: the baseline's ms per token from the engine's own decode time, break-even = cycle / that
     assert eagle["break_even_accept_len"] == pytest.approx(eagle["cycle_ms"] / base["ms_per_token"])
+    # issue 27: the checks of every arm (vLLM launched with --no-enable-prefix-caching: its counters say no hit),
+    # and the accept length of each request from the counters read around it (vLLM 0.32 returns no per-request
+    # speculative fields in its responses)
+    for a in arms.values():
+        checks = {c["name"]: c for c in a["validity"]["checks"]}
+        assert checks["prefix_cache"]["ok"] is True, checks["prefix_cache"]
+        assert checks["early_stop"]["ok"] is True and checks["concurrency"]["ok"] is True, checks
+    assert eagle["accept_len_request_n"] == n_req and eagle["accept_len_request_source"] == "counters around each request"
+    assert abs(eagle["accept_len_request_mean"] - 4 / 3) <= 0.2 and draft["accept_len_request_mean"] == pytest.approx(K + 1)
     assert tree_gone(pids) and not LocalHost().port_holders(port)
     print(f"4 arms in {wall:.0f} s; baseline {base['tok_s']:.1f} tok/s; eagle3 {eagle['tok_s']:.1f} tok/s accept "
           f"{eagle['accept_len']:.3f}; draft {draft['tok_s']:.1f} accept {draft['accept_len']:.2f}; ngram "
@@ -207,6 +216,8 @@ def test_notebook_03_grid_against_real_vllm(vllm_cpu, tmp_path, port):
         assert p["status"] == "ok" and p["per_position"][0] == pytest.approx(1 / 3, abs=0.1)
         assert all(x == 0 for x in p["per_position"][1:])
     assert all(s["env_check"]["ok"] for s in m["starts"])
+    assert all({c["name"] for c in p["validity"]["checks"]} >= {"concurrency", "prefix_cache", "early_stop"}
+               for p in m["points"] if p["status"] == "ok")  # a sweep's points carry the checks too
 
 
 # --- orphans: what the next kill step finds and stops ------------------------------------------------------------

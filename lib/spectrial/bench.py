@@ -191,7 +191,7 @@ def run_requests(base_url: str, prompts: Sequence[WorkItem | dict[str, Any]], *,
         if before is not None and counters and not rec.error:
             for k, v in counters[1](before, counters[0]()).items():
                 setattr(rec, k, v)
-        for k, v in {"index": i, "phase": phase, "prompt_id": p.id, "category": p.category, "source": p.source,
+        for k, v in {"index": i, "phase": phase, "prompt_id": p.id, "category": p.category, "turn": p.turn, "source": p.source,
                      "max_tokens": mt, "prompt_len": p.prompt_len, **(tags or {})}.items():
             setattr(rec, k, v)
         bar.update(1)

@@ -48,7 +48,7 @@ def check_drift(manifest: Manifest, folder: str | Path, tolerance: float = 0.10)
         except (OSError, ValueError):
             continue
         b = _baseline(m)
-        if b and m.status == "ok" and m.fingerprint_key == key and _workload(m) == work \
+        if b and m.status in ("ok", "partial") and m.fingerprint_key == key and _workload(m) == work \
                 and (m.started_at or "") < (manifest.started_at or "~"):
             earlier.append((m, b))
     out.checked, out.n_earlier = True, len(earlier)

@@ -19,6 +19,8 @@ numbers from here (docs/FIGURES.md lists every figure with its unit).
                       arm's cycle would just match the baseline; interval accept_len / the speed-up's interval
     pays              the verdict said with the break-even: yes (accept_len above the break-even interval), no
                       (below it), undecided (inside it)
+    validity          an arm (or its baseline) that failed a check of severity "invalid" (spectrial.validity)
+                      gets the verdict "invalid measurement (...)" and pays undecided: never faster or slower
     per category      the same definitions over the requests of one workload category
 Because speed-up, break-even and pays derive from the same two decode rates, they cannot disagree: accept_len >
 break_even exactly when speedup > 1, and pays is yes exactly when the verdict is faster.
@@ -31,9 +33,10 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from spectrial import analysis
+from spectrial import analysis, validity
 from spectrial.errors import SpectrialError
 from spectrial.records import finite
 from spectrial.schema import (
@@ -95,7 +98,8 @@ def merge_stats(stats: Sequence[WindowStats]) -> WindowStats:
         vals = [getattr(s, name) for s in stats]
         return None if not vals or any(v is None for v in vals) else float(sum(vals))
 
-    for name in ("verify_steps", "drafted", "accepted", "tokens", "decode_ms", "draft_ms"):
+    for name in ("verify_steps", "drafted", "accepted", "tokens", "decode_ms", "draft_ms", "prompt_tokens",
+                 "cached_prompt_tokens"):
         setattr(out, name, total(name))
     if stats and all(s.per_position and s.verify_steps for s in stats):
         n = min(len(s.per_position or []) for s in stats)
@@ -149,11 +153,22 @@ def derived_figures(f: ArmFigures, speculative: bool, k: int | None = None, synt
     return f.model_copy(update=upd)
 
 
+def request_accept_lens(requests: Sequence[RequestRecord]) -> tuple[list[float], str | None]:
+    """Each measured request's accept length, 1 + accepted / verify steps of that request (`request_cycles`),
+    and how they were counted; empty unless every successful request reports its counts."""
+    counts = [request_cycles(r) for r in requests if r.ok]
+    if not counts or any(c is None or c[1] <= 0 for c in counts):
+        return [], None
+    return [1.0 + c[0] / c[1] for c in counts], counts[0][2]  # type: ignore[index]
+
+
 def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculative: bool,
                 level: float = 0.95, seed: int = 0, k: int | None = None, synthetic: Any = None,
-                concurrency: int | None = None, slo: Mapping[str, float] | None = None) -> ArmFigures:
+                concurrency: int | None = None, slo: Mapping[str, float] | None = None,
+                setting: validity.Setting | None = None) -> ArmFigures:
     """An arm's figures from its measured requests (all starts) and its scoped counters (the inputs are not
-    changed): decode rate with its spread and CI, counters, accept length, the derived figures, serving metrics."""
+    changed): decode rate with its spread and CI, counters, accept length (token-weighted, and per request),
+    the derived figures, serving metrics, and the validity checks of the measurement (with `setting`)."""
     from spectrial import serving
 
     ok = [r for r in requests if r.ok]
@@ -203,6 +218,16 @@ def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculati
                                      concurrency=concurrency, slo=slo, level=level, seed=seed)
         f = f.model_copy(update={"serving": sv, "ttft_ms": sv.ttft_ms.p50 if sv.ttft_ms else None,
                                  "itl_ms": sv.itl_ms.p50 if sv.itl_ms else None})
+    if speculative:
+        lens, how = request_accept_lens(ok)
+        if lens:
+            q = np.percentile(lens, [10, 50, 90])
+            f = f.model_copy(update={"accept_len_request_mean": float(np.mean(lens)),
+                                     "accept_len_request_p10": float(q[0]), "accept_len_request_p50": float(q[1]),
+                                     "accept_len_request_p90": float(q[2]), "accept_len_request_n": len(lens),
+                                     "accept_len_request_source": how})
+    if setting is not None and ok:
+        f = f.model_copy(update={"validity": validity.assess(requests, stats, f, speculative, setting)})
     return f
 
 
@@ -300,6 +325,9 @@ def judged(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord, lo
            high: float | None, verdict: str | None, **extra: Any) -> Comparison:
     """The comparison of `arm` with `base` given the speed-up's interval and verdict: every field derived here."""
     s = speedup(arm, base)
+    bad = validity.invalid_names(arm, base)
+    if bad and verdict is not None and verdict not in (NO_BASELINE,):
+        verdict = validity.invalid_verdict(bad)  # an invalid measurement is never faster or slower
     al = positive(arm.accept_len)
     be = break_even(arm, base)
     be_lo = al / high if al and high else None
@@ -441,6 +469,8 @@ def category_figures(requests: Sequence[RequestRecord], speculative: bool, level
                 c.accepted = sum(x[0] for x in counts)  # type: ignore[index]
                 c.verify_steps = sum(x[1] for x in counts)  # type: ignore[index]
                 c.accept_source = counts[0][2]  # type: ignore[index]
+                lens = [1.0 + x[0] / x[1] for x in counts if x and x[1] > 0]  # type: ignore[index]
+                c.accept_len_request_mean = float(np.mean(lens)) if lens else None
                 if c.verify_steps:
                     c.accept_len = analysis.accept_len_from_counts(c.accepted, c.verify_steps)
                     ms = [r.get("server_predicted_ms") for r in mine]
@@ -485,8 +515,21 @@ def add_category_comparisons(arms: Sequence[ArmRecord], requests: Sequence[Reque
 
 
 CATEGORY_COLUMNS = ["arm", "category", "sources", "requests_ok", "tok_s", "tok_s_ci_low", "tok_s_ci_high",
-                    "accept_len", "break_even_accept_len", "pays", "speedup", "speedup_ci_low", "speedup_ci_high",
+                    "accept_len", "accept_len_request_mean", "break_even_accept_len", "pays", "speedup",
+                    "speedup_ci_low", "speedup_ci_high",
                     "verdict"]
+
+
+def accept_table(arms: Sequence[ArmRecord]) -> pd.DataFrame:
+    """Accept length per speculative arm, token-weighted (the counters: 1 + accepted / verify steps over every
+    request) beside the per-request mean and spread (each request weighs the same: a token-weighted figure leans
+    towards the longest completions)."""
+    rows = [{"arm": a.name, "accept len (token-weighted)": a.accept_len,
+             "per-request mean": a.accept_len_request_mean, "p10": a.accept_len_request_p10,
+             "p50": a.accept_len_request_p50, "p90": a.accept_len_request_p90, "requests": a.accept_len_request_n,
+             "counted from": a.accept_len_request_source}
+            for a in arms if a.speculative and a.status == "ok" and a.accept_len_request_n]
+    return pd.DataFrame(rows)
 
 
 def category_table(arms: Sequence[ArmRecord]) -> pd.DataFrame:

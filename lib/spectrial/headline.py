@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from spectrial.figures import NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, pick_baseline, positive
 from spectrial.schema import ArmRecord, Manifest, as_manifest
+from spectrial.validity import is_invalid, problems
 
 DETECT = 0.05  # the difference an undecided arm is told how to detect
 
@@ -57,6 +58,16 @@ class ArmLine(BaseModel):
     e2el_p50_ms: float | None = None
     output_tok_s: float | None = None
     goodput: float | None = None
+    invalid: list[str] = Field(default_factory=list)  # failed checks that void the verdict, as sentences
+    warnings: list[str] = Field(default_factory=list)  # failed checks that do not (spectrial.validity)
+    accept_len_request_mean: float | None = None
+
+    @property
+    def checks(self) -> str | None:
+        """The checks in a word or two for a table column."""
+        if self.invalid:
+            return "invalid"
+        return f"{len(self.warnings)} warning(s)" if self.warnings else ("ok" if self.status == "ok" else None)
 
     @property
     def label(self) -> str:
@@ -85,8 +96,12 @@ class ArmLine(BaseModel):
         if self.accept_len is not None and self.break_even is not None:
             be = f" [{self.break_even_ci[0]:.2f}, {self.break_even_ci[1]:.2f}]" if self.break_even_ci else ""
             s += f" — accept length {self.accept_len:.2f} vs break-even {self.break_even:.2f}{be}"
+        if self.accept_len_request_mean is not None and self.accept_len is not None:
+            s += f" (per-request mean {self.accept_len_request_mean:.2f})"
         if self.failed_requests:
             s += f" ({self.failed_requests} measured request(s) failed: the run is marked failed)"
+        if self.invalid:
+            return s + "; not valid: " + "; ".join(self.invalid)
         if self.pays == "undecided":
             if self.min_detectable:
                 s += f"; this run could see differences of {(self.min_detectable - 1) * 100:.0f} % or more"
@@ -103,9 +118,12 @@ class Headline(BaseModel):
     baseline_tok_s: float | None = None
     arms: list[ArmLine] = Field(default_factory=list)
     decided: str | None = None
+    partial: str | None = None  # a sweep its budget stopped: what it did not measure here
 
     def lines(self) -> list[str]:
         out = [self.title]
+        if self.partial:
+            out.append(self.partial)
         if self.decided:
             out.append(self.decided)
         out += [a.sentence() for a in self.arms]
@@ -117,6 +135,8 @@ class Headline(BaseModel):
     def markdown(self, heading: str | None = None) -> str:
         """The title (bold, or as a heading of `heading`, e.g. "##"), the decide line, one bullet per arm."""
         body = [f"{heading} {self.title}" if heading else f"**{self.title}**", ""]
+        if self.partial:
+            body += [_md(self.partial), ""]
         if self.decided:
             body += [self.decided, ""]
         body += [f"- {_md(a.sentence())}" for a in self.arms]
@@ -135,7 +155,7 @@ class Headline(BaseModel):
                    "verdict": verdict, "accept" if terminal else "accept len": _r(a.accept_len, 2),
                    "break-even": None if a.break_even is None else f"{a.break_even:.2f}" + (
                        f" [{a.break_even_ci[0]:.2f}, {a.break_even_ci[1]:.2f}]" if a.break_even_ci else ""),
-                   "TTFT ms": _r(a.ttft_p50_ms, 1), "ITL ms": _r(a.itl_p50_ms, 2)}
+                   "TTFT ms": _r(a.ttft_p50_ms, 1), "ITL ms": _r(a.itl_p50_ms, 2), "checks": a.checks}
             if not terminal:
                 row = {**{k.replace("TTFT ms", "TTFT p50 ms").replace("ITL ms", "ITL p50 ms"): v
                           for k, v in row.items()}, "E2E p50 ms": _r(a.e2el_p50_ms, 0),
@@ -157,6 +177,8 @@ class Headline(BaseModel):
         for _, row in df.iterrows():
             t.add_row(*["—" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v) for v in row])
         parts: list[Any] = [Text(self.title, style="bold")]
+        if self.partial:
+            parts.append(Text(self.partial, style="yellow"))
         if self.decided:
             parts.append(Text(self.decided))
         parts.append(t)
@@ -179,6 +201,8 @@ def _short(verdict: str | None) -> str | None:
         return verdict.replace("equivalent within ", "equal ")
     if verdict in (NO_SPREAD, TOO_FEW):
         return "no interval"
+    if is_invalid(verdict):
+        return "invalid"
     return verdict.split(":")[0].split(" (")[0]
 
 
@@ -235,7 +259,12 @@ def arm_line(a: ArmRecord, base: ArmRecord | None, decided_run: bool = False) ->
                    ttft_p50_ms=sv.ttft_ms.p50 if sv and sv.ttft_ms else None,
                    itl_p50_ms=sv.itl_ms.p50 if sv and sv.itl_ms else None,
                    e2el_p50_ms=sv.e2el_ms.p50 if sv and sv.e2el_ms else None,
-                   output_tok_s=sv.output_tok_s if sv else None, goodput=sv.goodput if sv else None)
+                   output_tok_s=sv.output_tok_s if sv else None, goodput=sv.goodput if sv else None,
+                   accept_len_request_mean=a.accept_len_request_mean if a.speculative else None)
+    for c in problems(a.validity):
+        (line.invalid if c.severity == "invalid" else line.warnings).append(c.summary)
+    if base is not None and a is not base and base.validity is not None:
+        line.invalid += [f"baseline: {c.summary}" for c in problems(base.validity) if c.severity == "invalid"]
     if base is not None and a.baseline_arm not in (None, base.name):
         line.against = a.baseline_arm
     if line.pays == "undecided" and not (a.verdict or "").startswith("equivalent"):
@@ -288,20 +317,37 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
 
 def sweep_headlines(source: Manifest | Any) -> list[Headline]:
     """A sweep's headlines: per scenario (synthetic acceptance) and concurrency, its settings against the baseline
-    of that concurrency; each title says where."""
+    of that concurrency; each title says where. A sweep its budget stopped (`partial`) says so in each title, and
+    lists the settings it did not measure there (why, and the model's prediction) among the arms."""
+    from spectrial.sweep.result import not_measured, sweep_status
+
     m = as_manifest(source)
+    partial = sweep_status(m) == "partial"
+    left = not_measured(m) if partial else []
+    b = m.budget or {}
     out = []
     levels = sorted({p.concurrency for p in m.points})
     scenarios = list(dict.fromkeys(p.scenario for p in m.points if p.method != "none"))
     for sc in scenarios:
         for c in levels:
+            mine = [x for x in left if x.get("synthetic_accept") == sc]
+            names = {x["setting"] for x in mine}
             pts = [p for p in m.points if p.concurrency == c and (p.method == "none" or p.scenario == sc)
-                   and p.status != "not measured"]
-            if not any(p.method != "none" for p in pts):
+                   and (p.status != "not measured" or p.setting in names)]
+            if not any(p.method != "none" and p.status != "not measured" for p in pts):
                 continue
             h = headline(None, arms=pts)
             where = f"concurrency {c}" + (f", forced acceptance {sc:g}" if sc is not None else "")
-            out.append(h.model_copy(update={"title": f"{where}: {h.title}"}))
+            update: dict[str, Any] = {"title": f"{where}: {h.title}"}
+            if partial:
+                could = [x["setting"] for x in mine if c in (x.get("could_beat_at") or [])]
+                update["title"] += f" (partial sweep: {len(mine)} setting(s) not measured)" if mine else \
+                    " (partial sweep)"
+                update["partial"] = (f"Partial: stopped by the {b.get('stopped_by') or 'budget'}"
+                                     + (f"; not measured here: {', '.join(sorted(names))}" if names else "")
+                                     + (f"; {', '.join(could)} could be faster than the best measured, so the best "
+                                        "here is not confirmed" if could else ""))
+            out.append(h.model_copy(update=update))
     return out
 
 
@@ -320,6 +366,11 @@ def _title(base: ArmRecord | None, spec: list[ArmLine], lines: list[ArmLine]) ->
     def ci(x: ArmLine) -> str:
         return f" [{x.speedup_ci[0]:.2f}, {x.speedup_ci[1]:.2f}]" if x.speedup_ci else ""
 
+    invalid = [x for x in spec if is_invalid(x.verdict)]
+    if invalid and len(invalid) == len(spec):
+        why = sorted({w.split(":")[0] if w.startswith("baseline") else w for x in invalid for w in x.invalid})
+        return "Not valid: the measurement failed its checks, so no arm is called faster or slower (" \
+            + "; ".join(why)[:300] + ")"
     faster = sorted((x for x in spec if x.pays == "yes"), key=lambda x: -(x.speedup or 0))
     if faster:
         b = faster[0]
@@ -334,10 +385,11 @@ def _title(base: ArmRecord | None, spec: list[ArmLine], lines: list[ArmLine]) ->
     if all(x.verdict in (NO_SPREAD, TOO_FEW, None) for x in spec):
         return (f"Not judged: single measurements without an interval (best: {best.label} {best.speedup:.2f}x "
                 "the baseline)")
-    undecided = [x for x in spec if x.pays == "undecided"]
+    undecided = [x for x in spec if x.pays == "undecided" and x not in invalid]
     slower = [x for x in spec if x.pays == "no"]
     return (f"Not decided: {len(undecided)} arm(s) {NOT_DISTINGUISHABLE}"
-            + (f", {len(slower)} slower" if slower else "") + f" (best: {best.label} {best.speedup:.2f}x{ci(best)})")
+            + (f", {len(slower)} slower" if slower else "")
+            + (f", {len(invalid)} with an invalid measurement" if invalid else "") + f" (best: {best.label} {best.speedup:.2f}x{ci(best)})")
 
 
 __all__ = ["ArmLine", "Headline", "arm_line", "headline", "headlines", "sweep_headlines"]

@@ -8,6 +8,8 @@ never raising on bad input; ``History.log_summary`` is ``spectrial.logs.summary`
 Row fields beyond the manifest's (see ``spectrial.trial`` for the per-arm fields):
 - ``config``: "baseline" or "<method> k=<steps>" (+ " synthetic a=<x>"), the column of the matrix views;
 - ``session``: the arm's ``session`` where a record has several (the seed case), else the run id;
+- ``run_status``: the run's status; a sweep its budget stopped is ``partial`` (and an issue names what it did not
+  measure), also when an older record said ``ok``;
 - ``nccl_env``: "set, verified" (NCCL_* variables requested and found in every server process),
   "set, check failed", "set, unverified", "none" (no NCCL_* variable) or "unrecorded";
 - ``n_values``: request rates behind ``tok_s`` (1 for a hand-measured figure);
@@ -141,8 +143,14 @@ def record_rows(source: Manifest | Mapping[str, Any], run: str
     manifest = as_manifest(source)
     issues: list[tuple[str, str, str]] = []
     status = manifest.status
+    if manifest.points:  # a sweep: `partial` when its budget stopped it (older records said `ok`)
+        from spectrial.sweep.result import partial_reason, sweep_status
+
+        status = sweep_status(manifest)
     if status == "failed":
         issues.append((run, "", f"run failed: {manifest.reason or 'no reason recorded'}"))
+    elif status == "partial":
+        issues.append((run, "", f"run partial: {partial_reason(manifest) or manifest.reason or 'no reason recorded'}"))
     elif status != "ok":
         issues.append((run, "", f"run status {status!r}: never finished (interrupted?)"))
     if not manifest.arms:

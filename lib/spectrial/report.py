@@ -188,6 +188,51 @@ def serving_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
     return cells
 
 
+def validity_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
+    """The measurement's checks per arm (spectrial.validity), and the accept length per request beside the
+    token-weighted one, with the distribution from requests.csv."""
+    import nbformat.v4 as nbf
+
+    from spectrial.figures import accept_table
+    from spectrial.validity import checks_table
+
+    cells = []
+    checks = checks_table(manifest.arms)
+    if len(checks):
+        bad = checks[checks["result"] == "INVALID"]
+        text = ("## Is the measurement valid?\n\nLoad, queue, prefix cache, early stops, stream and start-to-start "
+                "checks per arm (spectrial.validity). A failed INVALID check voids the arm's verdict.")
+        if len(bad):
+            text += "\n\n**Invalid:** " + "; ".join(f"{r.arm}: {r.says}" for r in bad.itertuples())
+        cells += [nbf.new_markdown_cell(text), nbf.new_code_cell("", outputs=[nbf.new_output(
+            "display_data", data={"text/html": checks.to_html(index=False, na_rep="—", classes="spectrial-compact"),
+                                  "text/plain": checks.to_string(index=False)})])]
+    acc = accept_table(manifest.arms)
+    if len(acc):
+        acc = acc.round(3)
+        cells += [nbf.new_markdown_cell("## Accept length per request\n\nThe counters' accept length weighs every "
+                                        "token the same (long completions count more); the per-request mean weighs "
+                                        "every request the same."),
+                  nbf.new_code_cell("", outputs=[nbf.new_output(
+                      "display_data", data={"text/html": acc.to_html(index=False, na_rep="—"),
+                                            "text/plain": acc.to_string(index=False)})])]
+        if run_dir is not None and (run_dir / "requests.csv").exists():
+            import pandas as pd
+
+            from spectrial.explain import figure_bundle
+            from spectrial.plots import accept_len_figure
+
+            df = pd.read_csv(run_dir / "requests.csv")
+            if "accept_len" in df and "arm" in df:
+                df = df[(df.get("phase", "measure") == "measure") & df["accept_len"].notna()]
+                values = {str(k): g["accept_len"].tolist() for k, g in df.groupby("arm", sort=False)}
+                if values:
+                    fig = accept_len_figure(values, {a.name: a.accept_len for a in manifest.arms})
+                    cells.append(nbf.new_code_cell("", outputs=[nbf.new_output("display_data",
+                                                                               data=figure_bundle(fig))]))
+    return cells
+
+
 def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | None = None,
                    run_dir: Path | None = None) -> Any:
     """A notebook with outputs built from a manifest: header, the headline, the doctor's findings (`diagnosis`,
@@ -213,7 +258,8 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
     if manifest.get("description"):
         head += ["", str(manifest.get("description"))]
     cells = [nbf.new_markdown_cell("\n".join(head)), *headline_cells(manifest),
-             diagnosis_cell(diagnosis or diagnose(manifest), manifest), *serving_cells(manifest, run_dir)]
+             diagnosis_cell(diagnosis or diagnose(manifest), manifest), *validity_cells(manifest, run_dir),
+             *serving_cells(manifest, run_dir)]
     arms = [filled(a) for a in manifest.arms]
     if arms:
         rows, _ = record_rows(manifest, str(manifest.run_id))

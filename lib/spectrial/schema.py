@@ -57,6 +57,7 @@ class RequestRecord(Record):
     start: int | None = None
     concurrency: int = 1
     category: str | None = None  # the work item's category (spectrial.workloads)
+    turn: int | None = None  # a multi-turn item's turn (MT-Bench: 1 or 2)
     source: str | None = None  # the workload source it came from (bundled, sharegpt, humaneval, a file)
     max_tokens: int | None = None  # what it asked for (fixed, or the item's own length)
     prompt_len: int | None = None  # the prompt's tokens as spectrial counted them (workload.length_unit)
@@ -75,7 +76,8 @@ class RequestRecord(Record):
 
 
 # --- what an engine reports for one window --------------------------------------------------------------
-COUNTERS = ("verify_steps", "drafted", "accepted", "tokens", "decode_ms", "draft_ms")
+COUNTERS = ("verify_steps", "drafted", "accepted", "tokens", "decode_ms", "draft_ms", "prompt_tokens",
+            "cached_prompt_tokens")
 
 
 class Counters(Record):
@@ -87,6 +89,8 @@ class Counters(Record):
     tokens: float | None = None
     decode_ms: float | None = None
     draft_ms: float | None = None
+    prompt_tokens: float | None = None  # prompt tokens the server processed or looked up (prefix-cache queries)
+    cached_prompt_tokens: float | None = None  # of them, served from a prefix cache (hits)
 
 
 class WindowStats(Counters):
@@ -234,6 +238,40 @@ class ServingFigures(Record):
     notes: list[str] = Field(default_factory=list)
 
 
+# --- is a measurement valid (spectrial.validity) ---------------------------------------------------------
+class Check(Record):
+    """One validity check of an arm's measurement: its figure against its limit, and what to do.
+
+    ok        True: passed; False: failed; None: could not be judged (the engine does not report it)
+    severity  "invalid": a failure makes the arm's verdict "invalid"; "warning": reported, the verdict stands
+    """
+
+    name: str
+    ok: bool | None = None
+    severity: Literal["invalid", "warning"] = "invalid"
+    value: float | None = None
+    limit: float | None = None
+    summary: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    fix: str | None = None
+
+
+class Validity(Record):
+    """Every check of an arm's measurement (`spectrial.validity.assess`); `failed` names the checks whose failure
+    makes the verdict "invalid", `warnings` the others that failed."""
+
+    checks: list[Check] = Field(default_factory=list)
+    failed: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return not self.failed
+
+    def check(self, name: str) -> Check | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+
 # --- one arm and its comparison with the baseline -------------------------------------------------------
 Pays = Literal["yes", "no", "undecided"]
 
@@ -285,6 +323,7 @@ class CategoryRecord(Comparison):
     verify_steps: float | None = None
     accept_len: float | None = None
     accept_source: str | None = None
+    accept_len_request_mean: float | None = None  # mean over the category's requests of each one's accept length
     cycle_ms: float | None = None  # accept_len / tok_s x 1000: the cycle on the decode rate's clock
     engine_cycle_ms: float | None = None  # the engine's per-request decode time / verify cycles
 
@@ -350,6 +389,15 @@ class ArmFigures(Record):
     draft_ms_per_cycle: float | None = None
     serving: ServingFigures | None = None
     categories: list[CategoryRecord] = Field(default_factory=list)  # per workload category, when >= 2
+    # accept length per request (1 + accepted / verify steps of each request, from the engine's per-request
+    # counts: spectrial.figures.request_cycles), beside the token-weighted accept_len of the counters
+    accept_len_request_mean: float | None = None
+    accept_len_request_p10: float | None = None
+    accept_len_request_p50: float | None = None
+    accept_len_request_p90: float | None = None
+    accept_len_request_n: int | None = None
+    accept_len_request_source: str | None = None
+    validity: Validity | None = None  # the checks of this measurement (spectrial.validity)
 
 
 class ArmRecord(ArmFigures, Comparison):

@@ -587,6 +587,10 @@ def write_requests(record: Any, requests: Sequence[RequestRecord], accept_len: M
         return
     rows = requests_frame(requests)
     rows["delivery"] = [delivery(r, accept_len.get(str(getattr(r, key, None) or r.get(key)))) for r in requests]
+    from spectrial.figures import request_cycles
+
+    cycles = [request_cycles(r) for r in requests]  # the request's own accept length, where the engine counts it
+    rows["accept_len"] = [1.0 + c[0] / c[1] if c and c[1] > 0 else None for c in cycles]
     record.write_frame("requests.csv", rows)
     events = events_frame(requests)
     if len(events):

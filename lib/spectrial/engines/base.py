@@ -119,6 +119,13 @@ class Engine(ABC):
         spec = self.build_spec(arm)
         slots, setting = self.slots()
         if slots is not None and slots < self.params.concurrency:
+            if not self.params.validity.allow_queue:
+                raise ConfigError(f"concurrency: {self.params.concurrency} requests at once, but the server runs "
+                                  f"{slots} at a time ({setting}): the others would queue and the measurement "
+                                  f"would time waiting, not decoding",
+                                  parameter="concurrency",
+                                  hint=f"raise {setting} to {self.params.concurrency} or lower concurrency; "
+                                       "validity.allow_queue: true measures it anyway (verdicts marked invalid)")
             spec.notes.append(f"concurrency {self.params.concurrency} but the server runs {slots} request(s) at once "
                               f"({setting}): the others queue, so TTFT includes waiting and the achieved "
                               f"concurrency is {slots}; raise {setting} to {self.params.concurrency}")

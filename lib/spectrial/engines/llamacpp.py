@@ -66,6 +66,9 @@ class LlamaCppConfig(BaseModel):
     draft_gpu_layers: int | Literal["auto", "all"] | None = Field(None, description="-ngld: draft layers on GPU.")
     flash_attn: Literal["on", "off", "auto"] | None = Field(None, description="-fa.")
     log_verbosity: int = Field(4, ge=0, le=5, description="-lv: 4 prints the speculative statistics lines.")
+    cache_prompt: bool = Field(False, description="Requests' cache_prompt (off: every request pays its own prefill; "
+                                                  "on, a repeated prompt is served from the slot's cache and the "
+                                                  "prefix_cache validity check marks the verdicts invalid).")
     draft_n_min: int | None = Field(None, ge=0, description="--spec-draft-n-min.")
     draft_p_min: float | None = Field(None, ge=0, le=1, description="--spec-draft-p-min (greedy threshold).")
     cuda: bool = Field(False, description="With engine_bin 'auto': build llama-server with CUDA.")
@@ -276,12 +279,12 @@ class LlamaCpp(Engine):
     # --- benchmark hooks -----------------------------------------------------------------------------
     def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         body = super().completion_payload(prompt, max_tokens)
-        body.update({"cache_prompt": False, "stream_options": {"include_usage": True}})
+        body.update({"cache_prompt": self.config.cache_prompt, "stream_options": {"include_usage": True}})
         return body
 
     def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
         body = super().chat_payload(messages, max_tokens)
-        body.update({"cache_prompt": False, "stream_options": {"include_usage": True}})
+        body.update({"cache_prompt": self.config.cache_prompt, "stream_options": {"include_usage": True}})
         return body
 
     def chat_template_note(self) -> str:
@@ -318,8 +321,15 @@ class LlamaCpp(Engine):
     def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
         t = final.get("timings") or {}
         keys = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second", "draft_n",
-                "draft_n_accepted")
+                "draft_n_accepted", "cache_n")
         return {f"server_{k}": t.get(k) for k in keys if k in t}
+
+    per_request_counters = True  # verify steps per request (timings give drafted and accepted, not the steps)
+
+    def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+        """Verify steps of one request (concurrency 1): the drafts counter read around it."""
+        steps = metrics.delta(before, after, METRIC_PREFIX + "spec_decode_num_drafts_total")
+        return {"server_verify_steps": steps} if steps else {}
 
     def window_stats(self, w: Window) -> WindowStats:
         return llamacpp_window_stats(w)
@@ -354,6 +364,14 @@ def llamacpp_window_stats(w: Window) -> WindowStats:
                              "position")
     if per_pos and st.verify_steps:
         st.per_position = [per_pos[k] / st.verify_steps for k in sorted(per_pos, key=int)]
+    cached = w.delta(METRIC_PREFIX + "prompt_tokens_cached_total")  # prompt tokens reused from the slot's cache
+    processed = w.delta(METRIC_PREFIX + "prompt_tokens_total")
+    if cached is None:  # builds without the counter: each response's timings.cache_n
+        per = [(r.get("server_cache_n"), r.get("server_prompt_n")) for r in w.ok_requests]
+        if per and all(isinstance(c, int | float) and isinstance(n, int | float) for c, n in per):
+            cached, processed = float(sum(c for c, _ in per)), float(sum(n for _, n in per))
+    if cached is not None and processed is not None:
+        st.prompt_tokens, st.cached_prompt_tokens = processed + cached, cached
     if not w.after:
         st.scoped, st.source = False, "none (no /metrics)"
     st.draft_ms = draft_ms_from_log(w)

@@ -119,6 +119,9 @@ class SGLangConfig(BaseModel):
                                              "for EAGLE/NGRAM unless given).")
     decode_log_interval: int | None = Field(None, ge=1, description="--decode-log-interval: decode steps per "
                                             "'Decode batch' log line (SGLang default 40).")
+    disable_radix_cache: bool = Field(True, description="--disable-radix-cache (on by default: a prompt served from "
+                                      "the radix cache skips the prefill the other arms paid; the prefix_cache "
+                                      "validity check reads each response's meta_info cached_tokens).")
     enable_metrics: bool = Field(True, description="--enable-metrics: Prometheus /metrics, whose counters "
                                  "(SGLang >= 0.5.14) scope accept length to the benchmark window.")
     random_seed: int | None = Field(None, description="--random-seed.")
@@ -164,6 +167,7 @@ SERVER_FLAGS = (
     Flag("max_running_requests", "--max-running-requests"),
     Flag("decode_log_interval", "--decode-log-interval"),
     Flag("enable_metrics", "--enable-metrics", switch=True),
+    Flag("disable_radix_cache", "--disable-radix-cache", switch=True),
     Flag("random_seed", "--random-seed"),
 )
 
@@ -639,6 +643,8 @@ def meta_info_stats(final: dict[str, Any]) -> dict[str, Any]:
         out["server_predicted_n"] = mi["completion_tokens"]
     if "prompt_tokens" in mi:
         out["server_prompt_n"] = mi["prompt_tokens"]
+    if "cached_tokens" in mi:
+        out["server_cache_n"] = mi["cached_tokens"]  # prompt tokens served from the radix cache
     for k in ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "e2e_latency"):
         if k in mi:
             out[f"server_{k}"] = mi[k]
@@ -659,6 +665,10 @@ def sglang_window_stats(w: Window, *, draft_tokens: int | None) -> WindowStats:
     ok = w.ok_requests
     st = WindowStats(source="client stream timing")
     st.tokens, st.decode_ms = client_decode(ok)
+    cached = [(r.get("server_cache_n"), r.get("server_prompt_n")) for r in ok]
+    if cached and all(isinstance(c, int | float) and isinstance(n, int | float) for c, n in cached):
+        st.prompt_tokens = float(sum(n for _, n in cached))  # meta_info prompt_tokens counts the cached ones too
+        st.cached_prompt_tokens = float(sum(c for c, _ in cached))
     if not w.arm.speculative:
         return st
     verify = w.delta("sglang:spec_verify_calls_total")

@@ -94,6 +94,9 @@ class VLLMConfig(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1, description="--max-num-seqs: sequences decoded at once (None: "
                                                             "vLLM's default; below the trial's concurrency, "
                                                             "requests queue and the record says so).")
+    enable_prefix_caching: bool = Field(False, description="--enable-prefix-caching / --no-enable-prefix-caching "
+                                        "(off by default: a cached prompt skips the prefill the other arms paid; "
+                                        "the prefix_cache validity check reads vLLM's hit counters).")
     trust_remote_code: bool = Field(False, description="--trust-remote-code.")
     enforce_eager: bool = Field(False, description="--enforce-eager (no CUDA graphs).")
     served_model_name: str | None = Field(None, description="--served-model-name; requests name it (default: "
@@ -274,7 +277,8 @@ class VLLM(Engine):
             spec_cfg.update(rejection_sample_method="synthetic",
                             synthetic_acceptance_rates=synthetic_rates(arm.synthetic_accept, p.arm_steps(arm)))
         argv = [*self.launcher, self.paths.get("model", p.model), "--host", p.bind, "--port",
-                str(p.port), "--tensor-parallel-size", str(c.tensor_parallel_size), *render(SERVER_FLAGS, c)]
+                str(p.port), "--tensor-parallel-size", str(c.tensor_parallel_size), *render(SERVER_FLAGS, c),
+                "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching"]
         if spec_cfg is not None:
             argv += ["--speculative-config", json.dumps(spec_cfg, separators=(",", ":"))]
         argv += [*c.extra_args, *arm.extra_args]
@@ -393,6 +397,8 @@ def vllm_window_stats(w: Window) -> WindowStats:
     per_pos = metrics.delta_by_label(w.before, w.after, PREFIX + "num_accepted_tokens_per_pos_total", "position")
     if per_pos and st.verify_steps:
         st.per_position = [per_pos[k] / st.verify_steps for k in sorted(per_pos, key=int)]
+    st.prompt_tokens = w.delta("vllm:prefix_cache_queries_total")  # prompt tokens looked up in the prefix cache
+    st.cached_prompt_tokens = w.delta("vllm:prefix_cache_hits_total")
     if not w.after:
         st.scoped, st.source = False, "none (no /metrics)"
     st.notes.append("decode time from vLLM's request_decode_time_seconds (engine timestamps)" if engine else

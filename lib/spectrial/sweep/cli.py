@@ -16,8 +16,18 @@ def sweep_command(
         param: Annotated[list[str] | None, typer.Option("-p", "--param", help="Override NAME=VALUE (dotted names, "
                                                                                  "e.g. grid.steps=[1,2,4]).")] = None,
         run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
-        quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False) -> None:
-    """Sweep speculative settings (grid or model-guided) and write the run record with the best per concurrency."""
+        quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
+        require_complete: Annotated[bool, typer.Option(
+            "--require-complete", help="Exit 3 when the budget stopped the sweep (status partial) instead of 0.")
+        ] = False) -> None:
+    """Sweep speculative settings (grid or model-guided) and write the run record with the best per concurrency.
+
+    Exit 0: the sweep finished (status ok), or its budget (budget_s, budget_restarts) stopped it before its plan
+    was done (status partial: the last line, the record's reason and budget.not_measured name every setting it
+    did not measure, with its prediction; no best is called "confirmed" while one of them could beat it).
+    With --require-complete a partial sweep exits 3. 1: the sweep failed (a setting's start, the baseline, a lost
+    connection); 2: bad input; 130 / 143 / 129: interrupted (Ctrl-C, SIGTERM, SIGHUP).
+    """
     from spectrial.cli import interruptible
     from spectrial.errors import RunFailed
     from spectrial.sweep.params import load_sweep_params
@@ -49,7 +59,16 @@ def sweep_command(
                 if c in best.columns]
         typer.echo("\nbest per scenario and concurrency, against the runner-up:")
         typer.echo(best[keep].round(3).to_string(index=False))
+    from spectrial.sweep.result import partial_reason
+
     b = result.manifest.budget or {}
-    typer.echo(f"\n{b['restarts']} server starts (grid: {b['grid_restarts']}), {b['wall_s']:.0f} s; "
-               f"stopped by: {b['stopped_by'] or 'plan done'}")
+    est = b.get("start_estimate") or {}
+    typer.echo(f"\n{b['restarts']} server starts (grid: {b['grid_restarts']}), {b['wall_s']:.0f} s"
+               + (f"; a start takes ~{est['start_s']:.0f} s ({est['how']})" if est.get("how") else "")
+               + f"; stopped by: {b['stopped_by'] or 'plan done'}")
     typer.echo(f"run record: {result.run_dir / 'manifest.json'}")
+    partial = partial_reason(result.manifest)
+    if partial:
+        typer.secho(f"partial: {partial}", fg="yellow")
+        if require_complete:
+            raise typer.Exit(3)

@@ -55,7 +55,10 @@ def heatmap_figure(manifest: Manifest, value: str = "tok_s",
                 p = next((q for q in mine if q.concurrency == c and _setting_label(q) == x), None)
                 v = p.get(value) if p and p.get("status") == "ok" else None
                 row_z.append(v if v is not None else math.nan)
-                if v is None:
+                if v is None and p is not None and p.get("status") == "not measured" and p.get("final_prediction"):
+                    row_t.append(f"not measured<br>(predicted {p.final_prediction['tok_s']:.1f})"
+                                 if value == "tok_s" else "not measured")
+                elif v is None:
                     row_t.append("not measured" if not p or p.get("status") == "not measured" else "failed")
                 elif value == "tok_s" and p.get("tok_s_ci_low") is not None:
                     row_t.append(f"{v:.1f}<br>[{p.tok_s_ci_low:.1f}, {p.tok_s_ci_high:.1f}]")
@@ -162,10 +165,15 @@ def _f(x: float | None, nd: int = 1) -> str:
 
 def verdict(manifest: Manifest) -> str:
     """A paragraph computed from the record: cost of the sweep, baseline, best per scenario and concurrency."""
+    from spectrial.sweep.result import partial_reason
+
     b = manifest.get("budget") or {}
     parts = [f"The {manifest.get('strategy')} sweep used {b.get('restarts')} server starts (a full grid needs "
              f"{b.get('grid_restarts')}) and {_f(b.get('wall_s'), 0)} s; it measured {b.get('settings_measured')} of "
              f"{b.get('settings')} settings and stopped because: {b.get('stopped_by') or 'the plan was done'}."]
+    partial = partial_reason(manifest)
+    if partial:
+        parts.insert(0, f"**Partial sweep**: {partial}.")
     for c, base in sorted(_baselines(manifest).items()):
         parts.append(f"At concurrency {c} the baseline decoded {_f(base.get('tok_s'))} tok/s per stream.")
     for row in manifest.get("best") or []:

@@ -15,7 +15,8 @@ probes are chosen to be likely winners as well as informative:
             pred x (1 + e) x (1 - w) / best above 1 at some concurrency level; when there is none, the model's
             predicted best (over every setting, measured or not) of a scenario and level if it is unmeasured
             -> refit
-    stop    nothing left to measure ("confirmed"), every setting measured, or the budget (restarts, seconds)
+    stop    nothing left to measure ("confirmed"), every setting measured, or the budget (restarts, seconds:
+            the sweep is then `partial`, and names each setting it skipped with its predicted tok/s and range)
 
 e, the model's error: the larger of the median |relative error| of leave-one-setting-out predictions (refit
 without the setting, predict it; once three exist) and the median |in-sample error| of the shared model

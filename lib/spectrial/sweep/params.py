@@ -92,7 +92,9 @@ class SweepParams(BaseModel):
                                                      "speculative arms (a trial file used as it is).")
     budget_s: float | None = Field(None, gt=0, description="Wall-clock budget in seconds, counted from the end "
                                                            "of preparation (builds, model files): no server start "
-                                                           "begins that would be expected to end after it.")
+                                                           "begins that would be expected to end after it (a "
+                                                           "start: the median warm start; the cold first start "
+                                                           "counted once). A sweep it stops is `partial`.")
     budget_restarts: int | None = Field(None, ge=2, description="Most server starts (the baseline's included).")
     confirm_level: float = Field(0.9, gt=0.5, lt=1, description="Confidence level of the comparison between "
                                                                 "the best setting and the runner-up.")

@@ -11,6 +11,12 @@
        fingerprint and concurrency (figures.add_comparisons), best setting per scenario and concurrency against
        the runner-up (figures.compare_requests at confirm_level), the final model's prediction for every point.
 
+The budget: `budget_restarts` counts starts; `budget_s` lets no start begin that would be expected to end after
+it, a start's time being the median of the warm starts so far (the cold first start, often twice as long, is paid
+once and never averaged in: `Sweep.start_estimate`). A sweep its budget stopped is `partial`: every setting it
+never started is named in `budget.not_measured` with why and the final model's prediction (and range) per level,
+and a best is "confirmed" only when no unmeasured setting could beat it (`Sweep._skipped`, `Sweep._best`).
+
 One server start = one setting; inside it, one benchmark window per concurrency level (spectrial.session).
 Starts come from a `StartSource`: a live `Session`, a finished grid (sweep.replayer) or a model world
 (sweep.world). The baseline is measured once per host fingerprint key: if the fingerprint changes during the
@@ -34,10 +40,10 @@ from spectrial.records import RunRecord
 from spectrial.schema import ArmFigures, PointRecord, RequestRecord, WindowStats
 from spectrial.secrets import secret_values
 from spectrial.session import MeasuredStart, Session, StartSource, WindowPlan, lost_requests
-from spectrial.sweep.guided import cv_errors, margin, noise, run_guided
+from spectrial.sweep.guided import cv_errors, margin, noise, run_guided, setting_error
 from spectrial.sweep.model import SweepModel, fit_sweep_model, relative_errors
 from spectrial.sweep.params import Setting, SweepParams, load_sweep_params
-from spectrial.sweep.result import SweepResult
+from spectrial.sweep.result import SweepResult, budget_text, prediction_text
 from spectrial.trial import schedule
 
 
@@ -99,17 +105,42 @@ class Sweep:
     def elapsed_s(self) -> float:
         return self.source.elapsed_s()
 
+    def start_estimate(self) -> dict[str, Any] | None:
+        """What the next server start is expected to take, from the starts so far (None before the first).
+
+        The sweep's first start is cold (weights read from disk, JIT and CUDA-graph caches built: 167.5 s against
+        73-78 s for the next ones on an H200 with SGLang), and it is paid once: averaging it into every later
+        start's estimate made the time budget skip settings that would have fit. So the estimate is the median of
+        the warm starts (every start after the first, failed ones included: their time was spent too); with no
+        warm start yet, the cold one (an upper bound)."""
+        if not self.durations:
+            return None
+        cold, warm = self.durations[0], self.durations[1:]
+        if warm:
+            est = statistics.median(warm)
+            spread = f"{min(warm):.0f}-{max(warm):.0f} s" if round(min(warm)) != round(max(warm)) else f"{est:.0f} s"
+            how = f"median of {len(warm)} warm start(s) ({spread}); the cold first start ({cold:.0f} s) counted once"
+        else:
+            est, how = cold, f"no warm start yet: the cold first start's {cold:.0f} s (an upper bound)"
+        return {"start_s": round(est, 2), "how": how, "cold_start_s": round(cold, 2),
+                "warm_start_s": [round(x, 2) for x in warm]}
+
     def budget_stop(self, n: int = 1) -> str | None:
         """Why `n` more server starts may not begin (None when they may)."""
         b = self.sweep
         if b.budget_restarts is not None and self.n_starts + n > b.budget_restarts:
             return f"restart budget: {self.n_starts} of {b.budget_restarts} server starts used"
-        if b.budget_s is not None:
-            est = statistics.mean(self.durations) * n if self.durations else 0.0
-            if self.elapsed_s() + est > b.budget_s:
-                return (f"time budget: {self.elapsed_s():.0f} s used of {b.budget_s:.0f} s, and a start takes "
-                        f"~{est / n:.0f} s")
+        est = self.start_estimate()
+        if b.budget_s is not None and est is not None and self.elapsed_s() + est["start_s"] * n > b.budget_s:
+            kind = "a warm start" if est["warm_start_s"] else "a start (the cold first one; no warm start yet)"
+            return (f"time budget: {self.elapsed_s():.0f} s used of {b.budget_s:.0f} s, and {kind} takes "
+                    f"~{est['start_s']:.0f} s")
         return None
+
+    @property
+    def budget_hit(self) -> bool:
+        """Whether a budget (restarts or seconds) stopped the sweep before its plan was done."""
+        return (self.stopped_by or "").startswith(("restart budget", "time budget"))
 
     # --- measuring -------------------------------------------------------------------------------------
     def measure(self, arms: list[Arm], phase: str) -> bool:
@@ -122,6 +153,7 @@ class Sweep:
             why = self.budget_stop()
             if why:
                 self.stopped_by = why
+                self.decisions.append({"phase": "budget", "setting": arm.name, "reason": f"not started: {why}"})
                 return False
             self._one_start(arm, restart, phase if arm.speculative else "baseline")
         return True
@@ -194,7 +226,8 @@ class Sweep:
             return
         figs = arm_figures(pt.requests, merge_stats(pt.stats), pt.arm.speculative, self.params.confidence,
                            self.params.seed, k=self.params.arm_steps(pt.arm) if pt.arm.speculative else None,
-                           synthetic=pt.arm.synthetic_accept, concurrency=pt.concurrency, slo=self.params.slo.limits())
+                           synthetic=pt.arm.synthetic_accept, concurrency=pt.concurrency, slo=self.params.slo.limits(),
+                           setting=self.source.setting(pt.concurrency))
         pt.figures = figs
         if not figs.tok_s:
             pt.failed = pt.failed or "no successful request"
@@ -242,6 +275,9 @@ class Sweep:
     def summarise(self) -> None:
         rec, p = self.record, self.params
         model = fit_sweep_model(self.model_points())
+        e = self.margin(model)
+        skipped = self._skipped(model, e)
+        left = {(x["setting"], r["concurrency"]): (x["why"], r) for x in skipped for r in x["predicted"]}
         points: list[PointRecord] = []
         for pt in self.points.values():
             s = pt.setting
@@ -256,7 +292,8 @@ class Sweep:
                 d = d.model_copy(update={**dict(pt.figures), "status": "failed",
                                          "reason": pt.failed or "no successful request"})
             else:
-                d.status, d.reason = "not measured", self._why_unmeasured(pt)
+                why, pred = left.get((pt.arm.name, pt.concurrency), (self._why_unmeasured(), None))
+                d.status, d.reason = "not measured", why + (f"; {prediction_text(pred)}" if pred else "")
             if s is not None:
                 d.final_prediction = model.predict(s.steps, s.topk, s.k, s.synthetic_accept, pt.concurrency)
                 if pt.prediction and d.tok_s:
@@ -268,27 +305,63 @@ class Sweep:
         m.arms = [d for d in points if d.status != "not measured"]
         errs = relative_errors(model, self.model_points())
         cv = [abs(e) for e in cv_errors(self.model_points())]
-        m.model = {**model.as_dict(), "margin": self.margin(model),
+        m.model = {**model.as_dict(), "margin": e,
                    "noise": {str(c): noise(self, c) for c in self.levels},
                    "cv_rel_error": {"median_abs": statistics.median(cv) if cv else None,
                                     "max_abs": max(cv) if cv else None, "n": len(cv)},
                    "in_sample_rel_error": {"median_abs": statistics.median(map(abs, errs)) if errs else None,
                                            "max_abs": max(map(abs, errs)) if errs else None}}
-        m.best = self._best(points)
+        m.best = self._best(points, skipped)
         m.decisions = self.decisions
         m.baselines = dict(self.baselines)
+        est = self.start_estimate()
+        starts = {a: sum(1 for x in rec.manifest.starts if x.arm == a) for a in {x.arm for x in rec.manifest.starts}}
+        short = [{"setting": a, "starts": n, "planned": p.restarts}
+                 for a in [*self.baselines.values(), *(self.sweep.arm(s).name for s in self.settings)]
+                 if 0 < (n := starts.get(a, 0)) < p.restarts] if self.budget_hit else []
         m.budget = {"budget_s": self.sweep.budget_s, "budget_restarts": self.sweep.budget_restarts,
                     "wall_s": round(self.elapsed_s(), 2), "restarts": self.n_starts,
                     "grid_restarts": (1 + len(self.settings)) * p.restarts,
                     "settings_measured": sum(1 for s in self.settings if self.tried(s)),
-                    "settings": len(self.settings), "stopped_by": self.stopped_by}
+                    "settings": len(self.settings), "stopped_by": self.stopped_by,
+                    "partial": self.budget_hit, "not_measured": skipped, "fewer_starts": short,
+                    "start_estimate": est,
+                    "remaining_estimate_s": round(est["start_s"] * len(skipped) * p.restarts, 1)
+                    if est and skipped else None}
         rec.save()
 
-    def _why_unmeasured(self, pt: _Point) -> str:
+    def _why_unmeasured(self) -> str:
         if self.sweep.strategy == "guided" and self.stopped_by and self.stopped_by.startswith("confirmed"):
             return ("not needed: even at the top of its predicted range, the best measured setting would lie "
                     "within its CI")
-        return f"not measured: {self.stopped_by}" if self.stopped_by else "not measured"
+        return self.stopped_by if self.budget_hit else "not measured: the sweep ended before it"
+
+    def _skipped(self, model: SweepModel, e: float) -> list[dict[str, Any]]:
+        """Every setting never started, with why and, per concurrency level, the final model's prediction, its
+        range (x (1 -/+ the model's error)) and whether it could beat the best measured setting: whether its CI,
+        measured at the top of that range, would clear the best's tok/s (the guided search's own rule: what it
+        would have measured next). A setting the model cannot predict could beat anything."""
+        out = []
+        for s in self.settings:
+            if self.tried(s):
+                continue
+            levels = []
+            for c in self.levels:
+                best = self.best_measured(s.synthetic_accept, c)
+                row: dict[str, Any] = {"concurrency": c, "tok_s": None, "low": None, "high": None,
+                                       "best": best.arm.name if best else None,
+                                       "best_tok_s": best.figures.tok_s if best else None, "could_beat": True}
+                pred = model.predict(s.steps, s.topk, s.k, s.synthetic_accept, c)
+                if pred is not None and math.isfinite(pred["tok_s"]):
+                    err, w = setting_error(model, e, s, c), noise(self, c)
+                    v = pred["tok_s"]
+                    row.update(tok_s=round(v, 2), low=round(v * (1 - err), 2), high=round(v * (1 + err), 2),
+                               error=round(err, 4), noise=round(w, 4),
+                               could_beat=best is None or v * (1 + err) * (1 - w) > best.figures.tok_s)
+                levels.append(row)
+            out.append({"setting": self.sweep.arm(s).name, **s.as_dict(), "why": self._why_unmeasured(),
+                        "predicted": levels, "could_beat_at": [r["concurrency"] for r in levels if r["could_beat"]]})
+        return out
 
     def _compare_with_baselines(self, points: list[PointRecord]) -> None:
         by_id = {d.id: d for d in points}
@@ -308,7 +381,10 @@ class Sweep:
                     points[next(i for i, x in enumerate(points) if x.id == d.id)] = d
                     by_id[d.id] = d
 
-    def _best(self, points: list[PointRecord]) -> list[dict[str, Any]]:
+    def _best(self, points: list[PointRecord], skipped: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Per scenario and level, the best measured setting against the runner-up. "confirmed" only when it is
+        faster than the runner-up beyond the noise and no setting left unmeasured could beat it (`_skipped`);
+        otherwise the verdict names the settings that could."""
         out = []
         for scenario in self.sweep.scenarios():
             for c in self.levels:
@@ -316,7 +392,9 @@ class Sweep:
                                and d.scenario == scenario and d.concurrency == c), key=lambda d: -(d.tok_s or 0))
                 if not mine:
                     out.append({"scenario": scenario, "concurrency": c, "best": None,
-                                "verdict": "no setting measured"})
+                                "verdict": "no setting measured", "confirmed": False,
+                                "could_beat": [x["setting"] for x in skipped
+                                               if x["synthetic_accept"] == scenario and c in x["could_beat_at"]]})
                     continue
                 b = mine[0]
                 row = {"scenario": scenario, "concurrency": c, "best": b.setting, "steps": b.steps,
@@ -325,7 +403,7 @@ class Sweep:
                        "speedup": b.speedup, "speedup_ci_low": b.speedup_ci_low,
                        "speedup_ci_high": b.speedup_ci_high, "vs_baseline": b.verdict,
                        "measured_settings": len(mine), "runner_up": None, "ratio_to_runner_up": None,
-                       "ratio_ci_low": None, "ratio_ci_high": None}
+                       "ratio_ci_low": None, "ratio_ci_high": None, "vs_runner_up": None}
                 if len(mine) > 1:
                     r = mine[1]
                     cmp = compare_requests(self.points[b.id].requests, self.points[r.id].requests,
@@ -333,18 +411,35 @@ class Sweep:
                     row.update(runner_up=r.setting, runner_up_tok_s=r.tok_s)
                     if cmp is not None:
                         row.update(ratio_to_runner_up=cmp.ratio, ratio_ci_low=cmp.ci_low, ratio_ci_high=cmp.ci_high,
-                                   confirm_level=cmp.level,
+                                   confirm_level=cmp.level, vs_runner_up=cmp.verdict,
                                    verdict="confirmed: faster than the runner-up" if cmp.verdict == "faster" else
                                    f"tied with {r.setting} within the noise ({cmp.verdict})")
                     else:
                         row["verdict"] = "too few requests to compare with the runner-up"
                 else:
                     row["verdict"] = "only setting measured at this concurrency"
+                threats = [(x, next(p for p in x["predicted"] if p["concurrency"] == c)) for x in skipped
+                           if x["synthetic_accept"] == scenario and c in x["could_beat_at"]]
+                row["could_beat"] = [x["setting"] for x, _ in threats]
+                row["confirmed"] = row["verdict"].startswith("confirmed") and not threats
+                if threats:
+                    against = {"faster": f"faster than the runner-up {row['runner_up']}"}.get(
+                        row["vs_runner_up"] or "", row["verdict"].replace("only setting measured at this concurrency",
+                                                                          "the only one measured"))
+                    named = "; ".join(f"{x['setting']} ({prediction_text(p, best=False)})" for x, p in threats[:4])
+                    more = f"; and {len(threats) - 4} more" if len(threats) > 4 else ""
+                    row["verdict"] = (f"best of the measured settings ({against}), not confirmed: not measured "
+                                      f"({_short_why(threats[0][0]['why'])}) and could be faster: {named}{more}")
                 out.append(row)
         return out
 
     def all_requests(self) -> list[RequestRecord]:
         return [r for pt in self.points.values() for r in pt.requests]
+
+
+def _short_why(why: str) -> str:
+    """"time budget" of "time budget: 288 s used of ...", "the sweep ended before it" of "not measured: ..."."""
+    return why.removeprefix("not measured: ").split(":")[0]
 
 
 def run_sweep(params: SweepParams | str | Path, overrides: dict[str, Any] | None = None, *,
@@ -412,7 +507,14 @@ def execute(sw: Sweep, raise_on_failure: bool = True, drift: bool = True) -> Swe
         problems.append("the baseline was not measured")
     if not spec_ok:
         problems.append("no speculative setting was measured")
-    record.finish("failed" if problems else "ok", "\n".join(problems) or None)
+    if problems and sw.budget_hit:
+        problems.append(budget_text(record.manifest))
+    if problems:
+        record.finish("failed", "\n".join(problems))
+    elif sw.budget_hit:
+        record.finish("partial", budget_text(record.manifest))
+    else:
+        record.finish("ok")
     result = SweepResult(record.dir, record.manifest, pd.DataFrame([r.model_dump() for r in sw.all_requests()]))
     if problems and raise_on_failure:
         raise RunFailed(f"sweep {record.run_id} failed (record: {record.dir}):\n" + "\n".join(problems), result)

@@ -43,6 +43,7 @@ class ServerArgs:
         a("--max-running-requests", type=int, default=None)
         a("--decode-log-interval", type=int, default=40)
         a("--enable-metrics", action="store_true")
+        a("--disable-radix-cache", action="store_true")
         a("--random-seed", type=int, default=None)
         a("--log-level", default="info")
         a("--speculative-algorithm", choices=ALGORITHMS, default=None)

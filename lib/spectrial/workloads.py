@@ -606,13 +606,7 @@ def _answer_lines(text: str, where: str, ids: set[int]) -> tuple[dict[int, str],
     question replaces an earlier one, as FastChat's reorg_answer_file keeps the last); errors name the line."""
     answers: dict[int, str] = {}
     models: set[str] = set()
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"workload: {where} line {i}: not valid JSON: {exc.msg}", parameter="workload") from None
+    for i, rec in jsonl(text, where):
         qid = rec.get("question_id") if isinstance(rec, dict) else None
         if not isinstance(qid, int) or isinstance(qid, bool):
             raise ConfigError(f"workload: {where} line {i}: field 'question_id' must be an MT-Bench question id "
@@ -723,17 +717,20 @@ def _item_from(rec: Any, where: str, line: int, spec: WorkloadSource, default_ca
                     source, messages, olen, reference=reference)
 
 
-def _from_lines(text: str, where: str, spec: WorkloadSource, default_cat: str, source: str
-                ) -> tuple[list[WorkItem], dict[str, Any]]:
-    items = []
+def jsonl(text: str, where: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of every non-blank line of a JSONL text; a bad line is an error naming it."""
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            yield i, json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"workload: {where} line {i}: not valid JSON: {exc.msg}", parameter="workload") from None
-        items.append(_item_from(rec, where, i, spec, default_cat, source))
+
+
+def _from_lines(text: str, where: str, spec: WorkloadSource, default_cat: str, source: str
+                ) -> tuple[list[WorkItem], dict[str, Any]]:
+    items = [_item_from(rec, where, i, spec, default_cat, source) for i, rec in jsonl(text, where)]
     if not items:
         raise ConfigError(f"workload: {where} holds no items", parameter="workload")
     return items, {"source": source, "file": where, "format": "jsonl", "in_file": len(items)}

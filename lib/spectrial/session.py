@@ -465,6 +465,13 @@ class Session:
                                             seed=w.seed, tags=tags, label=label if len(windows) == 1 else
                                             f"{label} c{w.concurrency}", counters=around, **common)
                 lost = getattr(self.host, "lost", None)
+                if lost is None and not self.host.is_local and any(
+                        r.error and not r.error.startswith(("HTTP ", "short output")) for r in raw.requests):
+                    # a request broke off on its way: is it the link? One command over it answers (the host
+                    # gives up within its reconnect window), so a dead sshd is not reported as lost requests
+                    with contextlib.suppress(HostError):
+                        self.host.run("true", check=False, timeout=30)
+                    lost = getattr(self.host, "lost", None)
                 if lost is not None:  # the host is gone: the window's failed requests say nothing of the server
                     raise lost
                 raw.after = _snapshot(engine, client, server.base_url)

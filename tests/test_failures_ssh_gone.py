@@ -220,6 +220,7 @@ def test_cli_ctrl_c_while_ssh_is_down_exits_130(own_sshd: SshdServer, tiny_param
                                                 write_params: Any, tmp_path: Path) -> None:
     """Ctrl-C right after sshd went away: exit 130 at once, the record says it was interrupted."""
     from spectrial.records import manifest_json
+    from spectrial.trial import run_trial
 
     proc, run = _cli_remote_trial(own_sshd, tiny_params, write_params, tmp_path / "out")
     time.sleep(1.0)
@@ -235,3 +236,8 @@ def test_cli_ctrl_c_while_ssh_is_down_exits_130(own_sshd: SshdServer, tiny_param
     assert m["status"] == "failed" and ("interrupted by Ctrl-C" in m["reason"] or "lost the connection" in
                                         m["reason"]), m["reason"]
     restart_sshd(own_sshd)
+    # the server Ctrl-C could not reach over the dead link: the next trial's kill step stops it (none left behind)
+    nxt = run_trial(load_params(data=ssh_params(tiny_params, own_sshd, output_dir=str(tmp_path / "next"),
+                                                arms=[{"name": "baseline"}], repeats=1)), progress=False)
+    assert nxt.manifest.status == "ok", nxt.manifest.reason
+    assert not LocalHost().port_holders(tiny_params["port"])

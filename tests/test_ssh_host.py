@@ -93,7 +93,9 @@ def test_env_reaches_the_detached_process(any_host: Host, reaper: Reaper, tmp_pa
     env = {"SPECTRIAL_A": "x y", "SPECTRIAL_B": "$HOME;`id` 'q' \"d\"", "SPECTRIAL_EMPTY": ""}
     pid = reaper.add(any_host, any_host.start_detached(["sleep", "30"], env=env,
                                                        log_path=str(tmp_path / "sleep.log")))
-    procs = wait_for(lambda: any_host.processes(pid), what="the detached sleep")
+    # wait for the exec: the pid exists a moment before it runs `sleep` (under load the wrapper can be seen first)
+    procs = wait_for(lambda: [p for p in any_host.processes(pid) if p.cmdline == ["sleep", "30"]],
+                     what="the detached sleep")
     (proc,) = procs  # type: ignore[misc]
     assert (proc.pid, proc.pgid, proc.cmdline) == (pid, pid, ["sleep", "30"])
     assert proc.environ is not None

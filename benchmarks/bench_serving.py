@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from spectrial import serving
+from spectrial.readers.render import plots
 from spectrial.schema import RequestRecord
 
 
@@ -67,7 +68,7 @@ def main() -> None:
     print(f"  requests/stream frames {s:5.3f} s   ({len(frames[1]):,} events)")  # type: ignore[index]
     s, _ = timed(lambda: serving.from_frames(*frames), a.repeat)  # type: ignore[misc]
     print(f"  read back            {s:7.3f} s")
-    s, _ = timed(lambda: serving.latency_figure({"spec": reqs}, expected_tokens_per_chunk={"spec": 2.5}), a.repeat)
+    s, _ = timed(lambda: plots.latency_figure({"spec": reqs}, expected_tokens_per_chunk={"spec": 2.5}), a.repeat)
     print(f"  latency figure       {s:7.3f} s")
 
 

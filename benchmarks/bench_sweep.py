@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from spectrial.params import parse_overrides
-from spectrial.records import load_manifest
+from spectrial.records import load_record
+from spectrial.schema import Manifest, SweepBudget
 from spectrial.sweep import load_sweep_params, replay, run_sweep
 from spectrial.sweep.replayer import judge
 from spectrial.sweep.world import World, simulate
@@ -73,21 +74,27 @@ def _f(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def report(label: str, grid: dict[str, Any], other: dict[str, Any], wall_s: float | None) -> bool:
-    b, gb = other["budget"], grid["budget"]
-    share = b["restarts"] / gb["restarts"]
+def _budget(m: Manifest) -> SweepBudget:
+    if m.budget is None:
+        raise SystemExit(f"run {m.run_id} is not a finished sweep (no budget in its record)")
+    return m.budget
+
+
+def report(label: str, grid: Manifest, other: Manifest, wall_s: float | None) -> bool:
+    b, gb = _budget(other), _budget(grid)
+    share = b.restarts / gb.restarts
     rows = judge(grid, other)
-    within = bool(rows) and all(r["within_ci"] for r in rows)
-    print(f"\n== {label}: {b['restarts']} server starts = {share:.0%} of the grid's {gb['restarts']}; "
-          f"wall {_f(wall_s if wall_s is not None else b['wall_s'], '.0f')} s (grid {gb['wall_s']:.0f} s); "
-          f"stopped by: {b['stopped_by']}")
+    within = bool(rows) and all(r.within_ci for r in rows)
+    print(f"\n== {label}: {b.restarts} server starts = {share:.0%} of the grid's {gb.restarts}; "
+          f"wall {_f(wall_s if wall_s is not None else b.wall_s, '.0f')} s (grid {gb.wall_s:.0f} s); "
+          f"stopped by: {b.stopped_by}")
     print(f"{'scenario':>9} {'c':>2} {'grid best':>18} {'tok/s [CI]':>26} {'found':>18} {'own tok/s':>10} "
           f"{'in grid':>8} {'gap':>7} {'within CI':>9}")
     for r in rows:
-        ci = f"{_f(r['grid_tok_s'])} [{_f(r['grid_ci'][0])}, {_f(r['grid_ci'][1])}]"
-        print(f"{_f(r['scenario'], 'g') if r['scenario'] is not None else 'real':>9} {r['c']:>2} {r['grid_best']:>18} "
-              f"{ci:>26} {r['found']:>18} {_f(r['found_own_tok_s']):>10} {_f(r['found_in_grid_tok_s']):>8} "
-              f"{_f(None if r['gap'] is None else r['gap'] * 100, '.1f') + '%':>7} {'yes' if r['within_ci'] else 'NO':>9}")
+        ci = f"{_f(r.grid_tok_s)} [{_f(r.grid_ci[0])}, {_f(r.grid_ci[1])}]"
+        print(f"{_f(r.scenario, 'g') if r.scenario is not None else 'real':>9} {r.c:>2} {r.grid_best:>18} "
+              f"{ci:>26} {r.found:>18} {_f(r.found_own_tok_s):>10} {_f(r.found_in_grid_tok_s):>8} "
+              f"{_f(None if r.gap is None else r.gap * 100, '.1f') + '%':>7} {'yes' if r.within_ci else 'NO':>9}")
     met = within and share <= TARGET_SHARE
     print(f"target (within the grid-best's CI everywhere, <= {TARGET_SHARE:.0%} of the starts): "
           f"{'MET' if met else 'NOT MET'}")
@@ -109,14 +116,13 @@ def worlds(seeds: int, output_dir: Path, over: dict[str, Any]) -> None:
             truth = world.best(p)
             arms = {p.arm(s).name: s for s in p.settings()}
             for b, g in ((guided, gaps), (grid.manifest, grid_gaps)):
-                g.append(max(1 - world.tok_s(arms[x["best"]], x["concurrency"]) / truth[(x["scenario"],
-                                                                                         x["concurrency"])][1]
-                             for x in b["best"] if x.get("best")))
-            starts.append(guided["budget"]["restarts"])
-            share.append(guided["budget"]["restarts"] / grid.manifest["budget"]["restarts"])
+                g.append(max(1 - world.tok_s(arms[x.best], x.concurrency) / truth[(x.scenario, x.concurrency)][1]
+                             for x in b.best if x.best))
+            starts.append(_budget(guided).restarts)
+            share.append(_budget(guided).restarts / _budget(grid.manifest).restarts)
             cells += len(rows)
-            within += sum(r["within_ci"] for r in rows)
-            runs_ok += all(r["within_ci"] for r in rows)
+            within += sum(r.within_ci for r in rows)
+            runs_ok += all(r.within_ci for r in rows)
         print(f"{name:>16} {f'{statistics.mean(starts):.1f} ({statistics.mean(share):.0%}, max {max(share):.0%})':>24} "
               f"{f'{within}/{cells}':>10} {f'{runs_ok}/{seeds}':>15} "
               f"{f'{statistics.mean(gaps):.1%} / {max(gaps):.1%}':>18} {f'{statistics.mean(grid_gaps):.1%}':>14}")
@@ -136,9 +142,9 @@ def main() -> None:
         return
     if a.replay:
         for run in a.replay:
-            grid = load_manifest(run)
+            grid = load_record(run, settle=False)
             rep = replay(run, over, output_dir=a.output_dir, raise_on_failure=False)
-            print(f"\ngrid record {run.name}: {grid['budget']['restarts']} starts, {grid['budget']['wall_s']:.0f} s")
+            print(f"\ngrid record {run.name}: {_budget(grid).restarts} starts, {_budget(grid).wall_s:.0f} s")
             report("guided, replayed on the grid record", grid, rep.manifest, None)
         return
     base = {"output_dir": a.output_dir, **over}
@@ -151,12 +157,12 @@ def main() -> None:
         results[strategy] = run_sweep(load_sweep_params(a.params, {**base, "strategy": strategy, "budget_s": None}),
                                       progress=False, raise_on_failure=False)
         walls[strategy] = time.monotonic() - t0
-        fp = fp or results[strategy].manifest["host"].get("fingerprint") or {}
+        fp = fp or results[strategy].manifest.host.get("fingerprint") or {}
     grid = results["grid"].manifest
     print(f"machine: {fp.get('cpu_model')} x{fp.get('cpu_count')} (shared with other jobs: noisy), "
           f"engine {sweep.trial.engine}, {len(sweep.settings())} settings x concurrency "
           f"{sweep.concurrency_levels()}, {sweep.trial.repeats} requests x {sweep.trial.max_tokens} tokens per level")
-    print(f"grid: {grid['budget']['restarts']} starts, {walls['grid']:.0f} s, record {results['grid'].run_dir.name}")
+    print(f"grid: {_budget(grid).restarts} starts, {walls['grid']:.0f} s, record {results['grid'].run_dir.name}")
     report("guided, live", grid, results["guided"].manifest, walls["guided"])
     rep = replay(results["grid"].run_dir, output_dir=a.output_dir, raise_on_failure=False)
     report("guided, replayed on the grid record", grid, rep.manifest, None)

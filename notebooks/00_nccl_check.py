@@ -45,8 +45,10 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from spectrial.nccl import load_nccl_params, run_nccl_check
-from spectrial.nccl.report import human_bytes
+from spectrial.nccl.latency import human_bytes
 from spectrial.notebooks import attach_notebook, steps_table
+from spectrial.readers import nccl as nccl_tables
+from spectrial.readers.render.plots import nccl_latency_figure
 
 params = load_nccl_params(params_file, {**({"output_dir": output_dir} if output_dir else {}), **overrides})
 sizes = ", ".join(f"{human_bytes(s)} ({role})" for s, role in params.sizes())
@@ -77,7 +79,7 @@ steps_table(result.manifest)
 # spectrial adds to every launch.
 
 # %%
-vis = result.visibility_table()
+vis = nccl_tables.visibility_table(result.manifest)
 vis
 
 # %%
@@ -96,7 +98,7 @@ else:
 # `after_init` set's second group). Empty on gloo: there is no NCCL output to read.
 
 # %%
-settings = result.settings_table()
+settings = nccl_tables.settings_table(result.manifest)
 if settings.empty:
     display(Markdown(f"No NCCL output on `{params.backend}`: what NCCL would use cannot be told here."))
 settings if not settings.empty else None
@@ -112,7 +114,7 @@ summary = result.summary()
 summary[["set", "group", "size", "role", "n", "p10_us", "p50_us", "p90_us", "p99_us"]].round(1)
 
 # %%
-result.figure().show()
+nccl_latency_figure(result.summary()).show()
 
 # %% [markdown]
 # ## 4. Versus the baseline, per size

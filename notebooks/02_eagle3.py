@@ -48,9 +48,11 @@ slo = None  # goodput objectives, e.g. {"ttft_ms": 500, "tpot_ms": 50}; None: as
 # %%
 from IPython.display import Markdown, display
 
-from spectrial import plots
-from spectrial.explain import show_figure
 from spectrial.notebooks import attach_notebook, log_table, params_from_notebook, steps_table
+from spectrial.readers.explain import explain
+from spectrial.readers.headline import headline
+from spectrial.readers.render import plots
+from spectrial.readers.render.figures import show_explanation, show_figure
 from spectrial.trial import Trial
 
 params = params_from_notebook(params_file, overrides, steps=steps, topk=topk, draft_tokens=draft_tokens,
@@ -115,7 +117,7 @@ trial.table_of(trial.experiment_arms)
 
 # %%
 trial.compare()
-answer = trial.headline()
+answer = headline(trial.manifest)
 display(Markdown(answer.markdown()))
 if trial.manifest.decide is not None:
     show_figure(plots.decide_figure(trial.manifest.decide))
@@ -149,7 +151,7 @@ acc.round(3) if len(acc) else Markdown("No per-request accept length: the engine
 from spectrial import serving
 
 display(serving.serving_table(trial.manifest.arms))
-show_figure(serving.latency_figure(trial.requests_by_arm()))
+show_figure(plots.latency_figure(trial.requests_by_arm()))
 
 # %% [markdown]
 # ### Per workload category
@@ -159,7 +161,7 @@ show_figure(serving.latency_figure(trial.requests_by_arm()))
 # prompts.
 
 # %%
-from spectrial.report import workload_line
+from spectrial.readers.render.report import workload_line
 
 display(Markdown(f"**Workload**: {workload_line(trial.manifest.workload)}"))
 cats = trial.categories()
@@ -194,7 +196,7 @@ log_table(trial.manifest).round(3)
 # against the memory-bandwidth roofline when the record names the GPU and the model.
 
 # %%
-trial.explain(target_tok_s=target_tok_s).show()
+show_explanation(explain(trial.manifest, target_tok_s=target_tok_s))
 
 # %%
 trial.close()
@@ -216,5 +218,5 @@ diagnose(trial.run_dir).show()
 
 # %%
 attach_notebook(trial.run_dir)
-display(Markdown(trial.headline().markdown()))
+display(Markdown(headline(trial.manifest).markdown()))
 print(f"status: {trial.manifest.status}; record: {trial.run_dir}")

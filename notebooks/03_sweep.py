@@ -55,7 +55,8 @@ progress = True  # progress bars while servers load and requests run
 from IPython.display import Markdown, display
 
 from spectrial.notebooks import attach_notebook, steps_table
-from spectrial.sweep import figures as sweep_figures
+from spectrial.readers import sweep as sweep_reader
+from spectrial.readers.render import sweep as sweep_figures
 from spectrial.sweep import load_sweep_params, run_sweep
 
 values = {"strategy": strategy, "grid.steps": steps, "grid.concurrency": concurrency,
@@ -101,7 +102,8 @@ steps_table(result.manifest).groupby("ok").size().rename("protocol steps by outc
 # %%
 dec = result.decisions()
 display(dec[[c for c in ("phase", "setting", "reason") if c in dec.columns]])
-print("stopped by:", (result.manifest.budget or {}).get("stopped_by") or "the plan was done")
+b = result.manifest.budget
+print("stopped by:", (b.stopped_by if b else None) or "the plan was done")
 print(f"status: {result.status}" + (f" ({result.manifest.reason})" if result.status == "partial" else ""))
 result.not_measured()
 
@@ -145,7 +147,7 @@ result.best().round(3)
 # ## Verdict
 
 # %%
-display(Markdown(sweep_figures.verdict(result.manifest)))
+display(Markdown(sweep_reader.verdict(result.manifest)))
 
 # %%
 attach_notebook(result.run_dir)

@@ -37,8 +37,8 @@ logs_dir = None  # optional folder of plain server logs (SGLang, vLLM, llama.cpp
 import pandas as pd
 from IPython.display import Markdown, display
 
-from spectrial import history
-from spectrial.explain import show_figure
+from spectrial.readers import history
+from spectrial.readers.render.figures import baseline_figure, matrix_figure, show_figure
 
 pd.set_option("display.max_columns", None)
 pd.set_option("display.width", 200)
@@ -83,7 +83,7 @@ if tok.empty:
     display(Markdown("No completed arm with a throughput: no matrix to show."))
 else:
     display(tok.round(2))
-    show_figure(history.matrix_figure(tok, "Throughput (tok/s) by session and configuration"))
+    show_figure(matrix_figure(tok, "Throughput (tok/s) by session and configuration"))
 
 # %% [markdown]
 # Cycle time (ms per speculative cycle; for baselines, ms per token) and the break-even accept length
@@ -107,7 +107,7 @@ if base.empty:
     display(Markdown("No completed baseline arm."))
 else:
     display(base.round(2))
-    show_figure(history.baseline_figure(h.table))
+    show_figure(baseline_figure(h.table))
 
 # %% [markdown]
 # ## 5 · Plain logs

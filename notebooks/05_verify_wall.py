@@ -17,7 +17,7 @@
 # Speculative decoding pays only when a cycle (draft `k` tokens, verify them in one target pass) commits
 # more tokens than the time it takes would have decoded plainly. This notebook reads the record of a
 # depth x acceptance sweep (baseline; EAGLE-3 with `k` = 1..6 drafted tokens at synthetic per-token
-# acceptance `a`; the real draft) and shows, with the analysis every record gets (`spectrial.explain`):
+# acceptance `a`; the real draft) and shows, with the analysis every record gets (`spectrial.readers.explain`):
 #
 # 1. **cycle time vs drafted tokens**, fitted as `cycle(k) = fixed + per_draft x k` (least squares) per
 #    method and acceptance kind, split into drafting and verifying where the server log says;
@@ -42,13 +42,13 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import plotly.graph_objects as go
 from IPython.display import Markdown, display
 
 from spectrial import analysis
-from spectrial.explain import RooflineInputs, explain, show_figure
-from spectrial.records import list_runs
-from spectrial.schema import Manifest, load_record
+from spectrial.readers.explain import RooflineInputs, explain
+from spectrial.readers.render.figures import cycle_lines_figure, show_explanation, show_figure
+from spectrial.records import list_runs, load_record
+from spectrial.schema import Manifest
 
 
 def depths(m: Manifest) -> int:
@@ -106,7 +106,7 @@ for record in records:
                      f"Status `{m.status}`, engine `{m.engine.get('version', 'n/a')}`; "
                      f"{m.params.get('repeats')} requests x {m.params.get('max_tokens')} tokens per start, "
                      f"{m.params.get('restarts', 1)} start(s) per setting, concurrency {concurrency}."))
-    ex.show()
+    show_explanation(ex)
 
 # %% [markdown]
 # ## Side by side: cycle cost per drafted token
@@ -116,21 +116,8 @@ for record in records:
 
 # %%
 if analyses:
-    fig = go.Figure()
-    for record, m, _roof, ex in analyses:
-        sec = ex.section("Cycle-cost model")
-        if sec.table is None or not len(sec.table):
-            continue
-        for method, g in sec.table.groupby("method", sort=False):
-            label = f"{m.engine.get('name')} ({record.name}): {method}"
-            fig.add_scatter(x=g["k"].tolist(), y=g["cycle_ms"].tolist(), mode="markers", name=f"{label} (measured)")
-            fit = ex.numbers["models"][method]
-            ks = list(range(1, int(g["k"].max()) + 1))
-            fig.add_scatter(x=ks, y=[round(fit["fixed_ms"] + fit["per_draft_ms"] * k, 4) for k in ks], mode="lines",
-                            name=f"{label}: {fit['fixed_ms']:.2f} + {fit['per_draft_ms']:.2f} k ms")
-    fig.update_layout(title="Cycle time vs drafted tokens, every record", xaxis_title="drafted tokens k",
-                      yaxis_title="ms per cycle", template="plotly_white", height=450)
-    show_figure(fig)
+    labelled = [(f"{m.engine.get('name')} ({record.name})", ex) for record, m, _roof, ex in analyses]
+    show_figure(cycle_lines_figure(labelled))
 
 # %% [markdown]
 # ## The table and the summary files
@@ -145,7 +132,7 @@ if analyses:
     table = be.merge(model_rows[["arm", "alpha", "fitted_cycle_ms", "predicted_tok_s", "rel_error"]], on="arm",
                      how="left") if model_rows is not None and len(model_rows) else be
     display(table)
-    fits = ex.numbers.get("models", {})
+    fits = ex.numbers.models
     main = next((k for k in fits if "synthetic" in k), next(iter(fits), None))
     needed = ex.section("Acceptance needed").table
     per_depth = [] if needed is None or main is None else [
@@ -153,15 +140,16 @@ if analyses:
          "alpha_needed": r["alpha_break_even"], "max_accept_len": int(r["k"]) + 1}
         for r in needed[needed["source"] == main].to_dict("records")]
     n = ex.numbers
-    summary = {"record": record.name, "baseline_tok_s": n["baseline_tok_s"],
-               "baseline_ms_per_token": n["baseline_ms_per_token"],
-               "model": {**fits.get(main, {}), "method": main}, "error_fitted_arms": fits.get(main, {}).get("error"),
-               "models": fits, "break_even": per_depth,
+    fit = fits[main].model_dump() if main is not None else {}
+    summary = {"record": record.name, "baseline_tok_s": n.baseline_tok_s,
+               "baseline_ms_per_token": n.baseline_ms_per_token,
+               "model": {**fit, "method": main}, "error_fitted_arms": fit.get("error"),
+               "models": {k: f.model_dump() for k, f in fits.items()}, "break_even": per_depth,
                "roofline": {"gpu": roof.gpu, "streamed_params_b": roof.params_b,
-                            "weight_bytes_per_token": n.get("weight_bytes_per_token"),
-                            "kv_bytes_per_token": n.get("kv_bytes_per_token"),
-                            "roofline_tok_s": n.get("roofline_tok_s"),
-                            "baseline_share_of_roofline": n.get("baseline_roofline_fraction")}}
+                            "weight_bytes_per_token": n.weight_bytes_per_token,
+                            "kv_bytes_per_token": n.kv_bytes_per_token,
+                            "roofline_tok_s": n.roofline_tok_s,
+                            "baseline_share_of_roofline": n.baseline_roofline_fraction}}
     if out_dir:
         dest = Path(out_dir)
         dest.mkdir(parents=True, exist_ok=True)

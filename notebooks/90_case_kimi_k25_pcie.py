@@ -42,9 +42,11 @@ target_tok_s = 150.0  # the throughput that was hoped for
 import pandas as pd
 from IPython.display import Markdown, display
 
-from spectrial import analysis, casestudy, history
+from spectrial import analysis
 from spectrial.errors import SpectrialError
-from spectrial.explain import explain, show_figure
+from spectrial.readers import casestudy, history
+from spectrial.readers.explain import explain
+from spectrial.readers.render.figures import matrix_figure, show_explanation, show_figure
 
 pd.set_option("display.max_columns", None)
 pd.set_option("display.width", 200)
@@ -79,7 +81,7 @@ if case is not None:
     tok = history.matrix(rows, "tok_s", rows=("session", "nccl_env"))
     display(tok)
     display(history.matrix(rows, "verify_ms", rows=("session", "nccl_env")))
-    show_figure(history.matrix_figure(tok, "tok/s by session, NCCL state and configuration"))
+    show_figure(matrix_figure(tok, "tok/s by session, NCCL state and configuration"))
 
 # %% [markdown]
 # ## 3 · The arithmetic that settled it
@@ -129,7 +131,7 @@ if case is not None:
 # %%
 if case is not None:
     later = explain(case.model_copy(update={"arms": casestudy.case_arms(case, "later")}), target_tok_s=target_tok_s)
-    later.show()
+    show_explanation(later)
 
 # %% [markdown]
 # ## 5 · Why 94 and 60 tok/s cannot be compared
@@ -142,10 +144,10 @@ if case is not None:
     for a, b in (("eagle3-k2-interactive", "eagle3-k2-restart"), ("eagle3-k2-interactive", "eagle3-k3-nohup")):
         p = casestudy.pair(case, a, b)
         display(Markdown(
-            f"**{a}** ({p['a']['tok_s']:g} tok/s, cycle {p['a']['cycle_ms']:.2f} ms) vs **{b}** "
-            f"({p['b']['tok_s']:g} tok/s, cycle {p['b']['cycle_ms']:.2f} ms): throughput ratio "
-            f"{p['tok_s_ratio']:.2f}, cycle ratio {p['cycle_ratio']:.2f}.\n\n"
-            + "\n".join(f"- {r}" for r in p["reasons"])))
+            f"**{a}** ({p.a.tok_s:g} tok/s, cycle {p.a.cycle_ms:.2f} ms) vs **{b}** "
+            f"({p.b.tok_s:g} tok/s, cycle {p.b.cycle_ms:.2f} ms): throughput ratio "
+            f"{p.tok_s_ratio:.2f}, cycle ratio {p.cycle_ratio:.2f}.\n\n"
+            + "\n".join(f"- {r}" for r in p.reasons)))
     display(Markdown(
         f"Between the sessions the tuned baseline itself moved by **{drift:+.1%}** (88.9 -> 82.2 tok/s) with no "
         "repetition to say how much of that is noise. Verify time per cycle at the same depth went from 19.14 to "
@@ -180,9 +182,9 @@ if case is not None:
         ("per-token acceptance implied by 2.1 at k=2", round(kn.alpha_of_accept_len, 3)),
         ("accept length 150 tok/s needs at 30 ms", round(kn.accept_len_for_target, 3)),
         ("acceptance 150 tok/s needs at k=5, 30 ms", round(kn.alpha_for_target[5], 3)),
-        ("least acceptance for 150 tok/s, fitted later-session model", later.numbers.get("min_alpha_for_target")),
+        ("least acceptance for 150 tok/s, fitted later-session model", later.numbers.min_alpha_for_target),
         ("baseline drift between sessions", round(drift, 4)),
-        ("baseline share of the bandwidth roofline", round(later.numbers.get("baseline_roofline_fraction"), 4)),
+        ("baseline share of the bandwidth roofline", round(later.numbers.baseline_roofline_fraction, 4)),
     ], columns=["quantity", "value"]))
 
 # %% [markdown]

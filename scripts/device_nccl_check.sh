@@ -95,6 +95,7 @@ import pandas as pd
 from spectrial.errors import SpectrialError
 from spectrial.nccl import load_nccl_params, run_nccl_check
 from spectrial.params import parse_overrides
+from spectrial.readers import nccl as nccl_tables
 
 params_file, out, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
 pairs = [rest[i + 1] for i in range(len(rest) - 1) if rest[i] in ("-p", "--param")]
@@ -107,10 +108,10 @@ except SpectrialError as exc:
     sys.exit(2)
 pd.set_option("display.width", 220)
 pd.set_option("display.max_columns", 30)
-print(result.visibility_table().to_string(index=False))
+print(nccl_tables.visibility_table(result.manifest).to_string(index=False))
 s = result.summary()
 print(s[["set", "group", "size", "role", "n", "p50_us", "p90_us", "p99_us"]].round(1).to_string(index=False))
-st = result.settings_table()
+st = nccl_tables.settings_table(result.manifest)
 print(st.to_string(index=False) if not st.empty else "no NCCL settings parsed")
 c = result.comparisons()
 print(c.round(3).to_string(index=False) if not c.empty else "no comparisons")

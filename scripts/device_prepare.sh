@@ -280,7 +280,7 @@ cmd_simulate() {
     --target "$site" "$WHL_DIR"/*.whl
   PYTHONPATH="$site:$REPO/lib" "$venv/bin/python" - <<'EOF'
 import sys
-mods = ["spectrial.cli", "spectrial.trial", "spectrial.notebooks", "spectrial.plots", "spectrial.narrative",
+mods = ["spectrial.cli", "spectrial.trial", "spectrial.notebooks", "spectrial.readers.render.plots", "spectrial.narrative",
         "spectrial.analysis", "spectrial.logs", "spectrial.models", "spectrial.engines.llamacpp",
         "spectrial.provision", "spectrial.records", "spectrial.sweep", "papermill", "ipykernel", "nbclient"]
 import importlib

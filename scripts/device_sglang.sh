@@ -224,7 +224,7 @@ next_step() {  # the next trial's kill step and GPU check (a new Trial: kill_old
   "$PY" - "$COUNTING" "$RUNS" "$rid" <<'PY'
 import sys, time
 from spectrial.trial import Trial
-from spectrial.schema import load_record
+from spectrial.records import load_record
 params, runs, rid = sys.argv[1:]
 t0 = time.monotonic()
 t = Trial(params, {"output_dir": runs + "/next-steps", "arms": [{"name": "baseline"}]}, progress=False)

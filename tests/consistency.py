@@ -16,11 +16,12 @@ import pytest
 
 from spectrial import validity
 from spectrial.diagnose import diagnose
-from spectrial.explain import explain
 from spectrial.figures import NO_BASELINE, NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, is_baseline
-from spectrial.headline import headlines
-from spectrial.history import record_rows
-from spectrial.schema import ArmRecord, Manifest, load_record
+from spectrial.readers.explain import explain
+from spectrial.readers.headline import headlines
+from spectrial.readers.history import record_rows
+from spectrial.records import load_record
+from spectrial.schema import ArmRecord, Manifest
 
 REL = 1e-9
 
@@ -114,8 +115,8 @@ def check_manifest(m: Manifest, label: str = "") -> None:
             sec = ex.section("Break-even")
         except KeyError:
             continue
-        if ex.numbers.get("baseline_tok_s") and ex.numbers.get("baseline_ms_per_token"):
-            assert _close(ex.numbers["baseline_ms_per_token"], 1000.0 / ex.numbers["baseline_tok_s"]), label
+        if ex.numbers.baseline_tok_s and ex.numbers.baseline_ms_per_token:
+            assert _close(ex.numbers.baseline_ms_per_token, 1000.0 / ex.numbers.baseline_tok_s), label
             said = re.search(r"The baseline takes ([0-9.]+) ms per token \(([0-9.]+) tok/s", sec.text)
             if said:
                 ms, rate = said.groups()
@@ -133,10 +134,10 @@ def check_manifest(m: Manifest, label: str = "") -> None:
     # the history table: the record's comparison, never recomputed
     rows, _ = record_rows(m, label or "run")
     for r in rows:
-        a = by[r["arm"]]
+        a = by[r.arm]
         if a.status == "ok" and a.speculative:
-            assert r["verdict"] == a.verdict and r["pays"] == a.pays, f"{label}: history {a.name}"
-            assert _close(r["speedup"], a.speedup), f"{label}: history speed-up {a.name}"
+            assert r.verdict == a.verdict and r.pays == a.pays, f"{label}: history {a.name}"
+            assert _close(r.speedup, a.speedup), f"{label}: history speed-up {a.name}"
 
 
 def check_doctor(m: Manifest | Path, label: str = "") -> None:
@@ -157,7 +158,7 @@ def check_doctor(m: Manifest | Path, label: str = "") -> None:
 
 def check_run(run: Path) -> None:
     """A run folder: the record, its readers, the doctor, and report.html carries the headline."""
-    from spectrial.report import write_report
+    from spectrial.readers.render.report import write_report
 
     m = load_record(run)
     check_manifest(m, run.name)

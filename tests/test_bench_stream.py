@@ -124,7 +124,7 @@ def get(base: str, name: str, path: str = "/v1/completions", **extra: Any) -> An
     elif path == "/generate":
         body = {"text": body.pop("prompt"), "sampling_params": {"max_new_tokens": 8}, "stream": True}
     with httpx.Client(timeout=30) as c:
-        return stream_completion(c, base, body, lambda f: {}, 30, path)
+        return stream_completion(c, base, body, None, 30, path)
 
 
 def test_one_token_per_event_is_timed_per_event(sse):
@@ -205,10 +205,10 @@ def test_sglang_native_counts_are_cumulative(sse):
 def test_run_requests_keeps_its_contract_and_windows_add_up(sse):
     payload = lambda item, mt: {"prompt": item.prompt, "max_tokens": mt, "stream": True}  # noqa: E731
     items = [{"id": "a", "prompt": "steady"}, {"id": "b", "prompt": "bursts"}]
-    seq = run_requests(sse, items, n=4, max_tokens=20, payload=payload, stats_fn=lambda f: {}, progress=False,
+    seq = run_requests(sse, items, n=4, max_tokens=20, payload=payload, progress=False,
                        tags={"arm": "x", "restart": 0, "start": 0, "concurrency": 1})
     assert [r.index for r in seq] == [0, 1, 2, 3] and all(r.ok and r.arm == "x" for r in seq)
-    par = run_requests(sse, items, n=8, max_tokens=20, payload=payload, stats_fn=lambda f: {}, progress=False,
+    par = run_requests(sse, items, n=8, max_tokens=20, payload=payload, progress=False,
                        concurrency=4, tags={"arm": "x", "restart": 0, "start": 1, "concurrency": 4})
     f1 = serving_figures(seq, expected_tokens_per_chunk=None, n_boot=0)
     f4 = serving_figures(par, expected_tokens_per_chunk=None, n_boot=0)
@@ -220,5 +220,5 @@ def test_run_requests_keeps_its_contract_and_windows_add_up(sse):
     # a full-length request that ends early is still an error ("short output")
     short = run_requests(sse, [{"id": "s", "prompt": "short"}], n=1, max_tokens=8, progress=False,
                          payload=lambda item, mt: {"prompt": item.prompt, "max_tokens": mt, "stream": True,
-                                                   "ignore_eos": True}, stats_fn=lambda f: {})
+                                                   "ignore_eos": True})
     assert short[0].error == "short output: 5 of 8 tokens" and short[0].events_ms

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from spectrial import casestudy
-from spectrial.casestudy import key_numbers, load_case
+from spectrial.readers import casestudy
+from spectrial.readers.casestudy import key_numbers, load_case
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO.parent / "shared" / "reference" / "SEED_CASE.md"
@@ -64,8 +64,8 @@ def test_derived_figures_and_comparisons() -> None:
     assert pd.isna(t.loc["eagle3-k2-interactive", "baseline_arm"])  # its environment was never recorded
     assert casestudy.baseline_drift(case) == pytest.approx(82.2 / 88.9 - 1)
     p = casestudy.pair(case, "eagle3-k2-interactive", "eagle3-k2-restart")
-    assert p["tok_s_ratio"] == pytest.approx(94 / 60.5)
-    reasons = " ".join(p["reasons"])
+    assert p.tok_s_ratio == pytest.approx(94 / 60.5)
+    reasons = " ".join(p.reasons)
     assert "different sessions" in reasons and "never recorded" in reasons and "single measurements" in reasons
     needed = casestudy.needed_table(case, 150).set_index("arm")
     assert needed.loc["eagle3-k5-untuned", "alpha_needed"] == pytest.approx(0.8443, abs=1e-4)

@@ -32,8 +32,7 @@ import pytest
 from spectrial.errors import ResourceBusyError
 from spectrial.host import LocalHost
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.schema import load_record
+from spectrial.records import load_record, manifest_json
 from spectrial.server import TAG_VAR, read_state
 from spectrial.trial import Trial, run_trial
 
@@ -124,7 +123,7 @@ def after(first_out: Path, tiny_params: dict[str, Any], tmp_path: Path, label: s
     assert m1.status != "running", (label, m1.status)
     assert not _tagged(m1.run_id), [p.cmdline() for p in _tagged(m1.run_id)]
     kill = next(s for s in nxt.manifest.steps if s.name == "kill_old_server").report
-    return f"{m1.status}; next kill step: {kill.get('action')}"
+    return f"{m1.status}; next kill step: {kill.action}"
 
 
 def one(sig: signal.Signals, target: str, at: str, tiny_params: dict[str, Any], write_params: Any,
@@ -301,7 +300,7 @@ def test_sglang_double_killed_mid_benchmark(tmp_path, port, write_params):
     nxt = run_trial(load_params(data={**data, "output_dir": str(tmp_path / "second"), "repeats": 1}), progress=False)
     assert nxt.manifest.status == "ok", nxt.manifest.reason
     kill = next(s for s in nxt.manifest.steps if s.name == "kill_old_server").report
-    assert kill["previous"]["run_id"] == run.name and len(kill["stopped"]) >= 2, kill
+    assert kill.previous.run_id == run.name and len(kill.stopped) >= 2, kill
     assert not _tagged(run.name) and not LocalHost().port_holders(port)
     m1 = load_record(run)
     assert m1.status == "failed" and m1.reason.startswith("abandoned:"), m1.reason

@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spectrial.figures import add_comparisons, pick_baseline
-from spectrial.headline import headline
-from spectrial.schema import ArmRecord, as_manifest, load_record
+from spectrial.readers.headline import headline
+from spectrial.records import as_manifest, load_record
+from spectrial.schema import ArmRecord
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = sorted(p.parent for p in (REPO / "outputs" / "examples").rglob("manifest.json"))

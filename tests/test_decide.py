@@ -13,7 +13,7 @@ from consistency import check_run
 from spectrial.errors import ConfigError
 from spectrial.params import load_params
 from spectrial.plan import dry_run
-from spectrial.schema import load_record
+from spectrial.records import load_record
 from spectrial.trial import run_trial
 
 LOCAL = Path(__file__).resolve().parents[1] / "params" / "local.yaml"
@@ -36,19 +36,19 @@ def test_decide_parameters() -> None:
 def test_llamacpp_slots_follow_the_concurrency() -> None:
     """-np follows concurrency and -c keeps each slot's context; fewer slots than streams is said at launch."""
     arms = dry_run(load_params(LOCAL, {"concurrency": 4}))
-    argv = arms[0]["argv"]
+    argv = arms[0].argv
     assert argv[argv.index("-np") + 1] == "4" and argv[argv.index("-c") + 1] == str(1024 * 4)
-    assert arms[0]["notes"] == []
+    assert arms[0].notes == []
     with pytest.raises(ConfigError) as exc:  # issue 27: bad input, named, before anything starts
         dry_run(load_params(LOCAL, {"concurrency": 4, "engine_config.parallel": 2}))
     assert exc.value.parameter == "concurrency" and "engine_config.parallel" in str(exc.value)
     assert "validity.allow_queue" in exc.value.hint
     few = dry_run(load_params(LOCAL, {"concurrency": 4, "engine_config.parallel": 2, "validity.allow_queue": True}))
-    argv = few[0]["argv"]
+    argv = few[0].argv
     assert argv[argv.index("-np") + 1] == "2"
-    assert any("concurrency 4 but the server runs 2 request(s) at once" in n for n in few[0]["notes"])
-    assert "# note: concurrency 4" in few[0]["display"]
-    one = dry_run(load_params(LOCAL))[0]["argv"]
+    assert any("concurrency 4 but the server runs 2 request(s) at once" in n for n in few[0].notes)
+    assert "# note: concurrency 4" in few[0].display
+    one = dry_run(load_params(LOCAL))[0].argv
     assert one[one.index("-np") + 1] == "1" and one[one.index("-c") + 1] == "1024"
 
 

@@ -17,9 +17,9 @@ import pytest
 
 from spectrial.diagnose import DETECTORS, Diagnosis, diagnose
 from spectrial.diagnose.registry import Detector
-from spectrial.diff import comparability, diff_runs, format_findings
 from spectrial.errors import ConfigError
-from spectrial.schema import as_manifest
+from spectrial.readers.diff import comparability, diff_runs, format_findings
+from spectrial.records import as_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "diagnose"
@@ -230,7 +230,7 @@ def test_break_even_reuses_the_acceptance_needed_analysis() -> None:
     f = diagnose(m).of("below_break_even")[0]
     # cycle 20 ms / baseline 10 ms per token: break-even 2.0; at k=3 with a constant cycle alpha must reach the
     # value explain's "Acceptance needed" table gives
-    from spectrial.explain import explain
+    from spectrial.readers.explain import explain
 
     table = explain(as_manifest(m)).section("Acceptance needed").table
     need = float(table[(table["source"] == "draft-k3") & (table["k"] == 3)]["alpha_break_even"].iloc[0])
@@ -448,7 +448,7 @@ def test_diff_of_committed_records() -> None:
 
 # ------------------------------------------------------------------ report.html: findings on top
 def test_report_has_the_findings_on_top(tmp_path: Path) -> None:
-    from spectrial.report import write_report
+    from spectrial.readers.render.report import write_report
 
     run = tmp_path / "case"
     shutil.copytree(CASE, run)

@@ -89,7 +89,7 @@ def test_kimi_example_dry_run_prints_the_expert_command(tmp_path):
         assert a["env"]["NCCL_DEBUG"] == "INFO" and a["env"]["NCCL_DEBUG_SUBSYS"] == "INIT,ENV"
     from spectrial.plan import dry_run  # the text the CLI prints without --json
 
-    display = dry_run(load_params(REPO / "params/examples/kimi-k25-pcie.yaml"))[1]["display"]
+    display = dry_run(load_params(REPO / "params/examples/kimi-k25-pcie.yaml"))[1].display
     line = next(ln for ln in display.splitlines() if "--speculative-algorithm" in ln)
     assert line.startswith("NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_P2P_LEVEL=SYS NCCL_MAX_NCHANNELS=16 "
                            "NCCL_BUFFSIZE=16777216 NCCL_NTHREADS=512 ")
@@ -184,10 +184,10 @@ def test_prepare_reads_version_source_and_checks_argv_with_the_hosts_parser(tmp_
     eng = engine_for(params_data(tmp_path))
     out = eng.prepare()
     v = eng.version()
-    assert v["sglang_version"] == "0.5.17+standin" and v["package_dir"] == str(STANDIN / "sglang")
-    assert out["models"]["model"] == str(TARGET)
-    assert any("accepted by SGLang 0.5.17+standin's own parser" in n for n in out["notes"])
-    assert any("no GPU" in n for n in out["notes"])
+    assert v.sglang_version == "0.5.17+standin" and v.package_dir == str(STANDIN / "sglang")
+    assert out.models is not None and out.models["model"] == str(TARGET)
+    assert any("accepted by SGLang 0.5.17+standin's own parser" in n for n in out.notes or [])
+    assert any("no GPU" in n for n in out.notes or [])
     bad = engine_for(params_data(tmp_path, engine_config={"extra_args": ["--no-such-flag"]}))
     with pytest.raises(ConfigError, match="rejects the command: .*unrecognized arguments: --no-such-flag"):
         bad.prepare()
@@ -200,7 +200,7 @@ def test_prepare_refuses_missing_paths_and_python_without_sglang(tmp_path):
     with pytest.raises(ConfigError, match="nope-draft' not found on host local"):
         engine_for(params_data(tmp_path, draft=str(tmp_path / "nope-draft"))).prepare()
     eng = engine_for(params_data(tmp_path, draft="some-org/some-eagle3-draft"))
-    assert any("Hugging Face repo id (not checked)" in n for n in eng.prepare()["notes"])
+    assert any("Hugging Face repo id (not checked)" in n for n in eng.prepare().notes or [])
     with pytest.raises(ConfigError, match="cannot import sglang"):
         engine_for(params_data(tmp_path, engine_config={"pythonpath": []})).prepare()
     renamed = tmp_path / "draft-b"  # an EAGLE-3 draft whose name does not say so: config.json does
@@ -233,15 +233,15 @@ def test_source_identity_records_commit_and_uncommitted_diff(tmp_path):
     data = params_data(tmp_path, engine_config={"pythonpath": [str(checkout / "python")]})
     clean = engine_for(data)
     clean.prepare()
-    g = clean.version()["git"]
-    assert len(g["commit"]) == 40 and g["dirty"] is False and g["diff_sha256"] is None
+    g = clean.version().git
+    assert g is not None and len(g.commit) == 40 and g.dirty is False and g.diff_sha256 is None
     patched = checkout / "python" / "sglang" / "_standin_worker.py"
     patched.write_text(patched.read_text() + "\n# local patch: print per-cycle timings\n")
     dirty = engine_for(data)
     dirty.prepare()
-    g2 = dirty.version()["git"]
-    assert g2["commit"] == g["commit"] and g2["dirty"] is True
-    assert len(g2["diff_sha256"]) == 64 and g2["diff_files"] == ["python/sglang/_standin_worker.py"]
+    g2 = dirty.version().git
+    assert g2 is not None and g2.commit == g.commit and g2.dirty is True
+    assert len(g2.diff_sha256 or "") == 64 and g2.diff_files == ["python/sglang/_standin_worker.py"]
 
 
 @pytest.mark.slow
@@ -277,10 +277,11 @@ def test_generate_meta_info_and_legacy_server_info_from_a_running_server(tmp_pat
         stats = eng.request_stats(final)
         with httpx.Client(timeout=10) as client:
             snap = server_info_snapshot(client, srv.base_url)
-    assert stats["server_predicted_n"] == 40 and stats["server_spec_verify_ct"] > 0
-    assert stats["server_spec_accept_length"] == pytest.approx(40 / stats["server_spec_verify_ct"])
-    assert stats["server_draft_n"] == stats["server_spec_verify_ct"] * 2
-    assert 0 <= stats["server_draft_n_accepted"] <= stats["server_draft_n"]
+    verify = stats.server_spec_verify_ct
+    assert stats.server_predicted_n == 40 and verify is not None and verify > 0
+    assert stats.server_spec_accept_length == pytest.approx(40 / verify)
+    assert stats.server_draft_n == verify * 2
+    assert stats.server_draft_n_accepted is not None and 0 <= stats.server_draft_n_accepted <= stats.server_draft_n
     assert snap["server_info:fallback_get_server_info"] == 1.0
     assert 1.0 <= snap["server_info:avg_spec_accept_length"] <= 3.0
 

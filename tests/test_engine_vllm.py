@@ -41,13 +41,13 @@ def spec_json(argv: list[str]) -> dict[str, Any]:
 
 def test_dry_run_writes_vllm_serve_with_one_speculative_config(tmp_path):
     arms = dry_run(load_params(data=vdata(tmp_path, env={"NCCL_PROTO": "LL"})))
-    base, eagle = arms[0]["argv"], arms[1]["argv"]
+    base, eagle = arms[0].argv, arms[1].argv
     assert base == ["vllm", "serve", "/models/Llama-3.1-8B", "--host", "127.0.0.1", "--port", "8123",
                     "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9",
                     "--no-enable-prefix-caching"]  # a cached prompt would skip the prefill the baseline paid
     assert eagle[:len(base)] == base and len(eagle) == len(base) + 2
     assert spec_json(eagle) == {"method": "eagle3", "model": "/models/eagle3-llama", "num_speculative_tokens": 3}
-    assert arms[1]["env"] == {"NCCL_PROTO": "LL"}
+    assert arms[1].env == {"NCCL_PROTO": "LL"}
 
 
 @pytest.mark.parametrize("method,expected", [

@@ -24,8 +24,8 @@ def test_planted_variable_found_and_missing_one_reported(tiny_params, tmp_path):
         srv.wait_ready(60, progress=False)
         ok = srv.verify_env()
         assert ok.ok, ok.problems
-        server_rows = [r for r in ok.processes if any("llama-server" in a for a in r["cmdline"][:1])]
-        assert server_rows and set(server_rows[0]["present"]) == {"SPECTRIAL_PLANTED", "NCCL_ALGO"}
+        server_rows = [r for r in ok.processes if any("llama-server" in a for a in r.cmdline[:1])]
+        assert server_rows and set(server_rows[0].present) == {"SPECTRIAL_PLANTED", "NCCL_ALGO"}
         bad = srv.verify_env({"SPECTRIAL_PLANTED": "41", "NCCL_PROTO": "LL"})
         assert not bad.ok
         text = " | ".join(bad.problems)

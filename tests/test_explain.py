@@ -1,4 +1,4 @@
-"""spectrial.explain: the analysis section shared by notebooks 02 and 90 and by `spectrial report`.
+"""spectrial.readers.explain: the analysis section shared by notebooks 02 and 90 and by `spectrial report`.
 
 Numbers are checked against hand-worked values, the closed form tau = (1 - a^(k+1)) / (1 - a) (Leviathan
 et al. 2023), and the H200 sweep of shared/reference/LLAMACPP.md (cycle = 8.23 ms + 0.95 ms x k, throughput
@@ -13,8 +13,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from spectrial.casestudy import load_case
-from spectrial.explain import Explanation, RooflineInputs, explain, figure_bundle
+from spectrial.readers.casestudy import load_case
+from spectrial.readers.explain import Explanation, RooflineInputs, explain
+from spectrial.readers.render.figures import explanation_cells, explanation_figures, figure_bundle
 
 BASE = {"name": "baseline", "method": "none", "status": "ok", "tok_s": 100.0, "ms_per_token": 10.0}
 
@@ -77,8 +78,8 @@ def test_model_on_h200_sweep_matches_recorded_fit() -> None:
     arms += [spec(f"k{k}-a{a}", k, c, m, t, synthetic=True, synthetic_accept=a, draft_ms_per_cycle=d)
              for k, a, t, m, c, d in H200_SWEEP]
     e = explain(arms)
-    fit = e.numbers["models"]["eagle3 synthetic"]
-    assert fit["fixed_ms"] == pytest.approx(8.23, abs=0.01) and fit["per_draft_ms"] == pytest.approx(0.95, abs=0.005)
+    fit = e.numbers.models["eagle3 synthetic"]
+    assert fit.fixed_ms == pytest.approx(8.23, abs=0.01) and fit.per_draft_ms == pytest.approx(0.95, abs=0.005)
     err = e.section("Cycle-cost model").table["rel_error"].abs()
     assert err.median() == pytest.approx(0.027, abs=0.001) and err.max() == pytest.approx(0.108, abs=0.001)
     assert "drafting:" in e.section("Cycle-cost model").text  # draft/verify split fitted from draft_ms_per_cycle
@@ -95,7 +96,7 @@ def test_fitted_model_reproduces_the_arms_it_was_fitted_on() -> None:
                           synthetic=True, synthetic_accept=0.8) for k in (1, 2, 3, 5)]
     e = explain(arms)
     t = e.section("Cycle-cost model").table
-    assert e.numbers["models"]["eagle3 synthetic"]["fixed_ms"] == pytest.approx(6.0)
+    assert e.numbers.models["eagle3 synthetic"].fixed_ms == pytest.approx(6.0)
     assert t["residual_ms"].abs().max() < 1e-6 and t["rel_error"].abs().max() < 1e-6
     assert t["predicted_tok_s"].tolist() == pytest.approx(t["tok_s"].tolist(), abs=0.01)
 
@@ -105,11 +106,11 @@ def test_roofline_from_the_case_record() -> None:
     later = [a for a in case.arms if a.session == "later"]
     e = explain(case.model_copy(update={"arms": later}))
     # 8 GPUs x 1792 GB/s = 14336 GB/s over 32e9 params x 4 bits / 8 = 16e9 bytes per token -> 896 tok/s
-    assert e.numbers["roofline_tok_s"] == pytest.approx(896.0)
-    assert e.numbers["baseline_roofline_fraction"] == pytest.approx(82.2 / 896.0)
+    assert e.numbers.roofline_tok_s == pytest.approx(896.0)
+    assert e.numbers.baseline_roofline_fraction == pytest.approx(82.2 / 896.0)
     assert "9.2 %" in e.section("Roofline").text
     manual = explain([BASE], roofline=RooflineInputs(gpu="h200_sxm", params_b=8, bits_per_weight=16))
-    assert manual.numbers["roofline_tok_s"] == pytest.approx(300.0)  # 4800 GB/s / 16 GB
+    assert manual.numbers.roofline_tok_s == pytest.approx(300.0)  # 4800 GB/s / 16 GB
     unknown = explain([BASE], roofline=RooflineInputs(gpu="no_such_gpu", params_b=8, bits_per_weight=16))
     assert "not in params/hardware.yaml" in unknown.section("Roofline").text
 
@@ -136,9 +137,9 @@ def test_bad_input_is_reported_not_raised(case: str) -> None:
     assert expected in text
     assert [s.title for s in e.sections] == ["Input check", "Break-even", "Cycle-cost model", "Acceptance needed",
                                              "Roofline"]
-    cells = e.cells()
+    cells = explanation_cells(e)
     assert cells and all(c["cell_type"] in ("markdown", "code") for c in cells)
-    json.dumps([figure_bundle(f) for f in e.figures()])
+    json.dumps([figure_bundle(f) for f in explanation_figures(e)])
 
 
 def test_sessions_are_flagged_when_mixed() -> None:
@@ -148,8 +149,8 @@ def test_sessions_are_flagged_when_mixed() -> None:
 
 def test_figure_output_is_deterministic() -> None:
     arms = [BASE, spec("a", 2, 15.0, 2.0, 133.3), spec("b", 4, 19.0, 2.6, 136.8)]
-    first = [json.dumps(figure_bundle(f), sort_keys=True) for f in explain(arms).figures()]
-    second = [json.dumps(figure_bundle(f), sort_keys=True) for f in explain(arms).figures()]
+    first = [json.dumps(figure_bundle(f), sort_keys=True) for f in explanation_figures(explain(arms))]
+    second = [json.dumps(figure_bundle(f), sort_keys=True) for f in explanation_figures(explain(arms))]
     assert first == second and len(first) == 3
     bundle = json.loads(first[0])
     assert set(bundle) == {"application/vnd.plotly.v1+json", "text/plain"}
@@ -163,7 +164,7 @@ def test_implausible_fit_and_recorded_verdict() -> None:
     arms = [BASE, spec("k1", 1, 4.0, 1.9, 475.0, verdict="slower", speedup_ci_low=4.5, speedup_ci_high=5.0),
             spec("k3", 3, 17.0, 3.1, 182.0)]
     e = explain(arms)
-    assert e.numbers["models"]["eagle3"]["fixed_ms"] == pytest.approx(-2.5)
+    assert e.numbers.models["eagle3"].fixed_ms == pytest.approx(-2.5)
     assert "implausible fit" in e.section("Cycle-cost model").text
     t = e.section("Break-even").table.set_index("arm")
     assert t.loc["k1", "verdict"] == "faster" and t.loc["k1", "pays"] == "yes"

@@ -60,10 +60,10 @@ def test_orphan_of_a_killed_kernel_is_stopped_by_the_next_trial(sshd: SshdServer
     # the state file on the host names the orphan's group, with user-only permissions
     state_dir = tiny_params["state_dir"]
     st = read_state(LocalHost(), state_dir, port)
-    assert st and st["run_id"] == m1["run_id"] and os.getpgid(orphan) == st["pgid"]
+    assert st and st.run_id == m1["run_id"] and os.getpgid(orphan) == st.pgid
     assert stat.S_IMODE(os.stat(state_path(state_dir, port)).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(state_dir).st_mode) == 0o700
-    assert psutil.Process(orphan).environ()[TAG_VAR] == st["tag"]
+    assert psutil.Process(orphan).environ()[TAG_VAR] == st.tag
 
     second = run_trial(load_params(data={**data, "repeats": 1, "output_dir": str(tmp_path / "second")}),
                        progress=False)
@@ -71,8 +71,8 @@ def test_orphan_of_a_killed_kernel_is_stopped_by_the_next_trial(sshd: SshdServer
     assert m2["status"] == "ok", m2["reason"]
     kill = next(s for s in m2["steps"] if s["name"] == "kill_old_server")["report"]
     print("second trial's kill step:", kill)
-    assert kill["previous"]["run_id"] == m1["run_id"] and kill["previous"]["pgid"] == st["pgid"]
-    assert kill["action"].startswith(f"stopped previous spectrial server of run {m1['run_id']} (pgid {st['pgid']}: ")
+    assert kill["previous"]["run_id"] == m1["run_id"] and kill["previous"]["pgid"] == st.pgid
+    assert kill["action"].startswith(f"stopped previous spectrial server of run {m1['run_id']} (pgid {st.pgid}: ")
     # the killed run's record is marked abandoned and gets its server log (the evidence of what it was doing)
     m1 = manifest_json(run1)
     assert m1["status"] == "failed" and m1["reason"].startswith("abandoned: pid ") and m1["finished_at"]

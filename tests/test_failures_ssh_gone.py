@@ -128,7 +128,7 @@ def test_sshd_gone_is_noticed_in_seconds_and_named(own_sshd: SshdServer, tiny_pa
         assert host.reachable(timeout_s=5)  # back: a single attempt reconnects
         print(f"reconnected {time.monotonic() - t1:.2f} s after sshd came back")
         srv.stop()
-    assert srv.stop_report["how"] in ("TERM", "KILL") and srv.stop_report["port_free"]
+    assert srv.stop_report is not None and srv.stop_report.how in ("TERM", "KILL") and srv.stop_report.port_free
     assert not LocalHost().port_holders(params.port)
 
 
@@ -212,7 +212,7 @@ def test_cli_when_sshd_goes_away_mid_run(own_sshd: SshdServer, tiny_params: dict
     nxt = run_trial(load_params(data=ssh_params(tiny_params, own_sshd, output_dir=str(tmp_path / "next"),
                                                 arms=[{"name": "baseline"}], repeats=1)), progress=False)
     kill = next(s for s in nxt.manifest.steps if s.name == "kill_old_server").report
-    assert nxt.manifest.status == "ok" and kill["previous"]["run_id"] == m["run_id"], kill
+    assert nxt.manifest.status == "ok" and kill.previous.run_id == m["run_id"], kill
     assert not LocalHost().port_holders(tiny_params["port"])
 
 

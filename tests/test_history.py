@@ -1,4 +1,4 @@
-"""spectrial.history: run records and plain logs as one tidy table, the matrix views, bad input as issues."""
+"""spectrial.readers.history: run records and plain logs as one tidy table, the matrix views, bad input as issues."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from spectrial import history
-from spectrial.casestudy import CASE_NAME, case_dir
+from spectrial.readers import history
+from spectrial.readers.casestudy import CASE_NAME, case_dir
+from spectrial.readers.render import figures as render
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,8 +165,8 @@ def test_empty_inputs(tmp_path: Path, make: str) -> None:
     h = history.load_history(None, empty) if make == "empty-logs" else history.load_history(empty)
     assert len(h.issues) == 1 and h.table.empty
     assert history.matrix(h.table).empty and history.baseline_over_time(h.table).empty
-    assert history.matrix_figure(history.matrix(h.table), "t").layout.title.text == "t (no data)"
-    history.baseline_figure(h.table)
+    assert render.matrix_figure(history.matrix(h.table), "t").layout.title.text == "t (no data)"
+    render.baseline_figure(h.table)
 
 
 def run_notebook(name: str, out: Path, **params: str) -> str:

@@ -15,8 +15,9 @@ import psutil
 import pytest
 from sshd_plugin import SshdServer, free_port
 
+from spectrial.engines.sglang import dist_init_addr, rank_argv
 from spectrial.errors import ConfigError
-from spectrial.group import HostGroup, sglang_rank_argv
+from spectrial.group import HostGroup
 from spectrial.host import LocalHost
 from spectrial.params import load_params, validate
 from spectrial.records import manifest_json
@@ -29,7 +30,7 @@ SGLANG_ARGV = ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--
 # --- SGLang ranks (pure functions) ------------------------------------------------------------------------
 @pytest.mark.parametrize("rank", [0, 1, 3])
 def test_sglang_rank_argv_adds_the_node_flags(rank: int) -> None:
-    argv = sglang_rank_argv(SGLANG_ARGV, rank, 4, "10.0.0.1:50000")
+    argv = rank_argv(SGLANG_ARGV, rank, 4, "10.0.0.1:50000")
     assert argv[:len(SGLANG_ARGV)] == SGLANG_ARGV
     assert argv[len(SGLANG_ARGV):] == ["--nnodes", "4", "--node-rank", str(rank), "--dist-init-addr",
                                        "10.0.0.1:50000"]
@@ -41,14 +42,70 @@ def test_sglang_rank_argv_adds_the_node_flags(rank: int) -> None:
 ])
 def test_sglang_rank_argv_replaces_existing_flags(existing: list[str]) -> None:
     head = [*SGLANG_ARGV[:4], *existing, *SGLANG_ARGV[4:]]
-    argv = sglang_rank_argv(head, 2, 3, "h:1")
-    assert argv == sglang_rank_argv(SGLANG_ARGV, 2, 3, "h:1")
+    argv = rank_argv(head, 2, 3, "h:1")
+    assert argv == rank_argv(SGLANG_ARGV, 2, 3, "h:1")
     assert argv.count("--node-rank") == 1 and not any(a.startswith("--nnodes=") for a in argv)
 
 
 def test_sglang_rank_outside_the_group_is_refused() -> None:
     with pytest.raises(ConfigError, match="rank 2 is outside 0..1"):
-        sglang_rank_argv(SGLANG_ARGV, 2, 2, "h:1")
+        rank_argv(SGLANG_ARGV, 2, 2, "h:1")
+
+
+def test_dist_init_addr_from_the_params_or_the_head() -> None:
+    assert dist_init_addr(SGLANG_ARGV, "10.0.0.1") == "10.0.0.1:50000"
+    assert dist_init_addr([*SGLANG_ARGV, "--dist-init-addr", "h:7"], "10.0.0.1") == "h:7"
+    assert dist_init_addr([*SGLANG_ARGV, "--dist-init-addr=h:8"], "10.0.0.1") == "h:8"
+
+
+# --- engine hooks: what the group prepared goes into the launch command, explicitly -------------------------
+def _dry_engine(engine: str, **over: Any):  # type: ignore[no-untyped-def]
+    from spectrial.engines import get_engine
+
+    data: dict[str, Any] = {"model": "/models/m", "engine": engine, "port": 31000, **over}
+    if engine == "sglang":
+        data["engine_config"] = {"python": "/usr/bin/python3", "tp_size": 2}
+    eng = get_engine(engine, validate(data), LocalHost())
+    eng.resolve_dry()
+    return eng
+
+
+def _workers(*addrs: str):  # type: ignore[no-untyped-def]
+    from spectrial.engines import Worker, Workers
+
+    return Workers("10.0.0.1", [Worker(LocalHost(), a, rank, binary="/opt/rpc-server")
+                                for rank, a in enumerate(addrs, 1)])
+
+
+def test_sglang_head_command_carries_rank_0_and_each_worker_its_rank() -> None:
+    eng = _dry_engine("sglang")
+    arm = eng.params.arms[0]
+    alone = eng.launch_spec(arm)
+    workers = _workers("10.0.0.2", "10.0.0.3")
+    head = eng.launch_spec(arm, workers)
+    assert "--nnodes" not in alone.argv  # nothing hidden in the engine: the same engine, no workers, one node
+    assert head.argv == rank_argv(alone.argv, 0, 3, "10.0.0.1:50000")
+    specs = eng.worker_specs(head, arm, workers)
+    assert [(w.worker.rank, w.before_head, w.spec.http) for w in specs] == [(1, False, False), (2, False, False)]
+    assert [w.spec.argv for w in specs] == [rank_argv(alone.argv, r, 3, "10.0.0.1:50000") for r in (1, 2)]
+    assert eng.launch_spec(arm).argv == alone.argv  # asking with workers changed no state
+
+
+def test_llamacpp_head_points_rpc_at_each_worker_and_workers_run_rpc_server() -> None:
+    eng = _dry_engine("llamacpp", engine_bin="/opt/llama-server", engine_config={"rpc_port": 50070})
+    arm = eng.params.arms[0]
+    head = eng.launch_spec(arm, _workers("10.0.0.2"))
+    assert head.argv[head.argv.index("--rpc") + 1] == "10.0.0.2:50070"
+    assert "--rpc" not in eng.launch_spec(arm).argv
+    (w,) = eng.worker_specs(head, arm, _workers("10.0.0.2"))
+    assert w.before_head and w.spec.argv[:5] == ["/opt/rpc-server", "-H", "10.0.0.2", "-p", "50070"]
+    assert eng.worker_port() == 50070
+
+
+def test_an_engine_without_multi_node_refuses_workers() -> None:
+    eng = _dry_engine("vllm")
+    with pytest.raises(ConfigError, match="does not run one server over several nodes"):
+        eng.prepare_workers("10.0.0.1", _workers("10.0.0.2").nodes)
 
 
 # --- params ------------------------------------------------------------------------------------------------
@@ -153,18 +210,18 @@ def test_kill_step_stops_an_orphaned_worker(two_sshd: tuple[SshdServer, SshdServ
     try:
         engine = get_engine("llamacpp", params, head_host)
         engine.prepare()
-        group.prepare(engine)
-        srv = Server(head_host, engine.launch_spec(params.arms[0]), work_dir=str(tmp_path / "w"),
+        workers = group.prepare(engine)
+        srv = Server(head_host, engine.launch_spec(params.arms[0], workers), work_dir=str(tmp_path / "w"),
                      state_dir=params.state_dir, tag="orphan-test", run_id="orphan", arm="baseline")
-        group.attach(srv, engine, params.arms[0], params)
+        group.attach(srv, engine, params.arms[0], params, workers)
         (comp,) = srv.companions
         comp.server.start()  # only the worker, and never stopped: as if the kernel died right after
         comp.server.wait_ready(30, progress=False)
         orphan = comp.server.pid
         assert orphan and rpc_servers(params.engine_config["rpc_port"])
         (report,) = group.stop_previous(engine, params)
-        assert report["node"] == worker.spec and report["previous"]["pgid"] == orphan
-        assert report["action"].startswith(f"stopped previous spectrial server of run orphan (pgid {orphan}: ")
+        assert report.node == worker.spec and report.previous is not None and report.previous.pgid == orphan
+        assert report.action.startswith(f"stopped previous spectrial server of run orphan (pgid {orphan}: ")
         assert not rpc_servers(params.engine_config["rpc_port"])
         assert read_state(group.workers[0].host, params.state_dir, params.engine_config["rpc_port"]) is None
     finally:

@@ -67,7 +67,7 @@ def test_interrupts_at_random_moments_always_stop_the_run(sig, tiny_params, writ
             assert m["status"] == "failed" and said in reason, reason
         assert not LocalHost().port_holders(tiny_params["port"]), outcomes
         st = read_state(LocalHost(), tiny_params["state_dir"], tiny_params["port"])
-        assert st is None or not LocalHost().processes(int(st["pgid"])), outcomes
+        assert st is None or not LocalHost().processes(int(st.pgid or 0)), outcomes
     print(signal.Signals(sig).name, "delay, exit code, record status:", outcomes)
     assert any(st == "failed" for _, _, st in outcomes), "no signal landed inside a run: the test proved nothing"
 

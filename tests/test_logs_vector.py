@@ -5,7 +5,8 @@
   corpus and on mutated lines; and the whole table with and without the vectorised readers;
 - chunk boundaries: a block cut by a chunk's end is read whole with the next chunk (tiny block sizes);
 - the Aho-Corasick marker search (ahocorasick_rs, optional) against the RE2 union;
-- the fixed text a LineFormat pattern needs (its prefilter), and the process settings parse restores.
+- the fixed text a LineFormat pattern needs (its prefilter, searched for with Aho-Corasick when a format has
+  many), and the process settings parse restores.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from spectrial.logs import BlockFormat, LineFormat, Registry, Window, api, driver, markers, parse, registry
 from spectrial.logs.chunks import Chunk
-from spectrial.logs.formats import DECLINE, MORE, required_literal
+from spectrial.logs.formats import DECLINE, MORE, Literals, required_literal
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "public_logs.jsonl"
@@ -228,6 +231,24 @@ def test_a_pattern_match_always_holds_its_literal(lines: list[str]) -> None:
         for pattern, literal in PATTERNS:
             if re.search(pattern, line):
                 assert literal in line, (pattern, literal, line)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(mutated_line(), min_size=1, max_size=30), st.integers(0, 5))
+def test_the_literal_search_finds_what_arrow_finds(lines: list[str], skip: int) -> None:
+    """Literals.rows (one Aho-Corasick pass) against pc.match_substring per text, on a slice of the lines
+    (offsets not from 0), as string and large_string; a text occurring twice, overlapping or none."""
+    pytest.importorskip("ahocorasick_rs")
+    texts = sorted({lit for _, lit in PATTERNS} | {"é", "acc", "accept", "xx"})
+    found = Literals(texts)
+    for typ in (pa.string(), pa.large_string()):
+        arr = pa.array(["x" * skip, *(ln + "\n" for ln in lines), "xx"], typ).slice(1, len(lines))
+        got = found.rows(arr)
+        assert got is not None
+        want = np.array([pc.match_substring(arr, t).to_numpy(zero_copy_only=False) for t in texts])
+        assert (got == want).all()
+    assert found.rows(pa.array(["acc", None])) is None  # nulls: arrow's per-text search
+    assert Literals(["a\nb", "acc"]).rows(pa.array(["acc"])) is None  # a line break: likewise
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,11 +16,13 @@ import pytest
 import yaml
 
 from spectrial.errors import ConfigError
-from spectrial.nccl import NcclCheckParams, load_nccl_check, load_nccl_params, report, run_nccl_check
+from spectrial.nccl import NcclCheckParams, load_nccl_check, load_nccl_params, run_nccl_check
 from spectrial.nccl import evidence as ev
+from spectrial.nccl import latency as nccl_latency
 from spectrial.nccl.check import nccl_effect, parent_env
 from spectrial.nccl.params import MULTICAST_OFF
 from spectrial.nccl.worker import MARK_PREFIX
+from spectrial.readers import nccl as nccl_tables
 from spectrial.records import manifest_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,7 +135,7 @@ def test_planted_missing_variable_is_reported_per_worker(cpu_run):
     assert workers[1]["values"]["NCCL_PROTO"] == {"requested": "LL", "os_environ": None, "proc": None}
     pids = {w["pid"] for w in workers.values()}
     assert len(pids) == 2 and os.getpid() not in pids
-    vis = cpu_run.visibility_table()
+    vis = nccl_tables.visibility_table(cpu_run.manifest)
     row = vis[(vis["set"] == "planted") & (vis["rank"] == 1)].iloc[0]
     assert row["missing"] == "NCCL_PROTO"
     assert f"rank 1 round 0 (pid {workers[1]['pid']}): NCCL_PROTO" in cpu_run.verdict()
@@ -211,11 +213,11 @@ def _lat(rows: list[tuple[int, str, float]], n: int = 40) -> pd.DataFrame:
 def test_round_to_round_drift_widens_the_interval():
     # within a round the sets differ by 10 %, but the baseline's two rounds differ by 30 %
     lat = _lat([(0, "default", 100.0), (1, "default", 130.0), (0, "tuned", 110.0), (1, "tuned", 110.0)])
-    two = report.compare_sets(lat, "default")
-    one = report.compare_sets(lat.drop(columns="round"), "default")
+    two = nccl_latency.compare_sets(lat, "default")
+    one = nccl_latency.compare_sets(lat.drop(columns="round"), "default")
     assert two["verdict"].iloc[0] == "same"
     assert (two["ci_high"] - two["ci_low"]).iloc[0] > (one["ci_high"] - one["ci_low"]).iloc[0]
-    slow = report.compare_sets(_lat([(0, "default", 100.0), (1, "default", 101.0), (0, "tuned", 150.0),
+    slow = nccl_latency.compare_sets(_lat([(0, "default", 100.0), (1, "default", 101.0), (0, "tuned", 150.0),
                                      (1, "tuned", 152.0)]), "default")
     assert slow["verdict"].iloc[0] == "slower" and slow["ratio"].iloc[0] == pytest.approx(1.5, rel=0.05)
 
@@ -283,7 +285,7 @@ def test_nccl_backend_on_two_gpus(tmp_path):
     tuned = next(s for s in manifest_json(result.run_dir)["sets"] if s["name"] == "tuned")
     assert tuned["effect"]["status"].startswith("took effect on every rank")
     assert all(w["seen_in_proc"] for w in tuned["workers"])
-    assert not result.settings_table().empty
+    assert not nccl_tables.settings_table(result.manifest).empty
 
 
 # ---------------------------------------------------------------- notebook 00

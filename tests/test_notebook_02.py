@@ -27,7 +27,7 @@ def test_papermill_notebook_02(tiny_params, write_params, tmp_path):
     # one cell per protocol step, each with its output; one verdict (the break-even section), not two
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     for step in ("trial.kill_old_server()", "trial.verify_gpus_free()", "trial.run_arm(name)", "trial.compare()",
-                 "trial.explain("):
+                 "explain(trial.manifest"):
         assert sum(step in src for src in code) >= 1, step
     assert text.count("### Break-even") == 1 and "speculation **" in text
     runs = [p for p in Path(tiny_params["output_dir"]).iterdir() if (p / "manifest.json").is_file()]

@@ -12,6 +12,8 @@ import nbformat
 import pytest
 import yaml
 
+from spectrial.records import load_record
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "03_sweep.ipynb"
 STANDIN = REPO / "params" / "examples" / "sweep-sglang-standin.yaml"
@@ -56,7 +58,8 @@ def test_notebook_03_local_pair(strategy, tiny_params, write_params, tmp_path):
     else:
         assert [s["phase"] for s in m["starts"][:3]] == ["baseline", "probe", "probe"]
         assert len(m["starts"]) <= 4
-    assert {b["concurrency"] for b in m["best"]} == {1, 2} and all(b["best"] in settings for b in m["best"])
+    best = load_record(run).best  # the typed record: one best per concurrency level, each a measured setting
+    assert {b.concurrency for b in best} == {1, 2} and all(b.best in settings for b in best)
     assert "best **eagle3-s" in text and (run / "requests.csv").is_file()
 
 

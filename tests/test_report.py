@@ -15,9 +15,9 @@ import nbformat.v4 as nbf
 import pytest
 from plotly.offline import get_plotlyjs
 
-from spectrial.casestudy import case_dir
 from spectrial.errors import ConfigError
-from spectrial.report import PLOTLY_MIME, build_notebook, latest_run, write_report
+from spectrial.readers.casestudy import case_dir
+from spectrial.readers.render.report import PLOTLY_MIME, build_notebook, latest_run, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT_SRC = re.compile(r"<script\b[^>]*\bsrc\s*=", re.IGNORECASE)
@@ -137,19 +137,20 @@ def test_failed_run_still_gets_a_report(tmp_path: Path) -> None:
 def test_report_and_history_of_a_real_trial(tiny_params: dict, write_params: Callable[..., Path]) -> None:
     """A real local llama-server trial (baseline, draft, synthetic EAGLE-3): its record reads into history,
     explain finds nothing wrong with it, and its report draws every analysis figure offline."""
-    from spectrial import history
-    from spectrial.explain import explain
+    from spectrial.readers import history
+    from spectrial.readers.explain import explain
+    from spectrial.readers.render.figures import explanation_figures
     from spectrial.trial import run_trial
 
     result = run_trial(write_params(tiny_params), progress=False)
     assert result.status == "ok"
     e = explain(result.manifest)
-    assert e.problems == [] and e.numbers["baseline_tok_s"] == pytest.approx(result.arms[0].tok_s)
+    assert e.problems == [] and e.numbers.baseline_tok_s == pytest.approx(result.arms[0].tok_s)
     h = history.load_history(tiny_params["output_dir"])
     assert h.issues.empty and len(h.table) == 3 and set(h.table["nccl_env"]) == {"none"}
     html = write_report(result.run_dir).read_text()
     assert_offline(html)
     # the explain sections' figures, the per-request accept lengths and the serving section's latency distributions
-    assert html.count("Plotly.newPlot(") == len(e.figures()) + 2 and len(e.figures()) >= 2
+    assert html.count("Plotly.newPlot(") == len(explanation_figures(e)) + 2 and len(explanation_figures(e)) >= 2
     assert "Is the measurement valid?" in html and "Accept length per request" in html and "per-request mean" in html
     assert json.loads((result.run_dir / "manifest.json").read_text())["report"] == "report.html"

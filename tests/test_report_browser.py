@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spectrial.casestudy import case_dir
-from spectrial.report import write_report
+from spectrial.readers.casestudy import case_dir
+from spectrial.readers.render.report import write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from spectrial.diff import diff_runs, format_findings
 from spectrial.params import Arm, load_params
+from spectrial.readers.diff import diff_runs, format_findings
 from spectrial.records import manifest_json
-from spectrial.trial import run_trial, schedule
+from spectrial.session import schedule
+from spectrial.trial import run_trial
 
 
 def names(plan):

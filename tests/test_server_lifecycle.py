@@ -38,10 +38,10 @@ def test_ready_then_stop_leaves_nothing(tiny_params, tmp_path):
         ready_s = srv.wait_ready(60, progress=False)
         pgid = srv.pid
         assert ready_s < 60
-        assert read_state(srv.host, srv.state_dir, srv.spec.port)["pgid"] == pgid
+        assert read_state(srv.host, srv.state_dir, srv.spec.port).pgid == pgid
         assert srv.host.port_holders(srv.spec.port), "server should hold its port while running"
     report = srv.stop_report
-    assert report["how"] in ("TERM", "KILL") and report["port_free"] is True
+    assert report is not None and report.how in ("TERM", "KILL") and report.port_free is True
     assert group_gone(srv.host, pgid)
     assert read_state(srv.host, srv.state_dir, srv.spec.port) is None, "state file removed after a clean stop"
 
@@ -81,7 +81,7 @@ def test_orphan_from_a_dead_kernel_is_stopped_by_next_kill_step(tiny_params, tmp
     srv.wait_ready(60, progress=False)
     pgid = srv.pid
     report = stop_previous(srv.host, srv.spec.port, srv.state_dir, grace_s=5)
-    assert "stopped previous spectrial server" in report["action"]
+    assert "stopped previous spectrial server" in report.action
     assert group_gone(srv.host, pgid)
     assert read_state(srv.host, srv.state_dir, srv.spec.port) is None
 
@@ -113,7 +113,7 @@ def test_state_file_pointing_at_someone_else_is_left_alone(tmp_path, port):
         (state / f"server-{port}.json").write_text(
             f'{{"pid": {other.pid}, "pgid": {other.pid}, "tag": "someone-else", "port": {port}}}')
         report = stop_previous(host, port, str(state))
-        assert "left alone" in report["action"]
+        assert "left alone" in report.action
         assert other.poll() is None
     finally:
         other.kill()

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from spectrial.errors import ConfigError
+from spectrial.readers.render.plots import latency_figure
 from spectrial.schema import RequestRecord
 from spectrial.serving import (
     boot_percentiles,
@@ -21,7 +22,6 @@ from spectrial.serving import (
     delivery,
     events_frame,
     from_frames,
-    latency_figure,
     percentiles,
     requests_frame,
     serving_figures,
@@ -272,3 +272,22 @@ def test_latency_figure_has_an_arm_per_colour_units_and_stable_values():
     itl = next(t for t in fig.data if t.name == "baseline" and t.xaxis == "x3")
     assert itl.y[50] == 50 and itl.x[50] == pytest.approx(
         np.percentile([g for r in fine for g in np.diff(r.events_ms)], 50), abs=1e-4)
+
+
+def test_engine_figures_are_declared_fields_that_survive_requests_csv(tmp_path: Path) -> None:
+    """The engine's per-request figures are typed `server_*` fields: only those reported become columns (after
+    the client's), and they read back as the same numbers with their types."""
+    from spectrial.schema import ServerRequestStats
+
+    reqs = [RequestRecord(index=i, tokens=64, arm="a", **ServerRequestStats(
+        server_predicted_n=64, server_spec_verify_ct=20.0 + i).fields()) for i in range(3)]
+    reqs.append(RequestRecord(index=3, tokens=64, arm="a"))  # one request without the engine's figures
+    frame = requests_frame(reqs)
+    assert list(frame.columns)[-2:] == ["server_predicted_n", "server_spec_verify_ct"]
+    assert "server_draft_n" not in frame.columns  # nobody reported it: no empty column
+    frame.to_csv(tmp_path / "requests.csv", index=False)
+    back = from_frames(pd.read_csv(tmp_path / "requests.csv"))
+    assert [r.server_spec_verify_ct for r in back] == [20.0, 21.0, 22.0, None]
+    assert back[0].server_predicted_n == 64 and isinstance(back[0].server_predicted_n, int)
+    with pytest.raises(ValueError, match="server_spec_verify_count"):
+        ServerRequestStats(server_spec_verify_count=3)  # a misspelt figure is refused, not kept as an extra

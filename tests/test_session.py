@@ -14,8 +14,8 @@ import pytest
 from spectrial.engines import get_engine
 from spectrial.host import LocalHost
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.schema import SCHEMA_VERSION, Manifest, StartRecord, as_manifest, load_record
+from spectrial.records import as_manifest, load_record, manifest_json
+from spectrial.schema import SCHEMA_VERSION, Manifest, StartRecord
 from spectrial.sweep.params import load_sweep_params
 from spectrial.sweep.run import run_sweep
 from spectrial.trial import Trial, run_trial
@@ -116,7 +116,7 @@ def test_a_field_added_to_the_start_record_reaches_trial_and_sweep_records(tiny_
 def test_step_wise_trial_reruns_an_arm_into_the_same_record(tiny_params) -> None:
     params = load_params(data={**tiny_params, "arms": tiny_params["arms"][:2]})
     with Trial(params, progress=False) as t:
-        assert t.kill_old_server()["action"] == "none"
+        assert t.kill_old_server().action == "none"
         t.verify_gpus_free()
         first = t.run_arm("baseline")
         assert first.status == "ok" and first.tok_s > 0

@@ -15,10 +15,11 @@ import psutil
 import pytest
 import yaml
 
-from spectrial.errors import ConfigError
+from spectrial.errors import ConfigError, MeasurementRejected
 from spectrial.host import LocalHost
 from spectrial.params import load_params
 from spectrial.records import manifest_json
+from spectrial.schema import EnvCheckRecord, NcclEvidence
 from spectrial.trial import run_trial
 
 pytestmark = pytest.mark.slow
@@ -100,8 +101,11 @@ def test_cli_trial_against_the_standin(tmp_path, port, write_params):
 def test_env_check_fails_naming_the_variable_and_the_worker(tmp_path, port):
     data = standin_params(tmp_path, port, engine_config={
         "nccl_debug": False, "extra_args": ["--standin-drop-worker-env", "NCCL_PROTO"]})
-    with pytest.raises(ConfigError, match=r"NCCL_PROTO missing from pid \d+") as e:
+    with pytest.raises(MeasurementRejected, match=r"NCCL_PROTO missing from pid \d+") as e:
         run_trial(load_params(data=data), progress=False)
+    assert e.value.check == "env_check" and e.value.arm == "baseline"  # a measurement outcome, not bad input
+    assert isinstance(e.value.result, EnvCheckRecord) and e.value.result.ok is False
+    assert not isinstance(e.value, ConfigError)
     m = manifest_json(only_run(tmp_path / "out"))
     assert m["status"] == "failed" and "NCCL_PROTO missing" in m["reason"]
     procs = m["starts"][0]["env_check"]["processes"]
@@ -114,6 +118,20 @@ def test_env_check_fails_naming_the_variable_and_the_worker(tmp_path, port):
     assert any(f"pid {p['pid']}" in str(e.value) for p in workers)
     assert not any(s["name"].startswith("launch:eagle3") for s in m["steps"])
     no_leftovers(port, [p["pid"] for p in procs])
+
+
+def test_cli_exits_1_on_a_rejected_measurement_saying_what_to_do(tmp_path, port, write_params):
+    """A rejected measurement is a failed run (exit 1, the record says why), not bad input (exit 2)."""
+    path = write_params(standin_params(tmp_path, port, repeats=1, arms=[{"name": "baseline"}], engine_config={
+        "nccl_debug": False, "extra_args": ["--standin-drop-worker-env", "NCCL_PROTO"]}))
+    res = subprocess.run([*SPECTRIAL, "trial", str(path), "--quiet"], capture_output=True, text=True, timeout=300,
+                         cwd=REPO)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "env_check: requested variables did not reach the server of arm baseline" in res.stderr
+    assert "hint: see the record's env_check per process; set env_check: warn" in res.stderr
+    m = manifest_json(only_run(tmp_path / "out"))
+    assert m["status"] == "failed" and "MeasurementRejected: env_check" in m["starts"][0]["reason"]
+    no_leftovers(port, [])
 
 
 def test_nccl_evidence_sees_what_proc_cannot(tmp_path, port):
@@ -130,8 +148,13 @@ def test_nccl_evidence_sees_what_proc_cannot(tmp_path, port):
     data = standin_params(tmp_path / "second", port, env_check="warn", repeats=1, arms=[{"name": "baseline"}],
                           engine_config={"extra_args": ["--standin-worker-setenv", "NCCL_PROTO=Simple"],
                                          "nccl_evidence_check": "fail"})
-    with pytest.raises(ConfigError, match="NCCL_PROTO: NCCL in pid \\d+ .device 0. used 'Simple', requested 'LL'"):
+    with pytest.raises(MeasurementRejected, match="NCCL_PROTO: NCCL in pid \\d+ .device 0. used 'Simple', "
+                                                  "requested 'LL'") as e:
         run_trial(load_params(data=data), progress=False)
+    ev = e.value.result
+    assert e.value.check == "nccl_evidence" and isinstance(ev, NcclEvidence) and ev.ok is False
+    assert [v.different for v in ev.variables.values()] and set(ev.variables["NCCL_PROTO"].different.values()) == {
+        "Simple"}
     no_leftovers(port, [])
 
 

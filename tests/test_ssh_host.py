@@ -17,9 +17,9 @@ import pytest
 from sshd_plugin import Reaper, SshdServer, free_port
 
 from spectrial.connect import get_host
-from spectrial.errors import ConfigError, HostError
+from spectrial.errors import ConfigError, HostError, HostKeyError
 from spectrial.host import Host, LocalHost
-from spectrial.ssh import HostKeyError, SSHHost, parse_spec
+from spectrial.ssh import SSHHost, parse_spec
 
 pytest_plugins = ["sshd_plugin"]  # fixtures; harmless once tests/conftest.py registers the plugin too
 

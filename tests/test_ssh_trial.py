@@ -107,7 +107,7 @@ def test_cli_runs_params_local_through_ssh(sshd: SshdServer, tmp_path: Path, por
         again = get_engine("llamacpp", params, host).prepare()
     finally:
         host.close()
-    assert [u["uploaded"] for u in again["uploads"]] == [False] * 4
+    assert [u.uploaded for u in again.uploads or []] == [False] * 4
 
 
 def test_readiness_is_noticed_quickly_through_the_tunnel(ssh_host: SSHHost, sshd: SshdServer,

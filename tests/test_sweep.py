@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -18,7 +19,8 @@ from typer.testing import CliRunner
 from spectrial.analysis import expected_accept_len
 from spectrial.errors import ConfigError
 from spectrial.host import LocalHost
-from spectrial.records import manifest_json
+from spectrial.records import load_record, manifest_json
+from spectrial.schema import Manifest
 from spectrial.sweep import (
     SweepParams,
     World,
@@ -32,7 +34,7 @@ from spectrial.sweep import (
     simulate,
     sweep_command,
 )
-from spectrial.sweep.guided import cv_errors
+from spectrial.sweep.model import MeasuredPoint, cv_errors
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,13 +116,19 @@ def test_grid_settings_and_probes():
 
 
 # --- the model ---------------------------------------------------------------------------------------------
-def _world(steps: int, alpha: float, c: int) -> dict[str, Any]:
+def _world(steps: int, alpha: float, c: int) -> MeasuredPoint:
     """A point of a known world: cycle = 6 + 1.5 k ms (x c), acceptance alpha per token."""
     cycle = (6.0 + 1.5 * steps) * c
     tau = expected_accept_len(alpha, steps)
-    return {"steps": steps, "topk": 1, "k": steps, "scenario": alpha, "concurrency": c, "tok_s": tau / cycle * 1000,
-            "accept_len": tau, "cycle_ms": cycle, "draft_ms_per_cycle": 0.5 * steps, "verify_steps": 100.0,
-            "per_position": [alpha ** (i + 1) for i in range(steps)]}
+    return MeasuredPoint(steps=steps, topk=1, k=steps, scenario=alpha, concurrency=c, tok_s=tau / cycle * 1000,
+                         accept_len=tau, cycle_ms=cycle, draft_ms_per_cycle=0.5 * steps, verify_steps=100.0,
+                         per_position=tuple(alpha ** (i + 1) for i in range(steps)))
+
+
+def _depth(depth: int, accept_len: float, per_position: tuple[float, ...] | None = None,
+           verify_steps: float | None = None) -> MeasuredPoint:
+    return MeasuredPoint(steps=depth, topk=1, k=depth, scenario=None, concurrency=1, tok_s=None,
+                         accept_len=accept_len, per_position=per_position, verify_steps=verify_steps)
 
 
 def test_model_recovers_a_known_world():
@@ -134,39 +142,38 @@ def test_model_recovers_a_known_world():
         for a in (0.6, 0.9):
             truth = _world(steps, a, 2)
             pred = model.predict(steps, 1, steps, a, 2)
-            assert pred is not None and pred["tok_s"] == pytest.approx(truth["tok_s"], rel=1e-3)
+            assert pred is not None and pred.tok_s == pytest.approx(truth.tok_s, rel=1e-3)
     assert model.predict(2, 1, 2, 0.7, 1) is None  # no curve for an unmeasured scenario
 
 
 def test_acceptance_from_mean_lengths_when_no_per_position():
-    pts = [{"depth": d, "accept_len": expected_accept_len(0.75, d), "per_position": None} for d in (2, 5)]
+    pts = [_depth(d, expected_accept_len(0.75, d)) for d in (2, 5)]
     curve = fit_acceptance(pts)
     assert curve is not None and curve.source.startswith("mean accept length")
     assert curve.alpha == pytest.approx(0.75, abs=2e-4)
     assert curve.accept_len(3) == pytest.approx(expected_accept_len(0.75, 3), rel=1e-3)
-    measured = fit_acceptance([{"depth": 3, "accept_len": 2.0, "per_position": [0.6, 0.3, 0.1],
-                                "verify_steps": 10}])
-    assert measured.accept_len(2) == pytest.approx(1.9)  # measured rates where they exist
+    measured = fit_acceptance([_depth(3, 2.0, (0.6, 0.3, 0.1), 10)])
+    assert measured is not None and measured.accept_len(2) == pytest.approx(1.9)  # measured rates where they exist
 
 
 def test_offsets_anchor_each_scenario_on_its_own_measurements():
     """One cycle model for every scenario; what it misses about one scenario (here: 5 % slower than it says)
     carries over to that scenario's unmeasured settings, and to no other scenario's."""
     slow = _world(3, 0.9, 1)
-    measured = [_world(6, 0.6, 1), _world(1, 0.6, 1), {**slow, "tok_s": slow["tok_s"] * 0.95}]
+    measured = [_world(6, 0.6, 1), _world(1, 0.6, 1), dataclasses.replace(slow, tok_s=(slow.tok_s or 0) * 0.95)]
     model = fit_sweep_model(measured)
     assert model.offsets[(0.9, 1, 1)] == pytest.approx(0.95, rel=1e-3)
     for steps in (2, 5):
-        assert model.predict(steps, 1, steps, 0.9, 1)["tok_s"] == pytest.approx(0.95 * _world(steps, 0.9, 1)["tok_s"],
-                                                                               rel=2e-3)
-        assert model.predict(steps, 1, steps, 0.6, 1)["tok_s"] == pytest.approx(_world(steps, 0.6, 1)["tok_s"],
-                                                                               rel=2e-3)
+        slower, same = model.predict(steps, 1, steps, 0.9, 1), model.predict(steps, 1, steps, 0.6, 1)
+        assert slower is not None and slower.tok_s == pytest.approx(0.95 * (_world(steps, 0.9, 1).tok_s or 0),
+                                                                    rel=2e-3)
+        assert same is not None and same.tok_s == pytest.approx(_world(steps, 0.6, 1).tok_s, rel=2e-3)
 
 
 def test_leave_one_setting_out_errors_find_the_odd_point():
     pts = [_world(s, a, 1) for a in (0.6, 0.9) for s in (1, 3, 6)]
     assert max(map(abs, cv_errors(pts))) < 2e-3  # a world the model describes exactly: no error out of sample
-    pts[1] = {**pts[1], "tok_s": pts[1]["tok_s"] * 1.2}  # one measurement 20 % off
+    pts[1] = dataclasses.replace(pts[1], tok_s=(pts[1].tok_s or 0) * 1.2)  # one measurement 20 % off
     errs = cv_errors(pts)
     assert min(errs) == pytest.approx(1 / 1.2 - 1, abs=5e-3)  # left out, the others predict its true value
 
@@ -180,22 +187,24 @@ def world_sweep(**grid: Any) -> SweepParams:
                                    "max_tokens": 64, "grid": grid}, overrides={"strategy": "grid"})
 
 
-def check_stop_rule(m: dict[str, Any]) -> None:
+def check_stop_rule(m: Manifest) -> None:
     """A guided record stopped by 'confirmed': no unmeasured setting, at the top of its predicted range, would
     hold the best measured tok/s below its CI, and the model's best of every scenario and level is measured."""
-    assert m["budget"]["stopped_by"].startswith("confirmed"), m["budget"]["stopped_by"]
-    best = {(b["scenario"], b["concurrency"]): b["tok_s"] for b in m["best"]}
-    offsets = {(o["scenario"], o["topk"], o["concurrency"]): o["offset"] for o in m["model"]["offsets"]}
-    spec = [p for p in m["points"] if p["method"] != "none"]
+    assert m.budget is not None and m.model is not None and m.model.margin is not None
+    assert (m.budget.stopped_by or "").startswith("confirmed"), m.budget.stopped_by
+    best = {(b.scenario, b.concurrency): b.tok_s or 0.0 for b in m.best}
+    offsets = {(o.scenario, o.topk, o.concurrency): o.offset for o in m.model.offsets}
+    spec = [p for p in m.points if p.method != "none"]
     for p in spec:
-        if p["status"] == "not measured":
-            err = max(m["model"]["margin"], abs(offsets.get((p["scenario"], p["topk"], p["concurrency"]), 1.0) - 1))
-            top = p["final_prediction"]["tok_s"] * (1 + err) * (1 - m["model"]["noise"][str(p["concurrency"])])
-            assert top <= best[(p["scenario"], p["concurrency"])] * (1 + 1e-9), p["id"]
-            assert p["reason"].startswith("not needed")
+        assert p.final_prediction is not None, p.id
+        if p.status == "not measured":
+            err = max(m.model.margin, abs(offsets.get((p.scenario, p.topk or 1, p.concurrency), 1.0) - 1))
+            top = p.final_prediction.tok_s * (1 + err) * (1 - m.model.noise[p.concurrency])
+            assert top <= best[(p.scenario, p.concurrency)] * (1 + 1e-9), p.id
+            assert (p.reason or "").startswith("not needed")
     for key in best:  # and the setting the model calls best is measured
-        mine = [p for p in spec if (p["scenario"], p["concurrency"]) == key]
-        assert max(mine, key=lambda p: p["final_prediction"]["tok_s"])["status"] == "ok", key
+        mine = [p for p in spec if (p.scenario, p.concurrency) == key]
+        assert max(mine, key=lambda p: p.final_prediction.tok_s if p.final_prediction else 0.0).status == "ok", key
 
 
 def test_a_simulated_grid_is_a_grid_record(tmp_path):
@@ -233,12 +242,12 @@ def test_guided_probes_each_scenario_once_and_finds_the_best(seed, tmp_path):
     assert {setting[s["arm"]].synthetic_accept for s in starts[1:5]} == {None, 0.6, 0.75, 0.9}
     assert len(starts) <= 0.4 * len(manifest_json(grid.run_dir)["starts"])
     rows = judge(grid.manifest, guided.manifest)
-    assert len(rows) == 4 and all(r["within_ci"] for r in rows), rows
+    assert len(rows) == 4 and all(r.within_ci for r in rows), rows
     truth = QUIET.best(p)
     for b in m["best"]:
         found = QUIET.tok_s(setting[b["best"]], b["concurrency"])
         assert found >= 0.97 * truth[(b["scenario"], b["concurrency"])][1], b
-    check_stop_rule(m)
+    check_stop_rule(load_record(guided.run_dir))
 
 
 def test_the_model_error_follows_the_data(tmp_path):
@@ -250,9 +259,10 @@ def test_the_model_error_follows_the_data(tmp_path):
         world = World(fixed_ms=10, per_draft_ms=2.5, fixed_growth=0.5, draft_growth=1.0, request_sigma=sigma,
                       start_sigma=sigma / 2)
         grid = simulate(p, world, seed=4, output_dir=tmp_path / name)
-        out[name] = manifest_json(replay(grid.run_dir, output_dir=tmp_path / name).run_dir)
-    q, n = out["quiet"]["model"], out["noisy"]["model"]
-    assert n["margin"] > 2 * q["margin"] and min(n["noise"].values()) > 2 * max(q["noise"].values())
+        out[name] = load_record(replay(grid.run_dir, output_dir=tmp_path / name).run_dir)
+    q, n = out["quiet"].model, out["noisy"].model
+    assert q is not None and n is not None and q.margin is not None and n.margin is not None
+    assert n.margin > 2 * q.margin and min(n.noise.values()) > 2 * max(q.noise.values())
     check_stop_rule(out["quiet"])
     check_stop_rule(out["noisy"])
 
@@ -354,7 +364,7 @@ def test_guided_sweep_on_local_pair(tiny_params, tmp_path):
     stopped = m["budget"]["stopped_by"]
     assert stopped.startswith(("confirmed", "every setting"))
     if stopped.startswith("confirmed"):  # the stopping rule, checked on what the record says
-        check_stop_rule(m)
+        check_stop_rule(load_record(result.run_dir))
     assert len(starts) <= 1 + 4 and not LocalHost().port_holders(tiny_params["port"])
 
 

@@ -18,12 +18,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from spectrial.headline import headlines
-from spectrial.history import record_rows
-from spectrial.records import manifest_json
-from spectrial.schema import load_record
+from spectrial.readers import sweep as sweep_reader
+from spectrial.readers.headline import headlines
+from spectrial.readers.history import record_rows
+from spectrial.readers.render import sweep as sweep_figures
+from spectrial.records import load_record, manifest_json
+from spectrial.schema import SweepDecision
 from spectrial.sweep import World, load_sweep_params, replay, simulate, sweep_command
-from spectrial.sweep import figures as sweep_figures
 from spectrial.sweep.result import not_measured, partial_reason, sweep_status
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,7 +116,8 @@ def test_a_budget_stopped_grid_is_partial_and_names_what_it_skipped(tmp_path):
     no_confirmed_with_threats(m)
     pt = next(p for p in m["points"] if p["setting"] == K6)
     assert pt["status"] == "not measured" and pt["reason"].startswith("time budget") and "predicted" in pt["reason"]
-    assert {"phase": "budget", "setting": K6, "reason": f"not started: {b['stopped_by']}"} in m["decisions"]
+    typed = load_record(next((tmp_path / "replay").iterdir()))
+    assert SweepDecision(phase="budget", setting=K6, reason=f"not started: {b['stopped_by']}") in typed.decisions
 
 
 def test_every_reader_says_partial(tmp_path):
@@ -129,15 +131,15 @@ def test_every_reader_says_partial(tmp_path):
     text = h.text()
     assert f"{K6}@c1 (k=6, synthetic): not measured — time budget" in text and "predicted" in text
     assert "not measured" in set(h.table()["verdict"])
-    verdict = sweep_figures.verdict(manifest)
+    verdict = sweep_reader.verdict(manifest)
     assert verdict.startswith("**Partial sweep**: stopped by the time budget") and K6 in verdict
     assert "confirmed: faster" not in verdict
     heat = sweep_figures.heatmap_figure(manifest).data[0].text
     assert any(str(t).startswith("not measured<br>(predicted") for row in heat for t in row)
     rows, issues = record_rows(manifest, "run")
-    assert {r["run_status"] for r in rows} == {"partial"}
+    assert {r.run_status for r in rows} == {"partial"}
     assert [p for _, _, p in issues if p.startswith("run partial")] == [f"run partial: {m['reason']}"]
-    from spectrial.report import build_notebook
+    from spectrial.readers.render.report import build_notebook
 
     nb = build_notebook(manifest, run_dir=run)
     md = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
@@ -151,11 +153,12 @@ def test_an_older_record_stopped_by_its_budget_reads_as_partial(tmp_path):
     data = manifest_json(next((tmp_path / "replay").iterdir()))
     data["status"], data["reason"] = "ok", None
     data["budget"] = {k: v for k, v in data["budget"].items() if k not in ("not_measured", "partial")}
-    from spectrial.schema import as_manifest
+    from spectrial.records import as_manifest
 
     old = as_manifest(data)
     assert sweep_status(old) == "partial"
-    assert [x["setting"] for x in not_measured(old)] == [K6] and not_measured(old)[0]["predicted"][0]["tok_s"] > 600
+    (left,) = not_measured(old)
+    assert left.setting == K6 and (left.predicted[0].tok_s or 0) > 600 and left.could_beat_at == [1]
     assert K6 in (partial_reason(old) or "") and "partial sweep" in headlines(old)[0].title
 
 

@@ -14,9 +14,10 @@ import pytest
 
 from spectrial import figures, validity
 from spectrial.diagnose import diagnose
-from spectrial.headline import headline
 from spectrial.params import load_params
-from spectrial.schema import ArmRecord, RequestRecord, ServingFigures, WindowStats, load_record
+from spectrial.readers.headline import headline
+from spectrial.records import load_record
+from spectrial.schema import ArmRecord, RequestRecord, ServingFigures, WindowStats
 from spectrial.trial import run_trial
 
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]

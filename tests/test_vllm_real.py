@@ -31,7 +31,7 @@ from spectrial.errors import ConfigError, ResourceBusyError
 from spectrial.host import LocalHost
 from spectrial.params import load_params
 from spectrial.records import manifest_json
-from spectrial.server import read_state, stop_previous
+from spectrial.server import KillReport, ServerState, read_state, stop_previous
 from spectrial.trial import run_trial
 from spectrial.workloads import bundled_items
 
@@ -222,7 +222,7 @@ def test_notebook_03_grid_against_real_vllm(vllm_cpu, tmp_path, port):
 
 # --- orphans: what the next kill step finds and stops ------------------------------------------------------------
 def _start_and_wait(cmd: list[str], state: Path, port: int, env: dict[str, str] | None = None
-                    ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+                    ) -> tuple[subprocess.Popen[bytes], ServerState]:
     """Start a spectrial process in its own session; return it once its server answers /health and the state
     file lists the server's processes."""
     proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -230,7 +230,7 @@ def _start_and_wait(cmd: list[str], state: Path, port: int, env: dict[str, str] 
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline:
         st = read_state(LocalHost(), str(state), port)
-        if st and st.get("members"):
+        if st and st.members:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                     return proc, st
@@ -241,11 +241,11 @@ def _start_and_wait(cmd: list[str], state: Path, port: int, env: dict[str, str] 
     raise AssertionError("the server never came up")
 
 
-def _kill_step_stops_everything(state: Path, port: int, st: dict[str, Any]) -> dict[str, Any]:
-    members = [m["pid"] for m in st["members"]]
+def _kill_step_stops_everything(state: Path, port: int, st: ServerState) -> KillReport:
+    members = [m.pid for m in st.members]
     names = {psutil.Process(p).name() for p in members if psutil.pid_exists(p)}
     report = stop_previous(LocalHost(), port, str(state), 20)
-    assert report["action"].startswith("stopped previous spectrial server"), report
+    assert report.action.startswith("stopped previous spectrial server"), report
     assert tree_gone(members) and not LocalHost().port_holders(port)
     assert read_state(LocalHost(), str(state), port) is None
     return {"names": names, **report}
@@ -266,7 +266,7 @@ def test_orphans_of_a_real_vllm_are_found_and_stopped(vllm_cpu, tmp_path, port, 
     os.killpg(proc.pid, signal.SIGKILL)  # spectrial itself dies without cleaning up
     proc.wait(30)
     if scenario == "launched process killed alone":
-        cmds = {m["pid"]: psutil.Process(m["pid"]).cmdline() for m in st["members"] if psutil.pid_exists(m["pid"])}
+        cmds = {m.pid: psutil.Process(m.pid).cmdline() for m in st.members if psutil.pid_exists(m.pid)}
         engine = next(pid for pid, c in cmds.items() if c and c[0] != "sh" and "api_server" in " ".join(c))
         os.kill(engine, signal.SIGKILL)  # the API server alone: EngineCore and Worker stay, orphaned
         time.sleep(1.0)
@@ -281,7 +281,7 @@ def test_a_signal_mid_benchmark_stops_a_real_vllm_at_once(vllm_cpu, tmp_path, po
     API server, EngineCore and Worker itself, says why in the record, and exits 129 (143); nothing is left."""
     data = vparams(tmp_path, port, arms=[{"name": "baseline"}], repeats=10000, max_tokens=48)
     proc, st = _start_and_wait([*SPECTRIAL, "trial", str(write_params(data)), "--quiet"], tmp_path / "state", port)
-    members = [m["pid"] for m in st["members"]]
+    members = [m.pid for m in st.members]
     time.sleep(1.0)  # requests in flight
     os.killpg(proc.pid, sig)
     assert proc.wait(120) == {signal.SIGHUP: 129, signal.SIGTERM: 143}[sig]

@@ -31,11 +31,12 @@ import yaml
 from spectrial.bench import full_length, stream_completion
 from spectrial.engines import get_engine
 from spectrial.errors import ConfigError
-from spectrial.explain import explain
 from spectrial.host import LocalHost
 from spectrial.params import load_params
+from spectrial.readers.explain import explain
 from spectrial.records import manifest_json
 from spectrial.schema import ArmRecord, CategoryRecord, Manifest
+from spectrial.testing import MemoryHost
 from spectrial.workloads import (
     DATASETS,
     HUMANEVAL_INSTRUCTION,
@@ -265,17 +266,26 @@ def test_bodies_carry_the_format_and_sampling_of_the_params(hf_counting):
     assert eng.request_target("completion")[1](item, 16)["text"] == "Say hi."
 
 
-def test_native_chat_without_a_template_is_refused_naming_the_folder(tmp_path):
+def test_native_chat_without_a_template_is_refused_naming_the_folder():
     model = REPO / "tests" / "standin" / "models" / "target"
     eng = _engine("sglang", model=str(model), engine_config={"client_api": "native"})
     with pytest.raises(ConfigError, match=f"chat needs the model's chat template, and {model} has none"):
         eng.request_target("chat")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+
+
+def test_chat_template_is_found_in_the_model_folder_in_hf_order():
+    """The model folder is read through the host's file verbs only: an in-memory host (TEST DOUBLE) holds it."""
+    host = MemoryHost(files={"/m/tokenizer_config.json": json.dumps({
         "chat_template": [{"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}!"}],
-        "bos_token": {"content": "<s>"}}))
-    t = hf_chat_template(LocalHost(), str(tmp_path))
+        "bos_token": {"content": "<s>"}})})
+    t = hf_chat_template(host, "/m")
     assert t.render([{"role": "user", "content": "x"}]) == "x!"
     assert t.render([{"role": "user", "content": "x"}], strip_bos=False) == "<s>x!"
+    host.write_text("/m/chat_template.jinja", "[{{ messages[0]['content'] }}]")  # a .jinja file comes first
+    assert hf_chat_template(host, "/m").render([{"role": "user", "content": "x"}]) == "[x]"
+    with pytest.raises(ConfigError, match="chat needs the model's chat template, and /empty has none"):
+        hf_chat_template(MemoryHost(), "/empty")
+    assert host.commands == []  # no shell was needed
 
 
 @pytest.mark.slow
@@ -295,10 +305,10 @@ def test_chat_stream_chunks_and_short_outputs_are_read_from_a_real_server(llama_
         with httpx.Client(timeout=60) as c:
             body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "stream": True,
                     "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
-            rec = stream_completion(c, srv.base_url, body, lambda f: {}, 60, "/v1/chat/completions")
+            rec = stream_completion(c, srv.base_url, body, None, 60, "/v1/chat/completions")
             assert rec.ok and rec.tokens == 12 and rec.chunks >= 10 and rec.get("server_prompt_n") > 1
             stop = {**body, "ignore_eos": False, "stop": [" "]}
-            rec = stream_completion(c, srv.base_url, stop, lambda f: {}, 60, "/v1/chat/completions")
+            rec = stream_completion(c, srv.base_url, stop, None, 60, "/v1/chat/completions")
             assert rec.ok and rec.tokens < 12  # stopped at the first space: not a short-output error
 
 
@@ -319,7 +329,7 @@ def test_explain_says_when_one_category_wins_and_another_loses():
     assert "**code** commits 3.10 per cycle, its line 2.00 (above: pays" in s.text
     assert "**chat** commits 1.60 per cycle, its line 2.00 (below: does not pay" in s.text
     assert "**The verdict depends on the workload**: eagle3 is faster on code and slower on chat" in s.text
-    assert e.numbers["categories"]["eagle3"]["chat"]["pays"] == "no" and len(s.table) == 2
+    assert e.numbers.categories["eagle3"]["chat"].pays == "no" and len(s.table) == 2
     # a category within the noise is undecided, however its point estimate falls
     undecided = spec.model_copy(update={"categories": [c.model_copy(update={
         "verdict": "not distinguishable at this noise", "pays": "undecided"}) for c in spec.categories]})

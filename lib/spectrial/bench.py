@@ -20,7 +20,8 @@ Metrics derived per request (the serving figures over requests: spectrial.servin
     tpot_ms        = (e2el_ms - ttft_ms) / (tokens - 1)                              time per output token
     client_tok_s   = (tokens - tokens of the first event) / (last event - first event)  decode rate seen by
                      the client (tok/s)
-    server_*       = the engine's own per-request stats (llama.cpp `timings`), when it reports them
+    server_*       = the engine's own per-request stats (`ServerRequestStats`: llama.cpp `timings`, SGLang
+                     `meta_info`, counters read around the request), when it reports them
 A request that asked for its full length (ignore_eos, no stop strings) and got fewer tokens is an error
 ("short output"); with ignore_eos off or stop strings, an early end is the model's choice, not an error.
 Each record carries its work item's category and source, and the max_tokens it asked.
@@ -33,13 +34,77 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import httpx
+from pydantic import BaseModel, ConfigDict
 
 from spectrial.progress import Progress
-from spectrial.schema import RequestRecord
+from spectrial.schema import RequestRecord, ServerRequestStats
 from spectrial.workloads import WorkItem, as_items, request_order
+
+
+class Sampling(TypedDict, total=False):
+    """The sampling keys of a request body (OpenAI-compatible; SGLang's native `sampling_params` alike)."""
+
+    temperature: float
+    ignore_eos: bool
+    top_p: float
+    top_k: int
+    seed: int
+    sampling_seed: int  # SGLang native's name of seed
+    stop: list[str]
+    max_new_tokens: int  # SGLang native's max_tokens
+
+
+class StreamOptions(TypedDict, total=False):
+    include_usage: bool
+    continuous_usage_stats: bool  # vLLM: usage in every chunk
+
+
+class ChatMessage(TypedDict):
+    role: str
+    content: str
+
+
+class RequestBody(Sampling, total=False):
+    """The JSON body of one streaming request: OpenAI /v1/completions (`prompt`), /v1/chat/completions
+    (`messages`), or SGLang's native /generate (`text`, `sampling_params`); engine extras where they apply."""
+
+    model: str
+    prompt: str
+    messages: list[ChatMessage]
+    text: str
+    max_tokens: int
+    stream: Literal[True]
+    stream_options: StreamOptions
+    cache_prompt: bool  # llama.cpp: reuse the slot's cached prompt
+    sampling_params: Sampling
+
+
+Payload = Callable[[WorkItem, int], RequestBody]  # (work item, max tokens) -> body
+StatsFn = Callable[[dict[str, Any]], ServerRequestStats]  # the stream's last stats chunk -> the engine's figures
+CounterStats = Callable[[dict[str, float], dict[str, float]], ServerRequestStats]  # counters before, after
+
+
+class RequestTags(TypedDict, total=False):
+    """Where a request belongs, set on its record (`RequestRecord` fields of the same names)."""
+
+    arm: str
+    point: str
+    restart: int
+    start: int
+    concurrency: int
+    phase: str
+
+
+class Usage(BaseModel):
+    """An OpenAI `usage` object (what spectrial reads of it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 @dataclass
@@ -50,8 +115,8 @@ class _Stream:
     tokens: list[int] = field(default_factory=list)
     exact: bool = True  # every token event so far was counted by the server
     counted: int = 0  # the server's cumulative completion tokens at the last event it counted
-    usage: dict[str, Any] = field(default_factory=dict)
-    final: dict[str, Any] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    final: dict[str, Any] = field(default_factory=dict)  # the chunk with the engine's stats, as parsed
     native_len: int = 0  # native /generate: length of the cumulative text seen
 
     def add(self, now: float, n: int, exact: bool) -> None:
@@ -61,8 +126,8 @@ class _Stream:
 
     def feed(self, obj: dict[str, Any], now: float) -> None:
         """Take one parsed SSE event that arrived at `now`."""
-        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-        if usage:
+        usage = Usage.model_validate(obj["usage"]) if isinstance(obj.get("usage"), dict) else None
+        if usage is not None:
             self.usage = usage
         if obj.get("timings") or obj.get("meta_info"):
             self.final = obj
@@ -70,8 +135,8 @@ class _Stream:
             choices = [c for c in obj.get("choices") or [] if isinstance(c, dict)]
             if not choices:
                 return  # usage-only chunk
-            cum = usage.get("completion_tokens") if usage else None
-            if isinstance(cum, int) and self.exact:
+            cum = usage.completion_tokens if usage is not None else None
+            if cum is not None and self.exact:
                 # the server counts every chunk (continuous usage): an event when its count went up
                 n, self.counted = cum - self.counted, max(cum, self.counted)
                 if n > 0:
@@ -83,7 +148,7 @@ class _Stream:
         meta = obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else {}
         cum = meta.get("completion_tokens")
         if isinstance(cum, int):  # native /generate: cumulative completion tokens
-            self.usage = {**self.usage, "completion_tokens": cum}
+            self.usage = self.usage.model_copy(update={"completion_tokens": cum})
             n, self.counted = cum - self.counted, max(cum, self.counted)
             if n > 0:
                 self.add(now, n, True)
@@ -108,22 +173,23 @@ def _carries_text(choice: dict[str, Any]) -> bool:
     return not (choice.get("finish_reason") is not None and not any(texts))  # the closing chunk
 
 
-def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
-                      stats_fn: Callable[[dict[str, Any]], dict[str, Any]], timeout_s: float,
-                      path: str = "/v1/completions") -> RequestRecord:
+def stream_completion(client: httpx.Client, base_url: str, body: RequestBody, stats_fn: StatsFn | None,
+                      timeout_s: float, path: str = "/v1/completions") -> RequestRecord:
     """One streaming request; returns a record with every token event's arrival, token count and server
-    stats, or an error (kept with what arrived before it).
+    stats (`stats_fn` of the chunk that carried them; None: none read), or an error (kept with what arrived
+    before it).
 
     Understands OpenAI completion and chat chunks (`choices[].text`, `choices[].delta`, `usage`) and SGLang's
     native `/generate` chunks (cumulative `text`, `meta_info.completion_tokens`)."""
-    rec: dict[str, Any] = {"t_start": time.monotonic(), "error": None}
+    t0 = time.monotonic()
+    error: str | None = None
     s = _Stream()
     max_tokens = body.get("max_tokens") or (body.get("sampling_params") or {}).get("max_new_tokens") or 0
     try:
         with client.stream("POST", f"{base_url}{path}", json=body, timeout=timeout_s) as r:
             if r.status_code != 200:
-                rec["error"] = f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:300]}"
-                return RequestRecord(**rec)
+                return RequestRecord(t_start=t0, error=f"HTTP {r.status_code}: "
+                                                       f"{r.read().decode(errors='replace')[:300]}")
             for line in r.iter_lines():
                 now = time.monotonic()
                 if not line.startswith("data:"):
@@ -138,41 +204,39 @@ def stream_completion(client: httpx.Client, base_url: str, body: dict[str, Any],
                 if isinstance(obj, dict):
                     s.feed(obj, now)
     except httpx.HTTPError as exc:
-        rec["error"] = f"{type(exc).__name__}: {exc}"
-    rec["t_end"] = time.monotonic()
-    rec.update(stats_fn(s.final) if s.final else {})
-    if rec.get("server_prompt_n") is None and isinstance(s.usage.get("prompt_tokens"), int):
-        rec["server_prompt_n"] = s.usage["prompt_tokens"]  # the prompt as the server tokenized it (chat: templated)
-    tokens = s.usage.get("completion_tokens") or rec.get("server_predicted_n") or sum(s.tokens)
-    t0 = rec["t_start"]
-    rec.update(tokens=tokens, chunks=len(s.times), e2el_ms=(rec["t_end"] - t0) * 1000,
-               events_ms=[(t - t0) * 1000 for t in s.times], event_tokens=list(s.tokens),
-               event_tokens_exact=s.exact if s.times else None)
+        error = f"{type(exc).__name__}: {exc}"
+    t_end = time.monotonic()
+    stats = stats_fn(s.final) if s.final and stats_fn is not None else ServerRequestStats()
+    if stats.server_prompt_n is None and s.usage.prompt_tokens is not None:
+        stats.server_prompt_n = s.usage.prompt_tokens  # the prompt as the server tokenized it (chat: templated)
+    tokens = s.usage.completion_tokens or stats.server_predicted_n or sum(s.tokens)
+    rec = RequestRecord(t_start=t0, t_end=t_end, error=error, tokens=tokens, chunks=len(s.times),
+                        e2el_ms=(t_end - t0) * 1000, events_ms=[(t - t0) * 1000 for t in s.times],
+                        event_tokens=list(s.tokens), event_tokens_exact=s.exact if s.times else None,
+                        **stats.fields())
     if s.times:
-        rec["ttft_ms"] = rec["events_ms"][0]
+        rec.ttft_ms = (s.times[0] - t0) * 1000
         if tokens > 1:
-            rec["tpot_ms"] = (rec["e2el_ms"] - rec["ttft_ms"]) / (tokens - 1)
+            rec.tpot_ms = ((t_end - t0) * 1000 - rec.ttft_ms) / (tokens - 1)
         span = s.times[-1] - s.times[0]
-        rec["client_tok_s"] = (tokens - s.tokens[0]) / span if span > 0 and tokens > s.tokens[0] else None
-    if rec["error"] is None and tokens < max_tokens and full_length(body):
-        rec["error"] = f"short output: {tokens} of {max_tokens} tokens"
-    return RequestRecord(**rec)
+        rec.client_tok_s = (tokens - s.tokens[0]) / span if span > 0 and tokens > s.tokens[0] else None
+    if error is None and tokens < max_tokens and full_length(body):
+        rec.error = f"short output: {tokens} of {max_tokens} tokens"
+    return rec
 
 
-def full_length(body: dict[str, Any]) -> bool:
+def full_length(body: RequestBody) -> bool:
     """Whether a request body asks for exactly its max tokens (ignore_eos and no stop strings)."""
-    sp = body.get("sampling_params") or {}
+    sp: Sampling = body.get("sampling_params") or {}
     return bool(body.get("ignore_eos", sp.get("ignore_eos"))) and not (body.get("stop") or sp.get("stop"))
 
 
 def run_requests(base_url: str, prompts: Sequence[WorkItem | dict[str, Any]], *, n: int, max_tokens: int,
-                 payload: Callable[[WorkItem, int], dict[str, Any]],
-                 stats_fn: Callable[[dict[str, Any]], dict[str, Any]],
+                 payload: Payload, stats_fn: StatsFn | None = None,
                  concurrency: int = 1, timeout_s: float = 300, seed: int = 0, phase: str = "measure",
                  label: str = "", progress: bool = True, path: str = "/v1/completions",
-                 tags: dict[str, Any] | None = None, output_len: str = "fixed",
-                 counters: tuple[Callable[[], dict[str, float]],
-                                 Callable[[dict[str, float], dict[str, float]], dict[str, Any]]] | None = None
+                 tags: RequestTags | None = None, output_len: str = "fixed",
+                 counters: tuple[Callable[[], dict[str, float]], CounterStats] | None = None
                  ) -> list[RequestRecord]:
     """Send `n` requests (work items in a seeded order, categories taking turns: `request_order`),
     `concurrency` at a time; `payload(item, max_tokens)` builds each body. Each request asks `max_tokens`, or
@@ -189,7 +253,7 @@ def run_requests(base_url: str, prompts: Sequence[WorkItem | dict[str, Any]], *,
         before = counters[0]() if counters and concurrency == 1 else None
         rec = stream_completion(client, base_url, payload(p, mt), stats_fn, timeout_s, path)
         if before is not None and counters and not rec.error:
-            for k, v in counters[1](before, counters[0]()).items():
+            for k, v in counters[1](before, counters[0]()).fields().items():
                 setattr(rec, k, v)
         for k, v in {"index": i, "phase": phase, "prompt_id": p.id, "category": p.category, "turn": p.turn, "source": p.source,
                      "max_tokens": mt, "prompt_len": p.prompt_len, **(tags or {})}.items():

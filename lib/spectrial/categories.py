@@ -5,7 +5,7 @@
                     "measure" rows count), error (rows with one are left out), prompt_id (a missing `turn` key is
                     read from MT-Bench ids `mtbench:<question>:<turn>`). A run's requests.csv carries accept_len;
                     for a record without it, `with_request_accept` adds it from the engine's own per-request counts
-                    (spectrial.figures.request_cycles), the same figure.
+                    (spectrial.serving.request_cycles), the same figure.
     output          one row per group: the `by` keys, then
         requests                 requests with an accept length (and at least 2 tokens: one verify cycle)
         missing                  measured requests without one (no per-request counts, or 1 token)
@@ -50,10 +50,9 @@ def mtbench_turn(prompt_id: object) -> int | None:
 
 def with_request_accept(requests: pd.DataFrame) -> pd.DataFrame:
     """A copy of a requests frame with `accept_len` per request from the engine's own per-request counts
-    (`spectrial.figures.request_cycles`: SGLang's spec_verify_ct, vLLM's and llama.cpp's counters read around each
+    (`spectrial.serving.request_cycles`: SGLang's spec_verify_ct, vLLM's and llama.cpp's counters read around each
     request, llama.cpp's timings): 1 + accepted / verify cycles; NaN where a row has none (a baseline's rows)."""
-    from spectrial.figures import request_cycles
-    from spectrial.serving import from_frames
+    from spectrial.serving import from_frames, request_cycles
 
     out = requests.copy()
     vals = []

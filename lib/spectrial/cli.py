@@ -14,9 +14,7 @@ from spectrial import interrupts
 if __name__ == "__main__" or sys.argv and sys.argv[0].endswith("spectrial"):  # the command, not a library import
     interrupts.install_exit()  # before anything slow: a signal while starting up exits 130 / 143 / 129
 
-import contextlib  # noqa: E402
 import json  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Annotated, Any  # noqa: E402
 
@@ -32,35 +30,16 @@ provision_app = typer.Typer(help="Build or locate engine binaries.", no_args_is_
 app.add_typer(models_app, name="models")
 app.add_typer(provision_app, name="provision")
 
-from spectrial.errors import ConnectionLost, RecordWriteError  # noqa: E402
+from spectrial.errors import ConnectionLost, MeasurementRejected, RecordWriteError  # noqa: E402
 
-RUN_ENDING = (ConnectionLost, RecordWriteError)  # errors that end a run that had started: exit 1, as a failed run
+# errors that end a run that had started: exit 1, as a failed run (not 2, bad input)
+RUN_ENDING = (ConnectionLost, MeasurementRejected, RecordWriteError)
 ParamOpt = Annotated[list[str] | None, typer.Option("-p", "--param", help="Override NAME=VALUE (dotted names).")]
 
 
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", fg="red", err=True)
     raise typer.Exit(2)
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Stop the run on SIGTERM or SIGHUP as on Ctrl-C (servers stopped, the record written with the reason), then
-    exit 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)."""
-    interrupts.install()
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        interrupts.ignore()  # the run is over; a second Ctrl-C changes nothing now
-        with contextlib.suppress(OSError):  # a hung-up terminal cannot take the message
-            typer.secho(f"interrupted by {interrupts.name(exc)}: servers stopped, the record says why",
-                        fg="red", err=True)
-        raise typer.Exit(interrupts.exit_code(exc)) from None
-    except BaseException:
-        interrupts.install_exit()
-        raise
-    else:
-        interrupts.install_exit()  # the run is over: a later signal exits at once (130 / 143 / 129)
 
 
 @app.command()
@@ -83,12 +62,12 @@ def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. pa
 
             arms = plan(params)
             if as_json:
-                typer.echo(json.dumps(arms, indent=2))
+                typer.echo(json.dumps([a.model_dump() for a in arms], indent=2))
             else:
                 for a in arms:
-                    typer.echo(a["display"])
+                    typer.echo(a.display)
             return
-        with interruptible():
+        with interrupts.interruptible():
             result = run_trial(params, run_id=run_id, progress=not quiet)
     except RunFailed as exc:
         if exc.result is not None and getattr(exc.result, "manifest", None) is not None:
@@ -109,7 +88,7 @@ def print_headline(manifest: Any, wide: bool = False) -> None:
     """The answer first (rich, fitted to the terminal); with `wide` every figure of every arm below it."""
     from rich.console import Console
 
-    from spectrial.headline import headline
+    from spectrial.readers.headline import headline
     from spectrial.trial import arms_table
 
     console = Console()
@@ -130,23 +109,24 @@ def notebook(name: Annotated[str, typer.Argument(help="Notebook path or number p
 
     try:
         values: dict[str, Any] = parse_overrides(param)
-        with interruptible():
+        with interrupts.interruptible():
             out = run_notebook(name, values, output_dir=output_dir)
     except SpectrialError as exc:
         _fail(exc)
         return
-    typer.echo(f"executed notebook: {out['notebook']}")
-    if out.get("run_dir"):
-        typer.echo(f"run record: {Path(out['run_dir']) / 'manifest.json'}")
-    if out.get("report"):
-        typer.echo(f"report: {out['report']}")
+    typer.echo(f"executed notebook: {out.notebook}")
+    if out.run_dir is not None:
+        from spectrial.readers.render.report import write_report
+
+        typer.echo(f"run record: {out.run_dir / 'manifest.json'}")
+        typer.echo(f"report: {write_report(out.run_dir)}")
 
 
 @app.command()
 def diff(run_a: Annotated[Path, typer.Argument(help="First run folder")],
          run_b: Annotated[Path, typer.Argument(help="Second run folder")]) -> None:
     """What differs between two runs (environment, engine, machine, launch, params, results)."""
-    from spectrial.diff import diff_runs, format_findings
+    from spectrial.readers.diff import diff_runs, format_findings
 
     for p in (run_a, run_b):
         if not (p / "manifest.json").is_file():
@@ -178,7 +158,7 @@ def report(run_dir: Annotated[Path | None, typer.Argument(
            show_code: Annotated[bool, typer.Option("--show-code", help="Include the notebook's code cells.")] = False
            ) -> None:
     """Write RUN_DIR/report.html (plotly embedded, readable offline) and link it from the run record."""
-    from spectrial.report import latest_run, write_report
+    from spectrial.readers.render.report import latest_run, write_report
 
     try:
         path = write_report(run_dir if run_dir is not None else latest_run(output_dir), show_code=show_code)

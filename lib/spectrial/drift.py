@@ -12,13 +12,16 @@ The message names what else differs from those runs (argv, environment), the usu
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue
+
 from spectrial.figures import pick_baseline
 from spectrial.params import workload_identity
-from spectrial.records import list_runs
-from spectrial.schema import ArmRecord, DriftRecord, Manifest, load_record
+from spectrial.records import list_runs, load_record
+from spectrial.schema import ArmRecord, DriftRecord, Manifest
 
 
 def _baseline(manifest: Manifest) -> ArmRecord | None:
@@ -89,6 +92,63 @@ def check_drift(manifest: Manifest, folder: str | Path, tolerance: float = 0.10)
 
 def _what_differs(a: ArmRecord, b: ArmRecord) -> list[str]:
     """argv and env differences between two arm records."""
-    from spectrial.diff import argv_changes, dict_changes
-
     return argv_changes(b.argv or [], a.argv or []) + dict_changes(b.env or {}, a.env or {}, "env")
+
+
+# --- what differs between two launches (also spectrial.readers.diff's) ---------------------------------------
+def _flat(d: JsonValue, prefix: str = "") -> dict[str, JsonValue]:
+    if isinstance(d, dict):
+        out: dict[str, JsonValue] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    if isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
+        out = {}
+        for i, v in enumerate(d):
+            out.update(_flat(v, f"{prefix}{i}."))
+        return out
+    return {prefix.rstrip("."): d}
+
+
+def dict_changes(a: Mapping[str, JsonValue], b: Mapping[str, JsonValue], label: str) -> list[str]:
+    """'label.KEY: a -> b' for every key that differs (added/removed included)."""
+    fa, fb = _flat(dict(a)), _flat(dict(b))
+    out = []
+    for k in sorted(set(fa) | set(fb)):
+        if fa.get(k) != fb.get(k):
+            if k not in fa:
+                out.append(f"{label}.{k} added: {fb[k]!r}")
+            elif k not in fb:
+                out.append(f"{label}.{k} removed (was {fa[k]!r})")
+            else:
+                out.append(f"{label}.{k}: {fa[k]!r} -> {fb[k]!r}")
+    return out
+
+
+def argv_options(argv: list[str]) -> dict[str, str]:
+    """A launch command's options as {flag: value} ("" for a flag without a value)."""
+    opts: dict[str, str] = {}
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            opts[a] = argv[i + 1]
+            i += 2
+        else:
+            opts[a] = ""
+            i += 1
+    return opts
+
+
+def argv_changes(a: list[str], b: list[str]) -> list[str]:
+    """Option-level differences between two launch commands."""
+    if a == b:
+        return []
+    out = []
+    if a[:1] != b[:1]:
+        out.append(f"executable: {a[:1]} -> {b[:1]}")
+    oa, ob = argv_options(a), argv_options(b)
+    for k in sorted(set(oa) | set(ob)):
+        if oa.get(k) != ob.get(k):
+            out.append(f"argv {k}: {oa.get(k, '(absent)')!r} -> {ob.get(k, '(absent)')!r}")
+    return out or ["argv order changed"]

@@ -25,13 +25,13 @@ missing or different where it is known fails the check; an unverified one is lis
 from __future__ import annotations
 
 import hashlib
-import json
 import shlex
 from collections.abc import Mapping
-from typing import Any
+
+from pydantic import BaseModel
 
 from spectrial.host import ProcInfo
-from spectrial.schema import EnvCheckRecord
+from spectrial.schema import EnvCheckRecord, ProcessEnvCheck
 from spectrial.secrets import is_secret_name, mask_argv, mask_env
 
 PROBE_DIR_VAR = "SPECTRIAL_ENV_PROBE"
@@ -97,16 +97,28 @@ def value_hash(salt: str, value: str) -> str:
     return hashlib.sha256((salt + "\0" + value).encode()).hexdigest()
 
 
-def parse_probe_records(text: str) -> dict[int, dict[str, Any]]:
-    """Probe records by pid (a process started by exec writes one at start, a forked child one at fork)."""
-    out: dict[int, dict[str, Any]] = {}
+class ProbeRecord(BaseModel):
+    """What the probe wrote for one process (PROBE_SCRIPT): pid, start time, and per requested variable the
+    salted hash of its value (None: absent)."""
+
+    pid: int
+    ppid: int | None = None
+    start_ticks: int = 0
+    when: str = ""
+    argv: list[str] = []
+    vars: dict[str, str | None] = {}
+
+
+def parse_probe_records(text: str) -> dict[int, ProbeRecord]:
+    """Probe records by pid (a process started by exec writes one at start, a forked child one at fork); lines
+    that are not a probe record are skipped."""
+    out: dict[int, ProbeRecord] = {}
     for line in text.splitlines():
         try:
-            rec = json.loads(line)
+            rec = ProbeRecord.model_validate_json(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("pid"), int):
-            out[rec["pid"]] = rec
+        out[rec.pid] = rec
     return out
 
 
@@ -117,11 +129,11 @@ def environ_state(p: ProcInfo, tag_var: str) -> str:
     return "readable" if tag_var in p.environ else "blanked"
 
 
-def _probe_of(p: ProcInfo, probes: Mapping[int, dict[str, Any]]) -> dict[str, Any] | None:
+def _probe_of(p: ProcInfo, probes: Mapping[int, ProbeRecord]) -> ProbeRecord | None:
     rec = probes.get(p.pid)
     if rec is None:
         return None
-    ticks = rec.get("start_ticks") or 0
+    ticks = rec.start_ticks
     return rec if not ticks or not p.start_ticks or ticks == p.start_ticks else None  # a recycled pid: not it
 
 
@@ -136,27 +148,26 @@ def _as_launched(requested: str, launched: str | None) -> str:
 
 def check_env(procs: list[ProcInfo], requested: Mapping[str, str], tag_var: str, *,
               launched: Mapping[str, str] | None = None,
-              probes: Mapping[int, dict[str, Any]] | None = None) -> EnvCheckRecord:
+              probes: Mapping[int, ProbeRecord] | None = None) -> EnvCheckRecord:
     """Check each requested variable in each process: through its probe record, else its exec-time
     environment. `launched` is the environment as put on the command (default: `requested`; it differs where
     spectrial prepended to a variable, as the probe's folder to PYTHONPATH); `probes` the probe records by pid."""
     launched = dict(launched or requested)
     salt = launched.get(tag_var, "")
     probes = probes or {}
-    rows: list[dict[str, Any]] = []
+    rows: list[ProcessEnvCheck] = []
     problems: list[str] = []
     unverified: list[str] = []
     for p in procs:
         state = environ_state(p, tag_var)
         probe = _probe_of(p, probes)
-        row: dict[str, Any] = {"pid": p.pid, "cmdline": mask_argv(p.cmdline), "environ": state,
-                               "probe": probe is not None, "present": [], "missing": [], "wrong": {},
-                               "readable": p.environ is not None, "verified_by": {}, "unverified": []}
+        row = ProcessEnvCheck(pid=p.pid, cmdline=mask_argv(p.cmdline), environ=state, probe=probe is not None,
+                              readable=p.environ is not None)
         where = f"pid {p.pid} ({shlex.join(p.cmdline)[:80]})"
         for k in requested:
             want = _as_launched(requested[k], launched.get(k))
             if probe is not None:
-                held = (probe.get("vars") or {}).get(k, "absent")
+                held = probe.vars.get(k, "absent")
                 how, got = "probe", None if held is None else ("?" if held == "absent" else held)
                 ok_value = held == value_hash(salt, want)
             elif state == "readable":
@@ -164,27 +175,27 @@ def check_env(procs: list[ProcInfo], requested: Mapping[str, str], tag_var: str,
                 how, got = "proc", env.get(k)
                 ok_value = got == want
             else:
-                row["unverified"].append(k)
+                row.unverified.append(k)
                 continue
             if got is None:
-                row["missing"].append(k)
+                row.missing.append(k)
                 problems.append(f"{k} missing from {where} (seen by {how})")
             elif got == "?":
-                row["unverified"].append(k)
+                row.unverified.append(k)
                 continue
             elif not ok_value:
-                row["wrong"][k] = got if how == "proc" else "(another value)"
+                row.wrong[k] = got if how == "proc" else "(another value)"
                 problems.append(f"{k} has another value than requested (masked) in {where}" if is_secret_name(k)
                                 or how == "probe" else f"{k}={got!r} instead of {want!r} in {where}")
             else:
-                row["present"].append(k)
-            row["verified_by"][k] = how
+                row.present.append(k)
+            row.verified_by[k] = how
         if state == "unreadable" and probe is None:
             problems.append(f"pid {p.pid}: environment not readable")
-        elif row["unverified"]:
-            unverified.append(f"{where}: {state} environment, no probe record: {', '.join(row['unverified'])} "
+        elif row.unverified:
+            unverified.append(f"{where}: {state} environment, no probe record: {', '.join(row.unverified)} "
                               "not verifiable")
-        row["wrong"] = mask_env(row["wrong"])
+        row.wrong = mask_env(row.wrong)
         rows.append(row)
     check = EnvCheckRecord(ok=not problems and bool(procs), requested=mask_env(dict(requested)), processes=rows,
                            problems=problems or ([] if procs else ["no server process found"]))
@@ -196,8 +207,8 @@ def check_env(procs: list[ProcInfo], requested: Mapping[str, str], tag_var: str,
 def summarize_check(check: EnvCheckRecord) -> str:
     """One line: all present (and how), or the problems; unverified processes named either way."""
     n = len(check.processes)
-    hows = sorted({h for row in check.processes for h in row.get("verified_by", {}).values()})
-    unverified = list(check.get("unverified", []))
+    hows = sorted({h for row in check.processes for h in row.verified_by.values()})
+    unverified = list(check.unverified)
     if check.ok:
         text = (f"all {len(check.requested)} requested variables present in {n} process(es)"
                 + (f" (verified by {' and '.join(hows)})" if hows else ""))

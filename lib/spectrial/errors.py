@@ -2,6 +2,8 @@
 
     SpectrialError        base; `hint` says what to do
     ConfigError           a parameter is missing, mistyped or contradictory: `parameter` names it
+      HostKeyError        an SSH server's host key is unknown or changed: host, port, key type, SHA256
+                          fingerprint (the message says how to accept it)
     HostError             a command on a host failed or its transport dropped (`lost`): command, exit code,
                           output tails
       ConnectionLost      the connection to a remote host dropped and could not be re-established: host, since
@@ -9,14 +11,22 @@
     RecordWriteError      the run record cannot be written (its disk is full): the run stops
     ServerError           a server did not start, never became ready, or died mid-run (`phase`): exit code,
                           command, log path and tail
+    MeasurementRejected   a server start ran, but a check the params make binding failed (env_check: fail,
+                          nccl_evidence_check: fail): `check`, `arm`, `result` (the typed check result); the
+                          start's record says failed and why, and the run stops
     RunFailed             a trial or sweep ran but did not measure what it should: `result` is the partial
                           result (run folder, manifest, requests), the record says `failed` and why
     ParseError            input could not be parsed at all (line number and line)
+    SetFailed             an NCCL check's environment set: workers failed or timed out: set name, world
+                          size, one `RankFailure` (rank, pid, exit code, error, log tail) per bad rank
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
+
+from pydantic import BaseModel
 
 
 class SpectrialError(Exception):
@@ -33,6 +43,15 @@ class ConfigError(SpectrialError, ValueError):
     def __init__(self, message: str = "", *, parameter: str | None = None, hint: str = "") -> None:
         self.parameter = parameter or (message.split(":", 1)[0].strip() if ":" in message[:80] else None)
         super().__init__(message, hint=hint)
+
+
+
+class HostKeyError(ConfigError):
+    """An SSH server's host key is unknown or changed: names host, port, key type, SHA256 fingerprint and the fix."""
+
+    def __init__(self, message: str, *, host: str, port: int, key_type: str, fingerprint: str) -> None:
+        self.host, self.port, self.key_type, self.fingerprint = host, port, key_type, fingerprint
+        super().__init__(message, parameter="known_hosts")
 
 
 class HostError(SpectrialError):
@@ -96,6 +115,19 @@ class ServerError(SpectrialError):
         super().__init__(message, hint=hint)
 
 
+class MeasurementRejected(SpectrialError):
+    """A server start ran, but what it ran under is not what was asked, and the params say such a start must not
+    count: `check` "env_check" (the requested variables did not reach every server process; `env_check: fail`) or
+    "nccl_evidence" (NCCL's own log says it used other values; `engine_config.nccl_evidence_check: fail`). `arm`
+    names the arm, `result` is the check's typed result as recorded (`EnvCheckRecord`, `NcclEvidence`). Not bad
+    input (that is `ConfigError`): a measurement outcome; the start's record says failed and why, the run stops."""
+
+    def __init__(self, message: str, *, check: Literal["env_check", "nccl_evidence"], arm: str,
+                 result: BaseModel | None = None, hint: str = "") -> None:
+        self.check, self.arm, self.result = check, arm, result
+        super().__init__(message, hint=hint)
+
+
 class RunFailed(SpectrialError):
     """A trial or sweep ran but at least one part failed; `result` is what it produced (its record says
     `failed` and why)."""
@@ -107,3 +139,26 @@ class RunFailed(SpectrialError):
 
 class ParseError(SpectrialError):
     """Input could not be parsed at all (names the line number and the line)."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One worker of an NCCL check set that failed: its rank, pid, exit code, error and the tail of its log."""
+
+    rank: int
+    pid: int | None
+    exit_code: int | None
+    error: str | None
+    log_tail: str
+
+
+class SetFailed(SpectrialError):
+    """One environment set of an NCCL check had workers that failed or timed out: `set_name`, `world` (ranks
+    started) and `failures` (one `RankFailure` per bad rank); the check records the set as failed and goes on."""
+
+    def __init__(self, set_name: str, world: int, failures: list[RankFailure]) -> None:
+        self.set_name, self.world, self.failures = set_name, world, list(failures)
+        why = "\n".join(f"rank {f.rank} (pid {f.pid}, exit {f.exit_code}): {f.error}\n--- log tail ---\n{f.log_tail}"
+                        for f in self.failures)
+        super().__init__(f"set {set_name!r}: {len(self.failures)} of {world} workers failed\n{why}",
+                         hint="the log tails say why each rank failed; a rank stopped by the timeout: raise timeout_s")

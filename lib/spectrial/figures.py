@@ -37,19 +37,21 @@ import numpy as np
 import pandas as pd
 
 from spectrial import analysis, validity
+from spectrial.analysis.stats import finite
 from spectrial.errors import SpectrialError
-from spectrial.records import finite
 from spectrial.schema import (
     ArmFigures,
     ArmRecord,
     CategoryRecord,
     Comparison,
+    CrossCheck,
     Manifest,
     Pays,
     PointRecord,
     RequestRecord,
     WindowStats,
 )
+from spectrial.serving import request_cycles
 
 NOT_DISTINGUISHABLE = analysis.stats.NOT_DISTINGUISHABLE
 NO_SPREAD = "single value: no spread"
@@ -73,19 +75,19 @@ def positive(x: Any) -> float | None:
 def decode_rate(r: RequestRecord) -> float | None:
     """A request's decode rate (tok/s): as measured (`tok_s`), else the engine's own
     (`server_predicted_per_second`), else the client's (`client_tok_s`)."""
-    return positive(r.tok_s) or positive(r.get("server_predicted_per_second")) or positive(r.client_tok_s)
+    return positive(r.tok_s) or positive(r.server_predicted_per_second) or positive(r.client_tok_s)
 
 
 def rate_source(r: RequestRecord) -> str:
-    return "server" if positive(r.get("server_predicted_per_second")) else "client"
+    return "server" if positive(r.server_predicted_per_second) else "client"
 
 
 def window_rates(requests: Sequence[RequestRecord]) -> list[float | None]:
     """The decode rate of each request of one measurement window: the engine's own when every successful request
     reports one, else the client's for all (one clock per window). What the session records as `tok_s`."""
     ok = [r for r in requests if r.ok]
-    server = bool(ok) and all(positive(r.get("server_predicted_per_second")) for r in ok)
-    return [None if not r.ok else positive(r.get("server_predicted_per_second")) if server
+    server = bool(ok) and all(positive(r.server_predicted_per_second) for r in ok)
+    return [None if not r.ok else positive(r.server_predicted_per_second) if server
             else positive(r.client_tok_s) for r in requests]
 
 
@@ -111,12 +113,12 @@ def merge_stats(stats: Sequence[WindowStats]) -> WindowStats:
     out.notes = sorted({n for s in stats for n in s.notes})
     logs = [s.cross_checks["log"] for s in stats if "log" in s.cross_checks]
     if logs:  # the log's own readings, weighted by the drafts each covers
-        n = sum(x["drafts"] for x in logs)
-        k = min(len(x["per_position"]) for x in logs)
-        out.cross_checks["log"] = {
-            "source": "; ".join(x["source"] for x in logs), "drafts": n,
-            "accept_len": sum(x["accept_len"] * x["drafts"] for x in logs) / n,
-            "per_position": [sum(x["per_position"][i] * x["drafts"] for x in logs) / n for i in range(k)]}
+        n = sum(x.drafts for x in logs)
+        k = min(len(x.per_position) for x in logs)
+        out.cross_checks["log"] = CrossCheck(
+            source="; ".join(x.source for x in logs), drafts=n,
+            accept_len=sum((x.accept_len or 0.0) * x.drafts for x in logs) / n,
+            per_position=[sum(x.per_position[i] * x.drafts for x in logs) / n for i in range(k)])
     return out
 
 
@@ -197,10 +199,10 @@ def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculati
             f = f.model_copy(update={"cv_within_start": s["cv"], "cv_between_starts": None})
         if ci is not None:
             f = f.model_copy(update={"tok_s_ci_low": ci.low, "tok_s_ci_high": ci.high})
-    drafted = stats.drafted if stats.drafted is not None else sum(r.get("server_draft_n", 0) for r in ok)
-    accepted = stats.accepted if stats.accepted is not None else sum(r.get("server_draft_n_accepted", 0) for r in ok)
+    drafted = stats.drafted if stats.drafted is not None else sum((r.server_draft_n or 0) for r in ok)
+    accepted = stats.accepted if stats.accepted is not None else sum((r.server_draft_n_accepted or 0) for r in ok)
     tokens = stats.tokens if stats.tokens else sum(r.tokens or 0 for r in ok)
-    decode_ms = stats.decode_ms if stats.decode_ms else sum(r.get("server_predicted_ms", 0) for r in ok) or None
+    decode_ms = stats.decode_ms if stats.decode_ms else sum((r.server_predicted_ms or 0) for r in ok) or None
     steps = stats.verify_steps
     accept_len = None
     if speculative:
@@ -421,26 +423,6 @@ def add_comparisons(arms: list[ArmRecord], requests: Sequence[RequestRecord] | N
 
 
 # --- per category of the workload ---------------------------------------------------------------------------
-def request_cycles(r: RequestRecord) -> tuple[float, float, str] | None:
-    """(accepted draft tokens, verify cycles, how) of one request, from the engine's per-request figures:
-    SGLang's meta_info spec_verify_ct (accepted = decoded - cycles), vLLM's counters read around the request
-    (server_verify_steps, server_draft_n_accepted), llama.cpp's timings draft_n_accepted (cycles = decoded -
-    accepted: each cycle commits its accepted tokens plus one). None when the engine reports none."""
-    decoded = float(r.get("server_predicted_n") or r.tokens or 0) - 1
-    verify = r.get("server_spec_verify_ct")
-    if isinstance(verify, int | float) and verify > 0:
-        return max(decoded - float(verify), 0.0), float(verify), "meta_info spec_verify_ct"
-    acc = r.get("server_draft_n_accepted")
-    if not isinstance(acc, int | float) or isinstance(acc, bool):
-        return None
-    steps = r.get("server_verify_steps")
-    if isinstance(steps, int | float) and steps > 0:
-        return float(acc), float(steps), "counters around each request"
-    if decoded > acc:
-        return float(acc), decoded - float(acc), "timings draft_n_accepted (cycles = decoded - accepted)"
-    return None
-
-
 def category_figures(requests: Sequence[RequestRecord], speculative: bool, level: float = 0.95,
                      seed: int = 0) -> list[CategoryRecord]:
     """An arm's figures per workload category of its measured requests: decode rate (median, bootstrap CI),
@@ -473,9 +455,9 @@ def category_figures(requests: Sequence[RequestRecord], speculative: bool, level
                 c.accept_len_request_mean = float(np.mean(lens)) if lens else None
                 if c.verify_steps:
                     c.accept_len = analysis.accept_len_from_counts(c.accepted, c.verify_steps)
-                    ms = [r.get("server_predicted_ms") for r in mine]
-                    if all(isinstance(x, int | float) and x > 0 for x in ms):
-                        c.engine_cycle_ms = sum(ms) / c.verify_steps
+                    ms = [r.server_predicted_ms for r in mine]
+                    if all(x is not None and x > 0 for x in ms):
+                        c.engine_cycle_ms = sum(x for x in ms if x is not None) / c.verify_steps
         if c.accept_len and positive(c.tok_s):
             c.cycle_ms = c.accept_len / float(c.tok_s) * 1000.0  # type: ignore[arg-type]
         out.append(c)
@@ -611,10 +593,10 @@ def rederive(m: Manifest) -> Manifest:
         arms = [by_id.get(getattr(a, "id", ""), a) for a in arms]
     best = []
     for row in m.best:
-        p = by_id.get(f"{row.get('best')}@c{row.get('concurrency')}") if row.get("best") and points else None
+        p = by_id.get(f"{row.best}@c{row.concurrency}") if row.best and points else None
         if p is not None:
-            row = {**row, "speedup": p.speedup, "speedup_ci_low": p.speedup_ci_low,
-                   "speedup_ci_high": p.speedup_ci_high, "vs_baseline": p.verdict}
+            row = row.model_copy(update={"speedup": p.speedup, "speedup_ci_low": p.speedup_ci_low,
+                                         "speedup_ci_high": p.speedup_ci_high, "vs_baseline": p.verdict})
         best.append(row)
     return m.model_copy(update={"arms": arms, "points": points, "best": best})
 

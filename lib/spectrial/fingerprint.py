@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from typing import Any
+from typing import TypedDict
 
 from spectrial.host import Host
 
@@ -29,6 +29,56 @@ SAMPLE_QUERY = ("timestamp", "index", "clocks.sm", "clocks.mem", "temperature.gp
 # clocks_event_reasons bits that mean the GPU is held back (not idle / application clocks).
 THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown",
                  0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
+
+GpuRow = dict[str, str | list[str]]  # GPU_QUERY field -> value, plus `throttle` (names of the bits set)
+
+
+class FileIdentity(TypedDict, total=False):
+    """A file on a host: size, mtime and a hash of its head and tail; or why it could not be read."""
+
+    path: str
+    size: int
+    mtime: int  # s since the epoch
+    head_tail_sha256: str  # first 16 hex digits
+    error: str
+
+
+class HostFingerprint(TypedDict, total=False):
+    """A machine's state (`host_fingerprint`): the facts `_SCRIPT` prints, and one row per GPU."""
+
+    host: str
+    kernel: str
+    arch: str
+    hostname: str
+    cpu_model: str
+    cpu_count: str
+    cpu_governor: str
+    mem_total_kb: str
+    cuda_version: str
+    gpus: list[GpuRow]
+
+
+class StableView(TypedDict):
+    """The parts of a fingerprint that define 'the same machine state' (None: not recorded)."""
+
+    gpus: list[dict[str, str | list[str] | None]]
+    hostname: str | None
+    kernel: str | None
+    cpu_model: str | None
+    cpu_count: str | None
+    cpu_governor: str | None
+    cuda_version: str | None
+
+
+class EngineIdentity(TypedDict, total=False):
+    """The engine parts of `fingerprint_key` (a manifest's `engine` holds more)."""
+
+    name: str
+    version: str
+    binary_identity: FileIdentity
+    commit: str
+    diff_hash: str
+
 
 _SCRIPT = r"""
 echo "kernel=$(uname -r)"
@@ -77,17 +127,17 @@ def gpu_rows(lines: list[str], fields: tuple[str, ...] = GPU_QUERY) -> list[dict
     return rows
 
 
-def host_fingerprint(host: Host) -> dict[str, Any]:
+def host_fingerprint(host: Host) -> HostFingerprint:
     """Machine state of `host` (no engine or model parts)."""
     res = host.run(_SCRIPT.replace("{gpu_query}", ",".join(GPU_QUERY)), check=False, timeout=60)
     kv, lines = _parse_kv(res.stdout)
-    gpus = gpu_rows(lines)
-    for g in gpus:
-        g["throttle"] = throttle_reasons(g.get("clocks_event_reasons.active"))
-    return {"host": host.name, **kv, "gpus": gpus}
+    gpus: list[GpuRow] = [{**g, "throttle": throttle_reasons(g.get("clocks_event_reasons.active"))}
+                          for g in gpu_rows(lines)]
+    fp: HostFingerprint = {"host": host.name, **kv, "gpus": gpus}  # kv: the keys _SCRIPT prints
+    return fp
 
 
-def file_identity(host: Host, path: str, chunk: int = 1 << 20) -> dict[str, Any]:
+def file_identity(host: Host, path: str, chunk: int = 1 << 20) -> FileIdentity:
     """Size, mtime and a hash of the first and last `chunk` bytes (fast even for 100 GB files)."""
     q = shlex.quote(path)
     script = (f"stat -L -c '%s %Y' {q} && {{ head -c {chunk} {q}; tail -c {chunk} {q}; }} | sha256sum")
@@ -99,22 +149,23 @@ def file_identity(host: Host, path: str, chunk: int = 1 << 20) -> dict[str, Any]
     return {"path": path, "size": int(size), "mtime": int(mtime), "head_tail_sha256": lines[1].split()[0][:16]}
 
 
-def engine_identity(host: Host, binary: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Engine binary identity: path, size, mtime, head/tail hash, plus what the engine adapter reported."""
-    out: dict[str, Any] = dict(extra or {})
+def engine_identity(host: Host, binary: str | None) -> EngineIdentity:
+    """Engine binary identity (path, size, mtime, head/tail hash) for a manifest's `engine`; empty for a Python
+    engine (its version says what runs)."""
     if binary and not binary.startswith(("python", "vllm")):
-        out["binary_identity"] = file_identity(host, binary)
-    return out
+        return {"binary_identity": file_identity(host, binary)}
+    return {}
 
 
-def stable_view(fp: dict[str, Any]) -> dict[str, Any]:
+def stable_view(fp: HostFingerprint) -> StableView:
     """The parts of a fingerprint that define 'the same machine state' (for drift grouping)."""
     gpus = [{k: g.get(k) for k in STABLE_GPU_FIELDS} for g in fp.get("gpus", [])]
     keys = ("hostname", "kernel", "cpu_model", "cpu_count", "cpu_governor", "cuda_version")
-    return {"gpus": gpus, **{k: fp.get(k) for k in keys}}
+    view: StableView = {"gpus": gpus, **{k: fp.get(k) for k in keys}}
+    return view
 
 
-def fingerprint_key(fp: dict[str, Any], engine: dict[str, Any] | None = None) -> str:
+def fingerprint_key(fp: HostFingerprint, engine: EngineIdentity | None = None) -> str:
     """Short hash of the stable host view plus engine version and binary identity."""
     eng = engine or {}
     ident = {"host": stable_view(fp), "engine": {k: eng.get(k) for k in ("name", "version", "binary_identity",
@@ -122,7 +173,7 @@ def fingerprint_key(fp: dict[str, Any], engine: dict[str, Any] | None = None) ->
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def compare(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+def compare(before: HostFingerprint, after: HostFingerprint) -> list[str]:
     """What changed between two fingerprints of the same host (stable fields, plus throttling)."""
     changes = []
     a, b = stable_view(before), stable_view(after)

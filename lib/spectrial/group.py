@@ -5,14 +5,16 @@ a group of one, and every method reduces to what the single-host trial did. With
 
 - the per-node protocol steps run on every node at once (threads): kill the previous server, wait for free
   GPUs, fingerprint;
-- `prepare(engine)` provisions the other nodes (llama.cpp: spectrial's `rpc-server` uploaded when
-  `engine_bin: auto`) and tells the engine its workers (llama.cpp: `--rpc addr:port,...` on the head);
-- `attach(server, engine, arm, params)` gives each head `Server` its companions on the other nodes:
-    llama.cpp  `rpc-server -H <addr> -p <rpc_port>` per node, started and listening before the head;
-    SGLang     the head's argv per rank with `--nnodes N --node-rank r --dist-init-addr <head addr>:<port>`,
-               rank 0 (the head) first, then the others.
+- `prepare(engine)` hands the other nodes to the engine's `prepare_workers` hook (llama.cpp uploads its
+  `rpc-server`; SGLang needs nothing) and returns them as the engine prepared them (`Workers`), which the session
+  passes to `engine.launch_spec(arm, workers)` (llama.cpp: `--rpc addr:port,...`; SGLang: rank 0's node flags);
+- `attach(server, engine, arm, params, workers)` gives each head `Server` its companions on the other nodes,
+  what the engine's `worker_specs` hook says each runs (llama.cpp: `rpc-server -H <addr> -p <rpc_port>`,
+  listening before the head starts; SGLang: the head's argv per rank, started right after it).
   Companions are ordinary `Server`s with a state file on their node (the next trial's kill step there stops
   an orphan), and they are stopped on every node with the head.
+
+The group knows nodes, not engines: what runs where is the engine adapter's (`spectrial.engines.base`).
 """
 
 from __future__ import annotations
@@ -21,18 +23,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from spectrial.connect import get_host
-from spectrial.engines.base import Engine
+from spectrial.engines.base import Engine, Worker, Workers
 from spectrial.errors import ConfigError
 from spectrial.fingerprint import host_fingerprint
 from spectrial.gpu import GpuStatus, wait_gpus_free
 from spectrial.host import Host
 from spectrial.params import Arm, TrialParams
-from spectrial.server import Companion, LaunchSpec, Probe, Server, on_each, stop_previous
+from spectrial.server import Companion, KillReport, Server, on_each, stop_previous
 
 T = TypeVar("T")
-SGLANG_DIST_INIT_PORT = 50000
-_RANK_FLAGS = {"--nnodes": 1, "--node-rank": 1, "--dist-init-addr": 1}
 
 
 @dataclass
@@ -48,36 +50,18 @@ class Node:
         return self.host.name
 
 
+class NodeEntry(BaseModel):
+    """A node of the group as the record lists it (`Manifest.nodes`)."""
+
+    node: str
+    rank: int
+    addr: str
+    binary: str | None = None  # the program the engine runs there (llama.cpp: rpc-server; None: the engine's own)
+
+
 def default_addr(host: Host) -> str:
     """The address other nodes use for `host`: its SSH host name (config alias resolved), 127.0.0.1 locally."""
     return "127.0.0.1" if host.is_local else str(getattr(host, "address", host.name))
-
-
-def sglang_rank_argv(argv: list[str], rank: int, nnodes: int, dist_init_addr: str) -> list[str]:
-    """The SGLang launch argv of node `rank` out of `nnodes`, derived from the rank-0 argv.
-
-    Any `--nnodes`, `--node-rank` and `--dist-init-addr` already in `argv` (spaced or `=` form) are
-    replaced, so the result is the same whichever argv it starts from.
-    """
-    if not 0 <= rank < nnodes:
-        raise ConfigError(f"hosts: rank {rank} is outside 0..{nnodes - 1}")
-    out: list[str] = []
-    skip = 0
-    for item in argv:
-        if skip:
-            skip -= 1
-            continue
-        flag = item.split("=", 1)[0]
-        if flag in _RANK_FLAGS:
-            skip = 0 if "=" in item else _RANK_FLAGS[flag]
-            continue
-        out.append(item)
-    return [*out, "--nnodes", str(nnodes), "--node-rank", str(rank), "--dist-init-addr", dist_init_addr]
-
-
-def _always_ready(client: Any, base_url: str) -> Probe:
-    """Ranks > 0 of SGLang serve nothing of their own: the head's readiness covers them."""
-    return Probe(True, "rank started")
 
 
 class HostGroup:
@@ -87,8 +71,6 @@ class HostGroup:
         if not nodes:
             raise ConfigError("hosts: a group needs at least the head node")
         self.nodes = nodes
-        self._worker_binary: dict[int, str] = {}
-        self._stdbuf: dict[int, bool] = {}
 
     @classmethod
     def from_params(cls, params: TrialParams, head: Host) -> HostGroup:
@@ -120,16 +102,12 @@ class HostGroup:
         return on_each([(n.name, lambda n=n: fn(n)) for n in todo])
 
     # --- protocol steps on every node --------------------------------------------------------------------
-    def worker_port(self, engine: Engine, params: TrialParams) -> int:
-        """The port spectrial's process uses on the other nodes (llama.cpp: rpc_port; SGLang: the server port)."""
-        return int(getattr(engine.config, "rpc_port", params.port)) if engine.name == "llamacpp" else params.port
-
-    def stop_previous(self, engine: Engine, params: TrialParams) -> list[dict[str, Any]]:
+    def stop_previous(self, engine: Engine, params: TrialParams) -> list[KillReport]:
         """The kill step on the other nodes: stop what spectrial left on the worker port (from the state file)."""
-        port = self.worker_port(engine, params)
+        port = engine.worker_port()
         reports = self.map(lambda n: stop_previous(n.host, port, n.host.expand(params.state_dir),
                                                    params.stop_grace_s), self.workers)
-        return [{"node": n.name, **r} for n, r in zip(self.workers, reports, strict=True)]
+        return [r.model_copy(update={"node": n.name}) for n, r in zip(self.workers, reports, strict=True)]
 
     def wait_gpus_free(self, params: TrialParams) -> tuple[GpuStatus, list[dict[str, Any]]]:
         """GPU-free check on every node at once: the head's status, and one entry per other node."""
@@ -145,62 +123,29 @@ class HostGroup:
                         for n, fp in zip(self.workers, fps[1:], strict=True)]
 
     # --- engines --------------------------------------------------------------------------------------------
-    def prepare(self, engine: Engine) -> list[dict[str, Any]]:
-        """Provision the other nodes and tell the engine about them; returns one entry per node for the record."""
+    def prepare(self, engine: Engine) -> Workers | None:
+        """The other nodes as the engine prepared them (its `prepare_workers` hook); None in a group of one."""
         if not self.workers:
-            return []
-        if engine.name == "llamacpp":
-            self._prepare_llamacpp(engine)
-        elif engine.name != "sglang":
-            raise ConfigError(f"hosts: multi-node runs support llamacpp (rpc-server) and sglang, not {engine.name!r}")
-        return [{"node": n.name, "rank": n.rank, "addr": n.addr,
-                 "binary": self._worker_binary.get(n.rank)} for n in self.nodes]
+            return None
+        return engine.prepare_workers(self.head.addr, [Worker(n.host, n.addr, n.rank) for n in self.workers])
 
-    def _prepare_llamacpp(self, engine: Any) -> None:
-        params: TrialParams = engine.params
-        if params.engine_bin == "auto":
-            paths = self.map(lambda n: engine.engine_binary(n.host, "rpc-server"), self.workers)
-        else:  # rpc-server next to the given llama-server, on each node
-            paths = [f"{engine.binary.rsplit('/', 1)[0]}/rpc-server" for _ in self.workers]
-            for n, path in zip(self.workers, paths, strict=True):
-                if not n.host.run(["test", "-x", path], check=False).ok:
-                    raise ConfigError(f"engine_bin: no executable rpc-server at {path} on {n.name}; spectrial "
-                                      "looks for it next to engine_bin (or use engine_bin: auto)")
-        self._worker_binary = {n.rank: p for n, p in zip(self.workers, paths, strict=True)}
-        self._stdbuf = dict(zip((n.rank for n in self.workers),
-                                self.map(lambda n: n.host.which("stdbuf") is not None, self.workers), strict=True))
-        self._worker_binary[0] = engine.binary
-        engine.rpc_workers = [f"{n.addr}:{engine.config.rpc_port}" for n in self.workers]
+    def node_entries(self, workers: Workers | None) -> list[NodeEntry]:
+        """One entry per node for the record: node, rank, address, and the program the engine runs there."""
+        return [NodeEntry(node=self.head.name, rank=0, addr=self.head.addr),
+                *(NodeEntry(node=w.name, rank=w.rank, addr=w.addr, binary=w.binary)
+                  for w in (workers.nodes if workers else []))]
 
-    def attach(self, server: Server, engine: Engine, arm: Arm, params: TrialParams) -> None:
-        """Give the head `server` its companions on the other nodes (none in a group of one)."""
-        if not self.workers:
+    def attach(self, server: Server, engine: Engine, arm: Arm, params: TrialParams, workers: Workers | None) -> None:
+        """Give the head `server` its companions on the other nodes, as the engine's `worker_specs` says (none in
+        a group of one)."""
+        if workers is None:
             return
-        if engine.name == "llamacpp":
-            specs = [(n, self._rpc_spec(engine, arm, n, server), True) for n in self.workers]
-        else:
-            dist = next((a.split("=", 1)[1] if "=" in a else server.spec.argv[i + 1]
-                         for i, a in enumerate(server.spec.argv) if a.split("=", 1)[0] == "--dist-init-addr"),
-                        f"{self.head.addr}:{SGLANG_DIST_INIT_PORT}")
-            n_nodes = len(self.nodes)
-            server.spec.argv = sglang_rank_argv(server.spec.argv, 0, n_nodes, dist)
-            specs = [(n, LaunchSpec(argv=sglang_rank_argv(server.spec.argv, n.rank, n_nodes, dist),
-                                    env=dict(server.spec.env), port=server.spec.port, probe=_always_ready,
-                                    name=f"{server.spec.name}-rank{n.rank}", bind=server.spec.bind, http=False,
-                                    python=server.spec.python),
-                      False) for n in self.workers]
         server.companions = [
-            Companion(Server(n.host, spec, work_dir=f"{n.host.expand(params.work_dir)}/{server.run_id}",
-                             state_dir=n.host.expand(params.state_dir), tag=f"{server.tag}:node{n.rank}",
+            Companion(Server(w.worker.host, w.spec, work_dir=f"{w.worker.host.expand(params.work_dir)}/{server.run_id}",
+                             state_dir=w.worker.host.expand(params.state_dir), tag=f"{server.tag}:node{w.worker.rank}",
                              grace_s=server.grace_s, run_id=server.run_id, arm=server.arm),
-                      node=n.name, before_head=before) for n, spec, before in specs]
-
-    def _rpc_spec(self, engine: Any, arm: Arm, node: Node, head: Server) -> LaunchSpec:
-        spec: LaunchSpec = engine.rpc_worker_spec(arm, node.host, node.addr, self._worker_binary[node.rank],
-                                                  line_buffered=self._stdbuf.get(node.rank, False))
-        start = head.spec.name.removeprefix("llama-server-")  # arm name plus the restart suffix: one log per start
-        spec.name = f"rpc-server-{start}-node{node.rank}"
-        return spec
+                      node=w.worker.name, before_head=w.before_head)
+            for w in engine.worker_specs(server.spec, arm, workers)]
 
     def take_events(self) -> list[dict[str, str]]:
         """Transport events of the other nodes since the last call (the head's are taken by the trial)."""

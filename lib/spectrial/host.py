@@ -29,7 +29,8 @@ from invoke.exceptions import CommandTimedOut
 from invoke.runners import Local
 
 from spectrial.errors import ConfigError, HostError, ResourceBusyError
-from spectrial.records import utc_now
+from spectrial.schema import utc_now
+from spectrial.secrets import MaskedLaunch, mask_launch
 
 _PID_RE = re.compile(r"pid=(\d+)")
 _DF_RE = re.compile(r"^(\S+)\s+\d+\s+\d+\s+(\d+)\s+\S+\s+(.+)$")
@@ -97,6 +98,32 @@ def to_shell(cmd: Sequence[str] | str, env: Mapping[str, str] | None = None, cwd
     if cwd:
         line = f"cd {shlex.quote(str(cwd))} && {line}"
     return line
+
+
+def detached_line(argv: Sequence[str], env: Mapping[str, str] | None, log_path: str, cwd: str | None) -> str:
+    """The shell line that starts argv in its own session with output to `log_path` and prints its pid."""
+    inner = shlex.join(["nohup", "setsid", *env_prefix(env), *[str(a) for a in argv]])
+    line = f"umask 077; {inner} > {shlex.quote(log_path)} 2>&1 < /dev/null & echo $!"
+    return f"cd {shlex.quote(cwd)} && {line}" if cwd else line
+
+
+def _with_command(exc: HostError, shown_line: str, shown: MaskedLaunch) -> HostError:
+    """`exc` as it may be printed: the masked command line, secret values redacted from its output tails."""
+    if not shown.secrets or type(exc) is not HostError:  # ConnectionLost and others carry no command output
+        return exc
+    return HostError(exc.host, shown_line, exc.exit_code, shown.redact(exc.stdout), shown.redact(exc.stderr),
+                     exc.hint, lost=exc.lost)
+
+
+def masked_error(exc: HostError, cmd: Sequence[str] | str, env: Mapping[str, str] | None, cwd: str | None
+                 ) -> HostError:
+    """A failed `Host.run` as it may be printed: the command line through `mask_launch` (an argv list: its
+    secret-looking flags and variables masked; shell code: the variables masked, their values redacted)."""
+    if isinstance(cmd, str):
+        shown = mask_launch([], env)
+        return _with_command(exc, to_shell(shown.redact(cmd), shown.env, cwd), shown)
+    shown = mask_launch(cmd, env)
+    return _with_command(exc, to_shell(shown.argv, shown.env, cwd), shown)
 
 
 def stat_start_ticks(stat: str) -> int:
@@ -177,16 +204,22 @@ class Host(ABC):
         """
         line = to_shell(cmd, env, cwd)
         try:
-            res = self._exec(line, timeout)
+            try:
+                res = self._exec(line, timeout)
+            except HostError as exc:
+                if not (exc.lost and rerun_if_lost):
+                    raise
+                res = self._exec(line, timeout)
         except HostError as exc:
-            if not (exc.lost and rerun_if_lost):
+            shown = masked_error(exc, cmd, env, cwd)
+            if shown is exc:
                 raise
-            res = self._exec(line, timeout)
+            raise shown from None  # the original names the secrets
         counters = self.counters
         counters["commands"] += 1
         counters["command_s"] += res.elapsed_s
         if check and res.exit_code != 0:
-            raise HostError(self.name, line, res.exit_code, res.stdout, res.stderr, hint)
+            raise masked_error(HostError(self.name, line, res.exit_code, res.stdout, res.stderr, hint), cmd, env, cwd)
         return res
 
     def which(self, program: str) -> str | None:
@@ -266,16 +299,20 @@ class Host(ABC):
 
         Returns the pid, which is also the process group id: stop it with `signal_group`.
         """
-        inner = shlex.join(["nohup", "setsid", *env_prefix(env), *[str(a) for a in argv]])
-        line = f"umask 077; {inner} > {shlex.quote(log_path)} 2>&1 < /dev/null & echo $!"
-        if cwd:
-            line = f"cd {shlex.quote(cwd)} && {line}"
-        res = self.run(line)
+        line = detached_line(argv, env, log_path, cwd)
+        shown = mask_launch(argv, env)
         try:
+            res = self.run(line)
             pid = int(res.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError) as exc:
-            raise HostError(self.name, line, res.exit_code, res.stdout, res.stderr,
-                                   "could not read the started pid") from exc
+        except HostError as exc:
+            masked = _with_command(exc, detached_line(shown.argv, shown.env, log_path, cwd), shown)
+            if masked is exc:
+                raise
+            raise masked from None  # the original names the secrets
+        except (ValueError, IndexError):
+            raise HostError(self.name, detached_line(shown.argv, shown.env, log_path, cwd), res.exit_code,
+                            shown.redact(res.stdout), shown.redact(res.stderr), "could not read the started pid"
+                            ) from None
         return pid
 
     def signal_group(self, pgid: int, sig: int = signal.SIGTERM) -> bool:

@@ -136,3 +136,25 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return f"interrupted by {name(exc)}"
     return f"{type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Stop the run on SIGTERM or SIGHUP as on Ctrl-C (servers stopped, the record written with the reason), then
+    exit 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP): the commands' wrapper (spectrial trial, sweep, ...)."""
+    import typer  # only the commands need it; this module is imported before anything slow
+
+    install()
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        ignore()  # the run is over; a second Ctrl-C changes nothing now
+        with contextlib.suppress(OSError):  # a hung-up terminal cannot take the message
+            typer.secho(f"interrupted by {name(exc)}: servers stopped, the record says why",
+                        fg="red", err=True)
+        raise typer.Exit(exit_code(exc)) from None
+    except BaseException:
+        install_exit()
+        raise
+    else:
+        install_exit()  # the run is over: a later signal exits at once (130 / 143 / 129)

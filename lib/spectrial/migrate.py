@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 
 from spectrial.errors import ConfigError
-from spectrial.records import dump_json, list_runs
-from spectrial.schema import SCHEMA_VERSION, ArmRecord, Manifest, as_manifest
+from spectrial.records import as_manifest, dump_json, list_runs
+from spectrial.schema import SCHEMA_VERSION, ArmRecord, Manifest
 
 
 def _with_serving(m: Manifest, run: Path) -> Manifest:

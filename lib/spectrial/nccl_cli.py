@@ -30,6 +30,7 @@ def nccl_check_command(
     import pandas as pd
 
     from spectrial.nccl import load_nccl_params, run_nccl_check
+    from spectrial.readers import nccl as nccl_tables
 
     try:
         params = load_nccl_params(params_file, parse_overrides(param))
@@ -38,12 +39,12 @@ def nccl_check_command(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        typer.echo(result.visibility_table().to_string(index=False))
+        typer.echo(nccl_tables.visibility_table(result.manifest).to_string(index=False))
         summary = result.summary()
         if not summary.empty:
             cols = ["set", "group", "size", "role", "n", "p50_us", "p90_us", "p99_us"]
             typer.echo(summary[cols].round(1).to_string(index=False))
-        settings = result.settings_table()
+        settings = nccl_tables.settings_table(result.manifest)
         if not settings.empty:
             typer.echo(settings.drop(columns=["tuning"], errors="ignore").to_string(index=False))
     typer.echo(result.verdict())

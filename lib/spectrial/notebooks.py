@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+from pydantic import JsonValue
 
 from spectrial.errors import ConfigError
+from spectrial.ownership import papermill_output_path
 from spectrial.params import repo_root
-from spectrial.records import new_run_id, update_manifest
-from spectrial.schema import Manifest, load_record
+from spectrial.records import load_record, new_run_id, update_manifest
+from spectrial.schema import Manifest
 
 
 def find_notebook(name: str) -> Path:
@@ -34,9 +37,18 @@ def find_notebook(name: str) -> Path:
     return hits[0]
 
 
-def run_notebook(name: str, parameters: dict[str, Any] | None = None, *, output_dir: str = "outputs",
-                 run_id: str | None = None, kernel_name: str | None = None) -> dict[str, Any]:
-    """Execute a notebook with papermill into `output_dir/<run-id>/`; returns paths."""
+@dataclass(frozen=True)
+class NotebookRun:
+    """An executed notebook: its executed copy, and its run record's folder (None where it wrote none)."""
+
+    notebook: Path
+    run_dir: Path | None
+
+
+def run_notebook(name: str, parameters: dict[str, JsonValue] | None = None, *, output_dir: str = "outputs",
+                 run_id: str | None = None, kernel_name: str | None = None) -> NotebookRun:
+    """Execute a notebook with papermill into `output_dir/<run-id>/`, noting the executed copy in its run record
+    (the report of that record is a reader's: `spectrial notebook` writes it, `spectrial.readers.render.report`)."""
     import papermill as pm
 
     nb = find_notebook(name)
@@ -63,12 +75,7 @@ def run_notebook(name: str, parameters: dict[str, Any] | None = None, *, output_
         where = (f"executed copy and run record in {out_dir}" if manifest.is_file()
                  else f"executed copy with the error: {out_nb}")
         raise ConfigError(f"notebook {nb.name} failed; {where}\n{error}", parameter="notebook")
-    report = None
-    if manifest.is_file():
-        from spectrial.report import write_report
-
-        report = str(write_report(out_dir))
-    return {"notebook": str(out_nb), "run_dir": str(out_dir) if manifest.is_file() else None, "report": report}
+    return NotebookRun(out_nb, out_dir if manifest.is_file() else None)
 
 
 def interrupt_kernels(manifest: Path, timeout_s: float = 60.0) -> list[int]:
@@ -94,25 +101,6 @@ def interrupt_kernels(manifest: Path, timeout_s: float = 60.0) -> list[int]:
     return [k.pid for k in kernels]
 
 
-def papermill_output_path() -> Path | None:
-    """The output notebook of the papermill process running this kernel, if there is one."""
-    try:
-        proc = psutil.Process().parent()
-        for _ in range(3):
-            if proc is None:
-                return None
-            argv = proc.cmdline()
-            if any("papermill" in a for a in argv[:3]):
-                args = [a for a in argv[1:] if not a.startswith("-") and a.endswith(".ipynb")]
-                if len(args) >= 2:
-                    return (Path(proc.cwd()) / args[1]).resolve()
-                return None
-            proc = proc.parent()
-    except psutil.Error:
-        return None
-    return None
-
-
 def attach_notebook(run_dir: str | Path) -> str | None:
     """Copy the papermill output notebook (as saved so far) into the run record; returns the file name."""
     out = papermill_output_path()
@@ -127,7 +115,7 @@ def attach_notebook(run_dir: str | Path) -> str | None:
     return out.name
 
 
-def params_from_notebook(params_file: str, overrides: dict[str, Any] | None = None, **values: Any):  # noqa: ANN201
+def params_from_notebook(params_file: str, overrides: dict[str, JsonValue] | None = None, **values: Any):  # noqa: ANN201
     """TrialParams from a notebook's parameters cell: non-None values and `overrides` override the file."""
     from spectrial.params import load_params
 

@@ -5,7 +5,7 @@ The controller is the spectrial process that drives a run: this machine's host n
 its start time. It goes into
 
 - the run record (`Manifest.controller`): a record still `running` whose controller is gone was abandoned (a
-  SIGKILL, a dead kernel, a killed papermill); `settle` marks it `failed` ("abandoned: process N gone") the next
+  SIGKILL, a dead kernel, a killed papermill); `records.settle_record` marks it `failed` ("abandoned: process N gone") the next
   time spectrial reads it;
 - the server's state file and the environment of every process spectrial launches (`SPECTRIAL_OWNER`, beside the
   start's `SPECTRIAL_TAG`): the kill step stops a leftover whose controller is gone, and refuses to touch one whose
@@ -22,13 +22,23 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 import psutil
 
 OWNER_VAR = "SPECTRIAL_OWNER"
 State = Literal["alive", "gone", "self", "unknown"]
 _TIME_SLACK_S = 0.05  # psutil's create_time is rounded to clock ticks
+
+
+class Controller(TypedDict, total=False):
+    """A run's controller as records and state files keep it (`SPECTRIAL_OWNER` leaves out the command)."""
+
+    host: str
+    boot_id: str
+    pid: int
+    create_time: float  # s since the epoch
+    command: str
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,20 +49,20 @@ def boot_id() -> str:
         return ""
 
 
-def controller() -> dict[str, Any]:
+def controller() -> Controller:
     """This process as a run's controller: host name, boot id, pid, start time (s since the epoch), command."""
     p = psutil.Process()
     return {"host": socket.gethostname(), "boot_id": boot_id(), "pid": os.getpid(),
             "create_time": round(p.create_time(), 2), "command": " ".join(p.cmdline())[:300]}
 
 
-def owner_env(c: dict[str, Any] | None = None) -> str:
+def owner_env(c: Controller | None = None) -> str:
     """The controller as one environment value (JSON without the command)."""
     c = c or controller()
     return json.dumps({k: c.get(k) for k in ("host", "boot_id", "pid", "create_time")}, separators=(",", ":"))
 
 
-def parse_owner(value: str | None) -> dict[str, Any] | None:
+def parse_owner(value: str | None) -> Controller | None:
     """A controller from `owner_env`'s value (None when absent or unreadable)."""
     if not value:
         return None
@@ -63,7 +73,7 @@ def parse_owner(value: str | None) -> dict[str, Any] | None:
     return out if isinstance(out, dict) and "pid" in out else None
 
 
-def owner_state(owner: dict[str, Any] | None) -> State:
+def owner_state(owner: Controller | None) -> State:
     """alive: the controller runs (on this machine, this boot); gone: it does not; self: it is this process;
     unknown: no controller recorded, or one on another machine (or before a reboot of this one: gone)."""
     if not owner or not owner.get("pid"):
@@ -85,7 +95,27 @@ def owner_state(owner: dict[str, Any] | None) -> State:
     return "alive"
 
 
-def describe(owner: dict[str, Any] | None) -> str:
+def describe(owner: Controller | None) -> str:
     if not owner:
         return "an unrecorded controller"
     return f"pid {owner.get('pid')} on {owner.get('host')}"
+
+
+def papermill_output_path() -> Path | None:
+    """The output notebook of the papermill process running this kernel, if there is one (papermill is then the
+    controller's parent: the run record keeps a copy of that notebook, and progress stays one quiet line)."""
+    try:
+        proc = psutil.Process().parent()
+        for _ in range(3):
+            if proc is None:
+                return None
+            argv = proc.cmdline()
+            if any("papermill" in a for a in argv[:3]):
+                args = [a for a in argv[1:] if not a.startswith("-") and a.endswith(".ipynb")]
+                if len(args) >= 2:
+                    return (Path(proc.cwd()) / args[1]).resolve()
+                return None
+            proc = proc.parent()
+    except psutil.Error:
+        return None
+    return None

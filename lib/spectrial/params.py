@@ -10,10 +10,18 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from spectrial.errors import ConfigError
 
@@ -57,6 +65,21 @@ class Arm(BaseModel):
 _ADDR_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?$")
 
 
+class ConnectOptions(TypedDict, total=False):
+    """Keyword arguments of `SSHHost.from_spec` / `get_host` (`SshOptions` less the cache folder)."""
+
+    key_filename: str | list[str] | None
+    known_hosts: str | list[str] | None
+    ssh_config: str | None
+    connect_timeout: float
+    keepalive_s: int
+    dead_after_s: float
+    retries: int
+    backoff_s: float
+    sudo: bool
+    strict_host_keys: bool
+
+
 class SshOptions(BaseModel):
     """How spectrial connects to SSH hosts (`host: ssh://...` and every entry of `hosts`)."""
 
@@ -80,9 +103,9 @@ class SshOptions(BaseModel):
                                                              "llama.cpp build and tiny models (same layout as "
                                                              "the local cache); uploads skip files already there.")
 
-    def connect_options(self) -> dict[str, Any]:
+    def connect_options(self) -> ConnectOptions:
         """Keyword arguments of `SSHHost.from_spec` / `get_host`."""
-        return self.model_dump(exclude={"cache_dir"})
+        return ConnectOptions(**self.model_dump(exclude={"cache_dir"}))
 
 
 class NodeSpec(BaseModel):
@@ -316,7 +339,7 @@ class TrialParams(BaseModel):
     stop_grace_s: float = Field(15, ge=0, description="SIGTERM grace before SIGKILL.")
     request_timeout_s: float = Field(300, gt=0, description="Timeout of one benchmark request.")
     engine_bin: str = Field("auto", description="Engine executable on the host; 'auto' = spectrial's build.")
-    engine_config: dict[str, Any] = Field(default_factory=dict, description="Engine-specific settings.")
+    engine_config: dict[str, JsonValue] = Field(default_factory=dict, description="Engine-specific settings.")
     output_dir: str = Field("outputs", description="Local folder of run records.")
     state_dir: str = Field("~/.cache/spectrial/state", description="Host folder of server state files.")
     work_dir: str = Field("~/.cache/spectrial/runs", description="Host folder of server logs per run.")
@@ -416,7 +439,7 @@ class TrialParams(BaseModel):
 WORKLOAD_KEYS = ("workload", "request_format", "sampling", "output_len", "max_tokens", "seed")
 
 
-def workload_identity(params: dict[str, Any]) -> dict[str, Any]:
+def workload_identity(params: dict[str, JsonValue]) -> dict[str, JsonValue]:
     """What a run's requests asked, normalised from its recorded params: an old record's `prompts` as its
     workload, a missing key at its default. Two runs measured the same workload only when these are equal
     (the seed included: it picks the items of a sampled dataset and their order)."""
@@ -428,7 +451,7 @@ def workload_identity(params: dict[str, Any]) -> dict[str, Any]:
     return p.model_dump(include=set(WORKLOAD_KEYS), mode="json")
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str) -> JsonValue:
     """A `-p` value as YAML would read it ('2' -> 2, 'null' -> None, '[1, 2]' -> list)."""
     try:
         return yaml.safe_load(text) if text.strip() else ""
@@ -436,10 +459,10 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
+def apply_override(data: dict[str, JsonValue], dotted: str, value: JsonValue) -> None:
     """Set `a.b.0.c = value` inside nested dicts/lists, creating dicts on the way."""
     keys = dotted.split(".")
-    cur: Any = data
+    cur: JsonValue = data
     for i, key in enumerate(keys):
         last = i == len(keys) - 1
         if isinstance(cur, list):
@@ -458,9 +481,9 @@ def apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
             cur = cur.setdefault(key, {})
 
 
-def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
+def parse_overrides(pairs: list[str] | None) -> dict[str, JsonValue]:
     """['steps=2', 'env.NCCL_PROTO=LL'] -> {'steps': 2, 'env.NCCL_PROTO': 'LL'}."""
-    out: dict[str, Any] = {}
+    out: dict[str, JsonValue] = {}
     for pair in pairs or []:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip():
@@ -505,7 +528,7 @@ def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
-def validate(data: dict[str, Any], source: str = "params") -> TrialParams:
+def validate(data: dict[str, JsonValue], source: str = "params") -> TrialParams:
     """Validate a params mapping, raising ConfigError with a readable message."""
     try:
         return TrialParams.model_validate(data)
@@ -531,7 +554,7 @@ def repo_root() -> Path:
     return here if (here / "pyproject.toml").is_file() else Path.cwd()
 
 
-def read_params_yaml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+def read_params_yaml(path: str | os.PathLike[str]) -> tuple[dict[str, JsonValue], str]:
     """A params file's top-level mapping and its resolved path (clear errors for missing/invalid YAML)."""
     f = find_params_file(path)
     try:
@@ -543,11 +566,11 @@ def read_params_yaml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]
     return loaded, str(f)
 
 
-def load_params(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None,
-                data: dict[str, Any] | None = None) -> TrialParams:
+def load_params(path: str | os.PathLike[str] | None = None, overrides: dict[str, JsonValue] | None = None,
+                data: dict[str, JsonValue] | None = None) -> TrialParams:
     """Load YAML (or a given mapping), apply dotted overrides, validate."""
     source = "params"
-    raw: dict[str, Any] = dict(data or {})
+    raw: dict[str, JsonValue] = dict(data or {})
     if path is not None:
         loaded, source = read_params_yaml(path)
         raw = {**loaded, **raw}

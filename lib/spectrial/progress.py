@@ -28,7 +28,7 @@ def _kernel_mode() -> Mode:
         return "line"
     if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
         return "line"
-    from spectrial.notebooks import papermill_output_path
+    from spectrial.ownership import papermill_output_path
 
     if papermill_output_path() is not None:
         return "line"  # an executed notebook keeps widget state; nobody watches it run

@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import math
 import os
 import re
 import secrets as _rnd
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,15 +25,12 @@ import pandas as pd
 
 from spectrial import __version__
 from spectrial.errors import RecordWriteError
+from spectrial.figures import rederive
 from spectrial.ownership import controller, describe, owner_state
-from spectrial.schema import Manifest, StepRecord
+from spectrial.schema import ArmRecord, Manifest, StepRecord, migrate, utc_now
 from spectrial.secrets import mask_mapping, redact
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def new_run_id(name: str) -> str:
@@ -206,7 +202,7 @@ class RunRecord:
             print(f"spectrial: the record could not be completed: {exc}", file=sys.stderr)
 
 
-def settle(run_dir: str | Path, reason: str | None = None) -> str | None:
+def settle_record(run_dir: str | Path, reason: str | None = None) -> str | None:
     """Mark a record `failed` when it still says running (or pending) but the process that drove it is gone
     (a SIGKILL, a dead kernel, a killed papermill, a reboot): the run, its starts and arms still running, each
     with the reason "abandoned: process N on H gone". Returns what was done (None: nothing to do — final already,
@@ -280,12 +276,35 @@ class RunResult:
         return self.manifest.status
 
 
-def finite(x: Any) -> float | None:
-    """A manifest value as a finite float, else None (None, bools, text, NaN and inf give None)."""
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+# --- reading a record (any schema version) -------------------------------------------------------------------
+def as_manifest(source: Manifest | Mapping[str, Any]) -> Manifest:
+    """A Manifest from a Manifest or a manifest mapping of any version."""
+    if isinstance(source, Manifest):
+        return source
+    version = int(source.get("schema_version") or 1)
+    data = migrate(source)
+    data.setdefault("run_id", "?")
+    m = Manifest.model_validate(data)
+    if version < 3:
+        m = rederive(m)  # figures derive from this schema
+    return m
+
+
+def as_arms(source: Manifest | Mapping[str, Any] | Sequence[Any]) -> list[ArmRecord]:
+    """The arms of a manifest, or a list of arm records/mappings, as ArmRecords (non-mappings dropped)."""
+    if isinstance(source, Manifest):
+        return list(source.arms)
+    if isinstance(source, Mapping):
+        return as_manifest(source).arms
+    return [a if isinstance(a, ArmRecord) else ArmRecord.model_validate(a) for a in source
+            if isinstance(a, ArmRecord | Mapping)]
+
+
+def load_record(run_dir: str | Path, settle: bool = True) -> Manifest:
+    """A run folder's manifest.json, typed (any schema version). A record still `running` whose controlling
+    process is gone is marked failed first ("abandoned", `settle_record`) unless `settle` is False."""
+    path = Path(run_dir) / "manifest.json"
+    m = as_manifest(json.loads(path.read_text()))
+    if settle and m.status in ("running", "pending") and m.controller and settle_record(Path(run_dir)):
+        m = as_manifest(json.loads(path.read_text()))
+    return m

@@ -24,10 +24,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from spectrial.errors import ConfigError
-from spectrial.fingerprint import file_identity
+from spectrial.fingerprint import FileIdentity, file_identity
 from spectrial.host import Host, LocalHost
 
 MAX_IDENTITY_CHUNK = 64 * 2**20
@@ -83,13 +84,26 @@ def identity_chunk(size: int) -> int:
     return min(MAX_IDENTITY_CHUNK, max(1 << 20, math.ceil(size / 2)))
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+class Upload(BaseModel):
+    """A file spectrial mirrored to a host (`sync_file`): uploaded, or found identical there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(description="The host's name")
+    local: str = Field(description="The file on this machine")
+    path: str = Field(description="Its path on the host")
+    bytes: int = Field(description="Its size")
+    uploaded: bool = Field(description="False: an identical file was there already")
+    seconds: float = Field(description="Time the upload took (0 when none was needed)")
+
+
+def _same(a: FileIdentity, b: FileIdentity) -> bool:
     return "error" not in a and "error" not in b and a["size"] == b["size"] and \
         a["head_tail_sha256"] == b["head_tail_sha256"]
 
 
 def sync_file(host: Host, local: Path, remote: str, mode: int = 0o600, what: str = "ssh.cache_dir"
-              ) -> dict[str, Any]:
+              ) -> Upload:
     """Upload `local` to `remote` on `host` unless an identical file is there; returns what happened.
 
     `what` names the parameter to change when the host's disk is too small.
@@ -102,7 +116,7 @@ def sync_file(host: Host, local: Path, remote: str, mode: int = 0o600, what: str
         local_hash = pool.submit(file_identity, LocalHost(), str(local), chunk)
         theirs = file_identity(host, remote, chunk)
         mine = local_hash.result()
-    out: dict[str, Any] = {"local": str(local), "path": remote, "bytes": size, "uploaded": False, "seconds": 0.0}
+    out = Upload(host=host.name, local=str(local), path=remote, bytes=size, uploaded=False, seconds=0.0)
     if _same(mine, theirs):
         return out
     parent = remote.rsplit("/", 1)[0] or "/"
@@ -110,7 +124,7 @@ def sync_file(host: Host, local: Path, remote: str, mode: int = 0o600, what: str
     host.mkdir(parent)
     t0 = time.monotonic()
     host.put(local, remote, mode)
-    out.update(uploaded=True, seconds=round(time.monotonic() - t0, 3))
+    out.uploaded, out.seconds = True, round(time.monotonic() - t0, 3)
     return out
 
 

@@ -11,9 +11,8 @@ window) are converted on load by `migrate`; `load_record` reads any version.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+import datetime as dt
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field
 SCHEMA_VERSION = 3
 
 Status = Literal["pending", "running", "ok", "failed", "not run", "not measured"]
+
+
+
+def utc_now() -> str:
+    """Now, as every record writes a time: ISO 8601 in UTC, to the millisecond."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 class Record(BaseModel):
@@ -35,9 +40,41 @@ class Record(BaseModel):
 
 
 # --- one benchmark request ------------------------------------------------------------------------------
-class RequestRecord(Record):
-    """One streamed request: timings from the client, the engine's own per-request stats (`server_*`,
-    kept as extra fields), and where it belongs (arm or point, restart, start order, concurrency)."""
+class ServerRequestStats(BaseModel):
+    """The engine's own figures for one request, as an engine adapter reads them (None: not reported).
+
+    From the stream's last chunk (`Engine.request_stats`: llama.cpp `timings`, SGLang `meta_info`) or from the
+    server's counters read around the request at concurrency 1 (`Engine.request_counter_stats`). They are the
+    `server_*` columns of requests.csv; the names keep the engines' own words after the prefix.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    server_prompt_n: int | None = Field(None, description="Prompt tokens as the server tokenized them (chat: "
+                                                          "templated; with the cached ones)")
+    server_prompt_ms: float | None = Field(None, description="Prompt processing time (llama.cpp timings), ms")
+    server_cache_n: int | None = Field(None, description="Prompt tokens served from a prefix cache")
+    server_predicted_n: int | None = Field(None, description="Output tokens as the server counted them")
+    server_predicted_ms: float | None = Field(None, description="Decode time by the engine's clock, ms")
+    server_predicted_per_second: float | None = Field(None, description="Decode rate by the engine's clock, tok/s")
+    server_draft_n: float | None = Field(None, description="Draft tokens proposed")
+    server_draft_n_accepted: float | None = Field(None, description="Draft tokens accepted")
+    server_verify_steps: float | None = Field(None, description="Verify steps (counters around the request)")
+    server_spec_verify_ct: float | None = Field(None, description="Verify steps (SGLang meta_info spec_verify_ct)")
+    server_spec_accept_length: float | None = Field(None, description="Mean accept length (SGLang meta_info)")
+    server_spec_accept_rate: float | None = Field(None, description="Acceptance rate (SGLang meta_info)")
+    server_e2e_latency: float | None = Field(None, description="End-to-end latency by the server (SGLang), s")
+
+    def fields(self) -> dict[str, float]:
+        """The figures the engine reported (the record's `server_*` fields to set)."""
+        return self.model_dump(exclude_none=True)
+
+
+class RequestRecord(Record, ServerRequestStats):
+    """One streamed request: timings from the client, the engine's own per-request stats (`server_*`, from
+    `ServerRequestStats`), and where it belongs (arm or point, restart, start order, concurrency)."""
+
+    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True, protected_namespaces=())
 
     index: int = 0
     phase: str = "measure"
@@ -93,6 +130,15 @@ class Counters(Record):
     cached_prompt_tokens: float | None = None  # of them, served from a prefix cache (hits)
 
 
+class CrossCheck(Record):
+    """The same figures from another source than the counters (vLLM: its own `SpecDecoding metrics` log lines)."""
+
+    source: str = ""
+    drafts: float = 0.0  # verify steps (drafts) the source covers
+    accept_len: float | None = None
+    per_position: list[float] = Field(default_factory=list)
+
+
 class WindowStats(Counters):
     """What an engine adapter reads for one benchmark window: counters, per-position acceptance, the accept
     length where the engine reports only a mean, whether the numbers are scoped to the window, and from where."""
@@ -102,7 +148,7 @@ class WindowStats(Counters):
     scoped: bool = True
     source: str = ""
     notes: list[str] = Field(default_factory=list)
-    cross_checks: dict[str, Any] = Field(default_factory=dict)  # the same figures from another source (the log)
+    cross_checks: dict[str, CrossCheck] = Field(default_factory=dict)  # the same figures from another source
 
     def counters(self) -> Counters:
         return Counters(**{k: getattr(self, k) for k in COUNTERS})
@@ -121,7 +167,7 @@ class WindowRecord(Record):
     stats_source: str | None = None
     stats_scoped: bool = True
     stats_notes: list[str] = Field(default_factory=list)
-    cross_checks: dict[str, Any] = Field(default_factory=dict)
+    cross_checks: dict[str, CrossCheck] = Field(default_factory=dict)
     log_lines: list[int] | None = None  # [first, last]: the server log lines written during the window
 
     def stats(self) -> WindowStats:
@@ -132,15 +178,114 @@ class WindowRecord(Record):
 
 
 # --- environment verification ---------------------------------------------------------------------------
+class ProcessEnvCheck(Record):
+    """One server process: which requested variables it holds, lacks or holds with another value, and how each
+    is known ("probe": its probe record; "proc": /proc/<pid>/environ)."""
+
+    pid: int = 0
+    cmdline: list[str] = Field(default_factory=list)  # masked
+    environ: str | None = None  # readable, blanked (renamed process) or unreadable
+    probe: bool = False  # a probe record of it was found
+    readable: bool = False
+    present: list[str] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
+    wrong: dict[str, str] = Field(default_factory=dict)  # masked
+    verified_by: dict[str, str] = Field(default_factory=dict)
+    unverified: list[str] = Field(default_factory=list)
+    node: str | None = None  # another node of `hosts:` (None: the head)
+
+
 class EnvCheckRecord(Record):
     """Did the requested variables reach every server process: per process and variable, and how it is known."""
 
     ok: bool | None = None
     summary: str = ""
     requested: dict[str, str] = Field(default_factory=dict)
-    processes: list[dict[str, Any]] = Field(default_factory=list)
+    processes: list[ProcessEnvCheck] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
     unverified: list[str] = Field(default_factory=list)  # processes whose environment nothing could read
+
+
+# --- a server's stop and what the start kept of it (spectrial.server) ------------------------------------
+class StopReport(Record):
+    """How a server was stopped: the signal that ended it, port and GPUs afterwards, its exit status and whether
+    that exit was clean (with the evidence); its companions' stops; a stop that itself failed (`error`)."""
+
+    how: str | None = None  # TERM, KILL, gone (it had exited already)
+    elapsed_s: float | None = None
+    port_free: bool | None = None
+    gpu_available: bool | None = None
+    gpu_mem_used_mib: list[float] = Field(default_factory=list)
+    exit_code: int | None = None
+    clean: bool | None = None
+    evidence: list[str] = Field(default_factory=list)
+    companions: list[CompanionStop] = Field(default_factory=list)
+    error: str | None = None  # the stop itself failed (the exception in flight went on)
+    pid_left: int | None = None
+    host: str | None = None
+
+
+class CompanionStop(StopReport):
+    """A companion's stop, on its node (rpc-server worker, SGLang rank > 0)."""
+
+    node: str = ""
+    name: str = ""
+
+
+class ServerInfo(Record):
+    """A server start as the record keeps it: pid, tag, log, URL, readiness, its stop, its companions."""
+
+    pid: int | None = None
+    tag: str | None = None
+    log: str | None = None
+    url: str | None = None
+    started_at: str | None = None
+    ready_s: float | None = None
+    stop: StopReport | None = None
+    companions: list[CompanionInfo] = Field(default_factory=list)
+
+
+class CompanionInfo(ServerInfo):
+    """A companion server on another node, with its command (secrets masked)."""
+
+    node: str = ""
+    name: str = ""
+    argv: list[str] = Field(default_factory=list)
+
+
+# --- what NCCL itself reported (spectrial.engines.nccl_evidence) ------------------------------------------
+class NcclProcess(Record):
+    """One process's NCCL lines: its device, ranks, the variables NCCL reported "set by environment", channels."""
+
+    host: str = ""
+    pid: int = 0
+    device: int | None = None
+    ranks: list[int] = Field(default_factory=list)
+    nranks: list[int] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    coll_channels: list[int] = Field(default_factory=list)
+    p2p_channels: list[int] = Field(default_factory=list)
+    nccl_version: str | None = None
+
+
+class NcclVariable(Record):
+    """One requested NCCL_* variable across the ranks: confirmed, missing, or a different value (by pid)."""
+
+    requested: str = ""
+    confirmed: list[int] = Field(default_factory=list)
+    missing: list[int] = Field(default_factory=list)
+    different: dict[str, str] = Field(default_factory=dict)
+
+
+class NcclEvidence(Record):
+    """Per process what NCCL reported, and per requested NCCL_* variable whether every rank used it; `ok` is None
+    when the log holds no NCCL INFO lines (NCCL_DEBUG not on, or no communicator created)."""
+
+    ok: bool | None = None
+    source: str = ""
+    processes: list[NcclProcess] = Field(default_factory=list)
+    variables: dict[str, NcclVariable] = Field(default_factory=dict)
+    problems: list[str] = Field(default_factory=list)
 
 
 # --- one server start -----------------------------------------------------------------------------------
@@ -159,11 +304,11 @@ class StartRecord(Record):
     elapsed_s: float | None = None
     env_check: EnvCheckRecord | None = None
     gpu_sampling: str | None = None
-    server: dict[str, Any] = Field(default_factory=dict)
+    server: ServerInfo = Field(default_factory=ServerInfo)
     fingerprint_changes: list[str] = Field(default_factory=list)
     throttled_samples: int = 0
     log_summary: dict[str, Any] | None = None
-    nccl_evidence: dict[str, Any] | None = None
+    nccl_evidence: NcclEvidence | None = None
     connection_events: list[dict[str, Any]] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     windows: list[WindowRecord] = Field(default_factory=list)
@@ -377,7 +522,7 @@ class ArmFigures(Record):
     stats_source: str | None = None
     stats_scoped: bool | None = None
     stats_notes: list[str] = Field(default_factory=list)
-    cross_checks: dict[str, Any] = Field(default_factory=dict)  # e.g. the log's own accept length
+    cross_checks: dict[str, CrossCheck] = Field(default_factory=dict)  # e.g. the log's own accept length
     ms_per_token: float | None = None
     accept_len: float | None = None
     draft_accept_rate: float | None = None
@@ -390,7 +535,7 @@ class ArmFigures(Record):
     serving: ServingFigures | None = None
     categories: list[CategoryRecord] = Field(default_factory=list)  # per workload category, when >= 2
     # accept length per request (1 + accepted / verify steps of each request, from the engine's per-request
-    # counts: spectrial.figures.request_cycles), beside the token-weighted accept_len of the counters
+    # counts: spectrial.serving.request_cycles), beside the token-weighted accept_len of the counters
     accept_len_request_mean: float | None = None
     accept_len_request_p10: float | None = None
     accept_len_request_p50: float | None = None
@@ -443,6 +588,20 @@ class ArmRecord(ArmFigures, Comparison):
         return ArmFigures(**{k: getattr(self, k) for k in ArmFigures.model_fields})
 
 
+# --- sweeps (spectrial.sweep) ---------------------------------------------------------------------------
+class Prediction(Record):
+    """The sweep model's prediction of one grid point (`spectrial.sweep.model.SweepModel.predict`). The prediction
+    that made a guided sweep measure a setting also keeps the relative error (`margin`) and noise it assumed and how
+    many server starts it followed."""
+
+    accept_len: float = Field(description="Predicted tokens committed per verify cycle.")
+    cycle_ms: float = Field(description="Predicted time per verify cycle (ms).")
+    tok_s: float = Field(description="Predicted decode rate per request (tok/s).")
+    margin: float | None = Field(None, description="The model's relative error assumed for this prediction.")
+    noise: float | None = Field(None, description="Median relative CI half-width below tok/s at this level.")
+    made_after_starts: int | None = Field(None, description="Server starts of the sweep when it was made.")
+
+
 class PointRecord(ArmRecord):
     """A sweep's grid point: one setting (or a baseline) at one concurrency level."""
 
@@ -455,10 +614,192 @@ class PointRecord(ArmRecord):
     phase: str | None = None
     start_orders: list[int] = Field(default_factory=list)
     fingerprint_key: str | None = None
-    prediction: dict[str, Any] | None = None
-    final_prediction: dict[str, Any] | None = None
+    prediction: Prediction | None = None  # what the guided search predicted before measuring it
+    final_prediction: Prediction | None = None  # the final model's value, measured or not
     prediction_error: float | None = None
     baseline: str | None = None
+
+
+class GridSetting(Record):
+    """One setting of a sweep's grid (what a server start fixes) and the arm that launches it."""
+
+    steps: int
+    topk: int = 1
+    draft_tokens: int | None = None
+    synthetic_accept: float | None = None
+    arm: str = ""
+
+
+class SweepGridRecord(Record):
+    """A sweep's grid as planned: its settings, concurrency levels and acceptance scenarios."""
+
+    settings: list[GridSetting] = Field(default_factory=list)
+    concurrency: list[int] = Field(default_factory=list)
+    scenarios: list[float | None] = Field(default_factory=list)
+    restart_fields: list[str] = Field(default_factory=list, description="Fields that need a server restart.")
+    per_request_fields: list[str] = Field(default_factory=list, description="Fields set per request instead.")
+
+
+class CycleFit(Record):
+    """A fitted cycle-cost line at one concurrency level: cycle_ms(k) = fixed_ms + per_draft_ms x k
+    (`spectrial.analysis.CycleModel`)."""
+
+    fixed_ms: float
+    per_draft_ms: float
+    r2: float | None = None
+    ks: list[float] = Field(default_factory=list)
+    cycle_ms_measured: list[float] = Field(default_factory=list)
+    draft_fixed_ms: float | None = None
+    draft_per_token_ms: float | None = None
+
+
+class AcceptanceFit(Record):
+    """A fitted acceptance curve of one scenario and top-k (`spectrial.sweep.model.AcceptanceCurve`)."""
+
+    scenario: float | None = None
+    topk: int = 1
+    alpha: float
+    per_position: list[float] = Field(default_factory=list)
+    source: str = ""
+    points: list[tuple[int, float]] = Field(default_factory=list, description="(depth, accept length) measured.")
+
+
+class OffsetFit(Record):
+    """A scenario's level offset from the shared model at one concurrency level (measured / modelled tok/s)."""
+
+    scenario: float | None = None
+    topk: int = 1
+    concurrency: int
+    offset: float
+
+
+class RelativeError(Record):
+    """Summary of |predicted / measured - 1| over measured points."""
+
+    median_abs: float | None = None
+    max_abs: float | None = None
+    n: int | None = None
+
+
+class SweepModelRecord(Record):
+    """The sweep model as recorded: cycle fits and calibration per concurrency level, acceptance curves and offsets
+    per scenario; in the manifest also its error (`margin`), the noise per level and its leave-one-out and
+    in-sample errors (a decision's copy holds the fits only)."""
+
+    cycle: dict[int, CycleFit] = Field(default_factory=dict)
+    acceptance: list[AcceptanceFit] = Field(default_factory=list)
+    calibration: dict[int, float] = Field(default_factory=dict)
+    offsets: list[OffsetFit] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    margin: float | None = None
+    noise: dict[int, float] = Field(default_factory=dict)
+    cv_rel_error: RelativeError | None = None
+    in_sample_rel_error: RelativeError | None = None
+
+
+class SweepDecision(Record):
+    """One step of a sweep's search, in order: what it measured (or did not) and why."""
+
+    phase: str = Field(description="grid, probe, confirm, budget, fingerprint or a baseline's phase.")
+    setting: str | None = None
+    reason: str = ""
+    score: float | None = Field(None, description="Confirm: the ratio that chose the setting.")
+    model: SweepModelRecord | None = Field(None, description="The model the decision was made with.")
+
+
+class BestRecord(Record):
+    """The best measured setting of one scenario and concurrency level, against the baseline and the runner-up.
+    `confirmed` only when it is faster than the runner-up beyond the noise and no setting left unmeasured could
+    beat it (`could_beat` names those); None in records written before it existed."""
+
+    scenario: float | None = None
+    concurrency: int = 1
+    best: str | None = None
+    verdict: str = ""
+    confirmed: bool | None = None
+    could_beat: list[str] = Field(default_factory=list)
+    steps: int | None = None
+    topk: int | None = None
+    draft_tokens: int | None = None
+    tok_s: float | None = None
+    tok_s_ci_low: float | None = None
+    tok_s_ci_high: float | None = None
+    speedup: float | None = None
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
+    vs_baseline: str | None = None
+    measured_settings: int | None = None
+    runner_up: str | None = None
+    runner_up_tok_s: float | None = None
+    ratio_to_runner_up: float | None = None
+    ratio_ci_low: float | None = None
+    ratio_ci_high: float | None = None
+    confirm_level: float | None = None
+    vs_runner_up: str | None = None
+
+
+class PredictedLevel(Record):
+    """An unmeasured setting at one concurrency level: the final model's prediction, its range (x (1 -/+ error))
+    and whether, measured at the top of that range, its CI would clear the best measured setting's tok/s."""
+
+    concurrency: int
+    tok_s: float | None = None
+    low: float | None = None
+    high: float | None = None
+    best: str | None = None
+    best_tok_s: float | None = None
+    could_beat: bool = True
+    error: float | None = None
+    noise: float | None = None
+
+
+class UnmeasuredSetting(Record):
+    """A setting the sweep never started: why, and per concurrency level its prediction."""
+
+    setting: str
+    steps: int | None = None
+    topk: int | None = None
+    draft_tokens: int | None = None
+    synthetic_accept: float | None = None
+    why: str = "not measured"
+    predicted: list[PredictedLevel] = Field(default_factory=list)
+    could_beat_at: list[int] = Field(default_factory=list)
+
+
+class ShortSetting(Record):
+    """A setting measured with fewer server starts than planned (the budget stopped the sweep)."""
+
+    setting: str
+    starts: int
+    planned: int
+
+
+class StartEstimate(Record):
+    """What the next server start was expected to take: the median of the warm starts, the cold first one apart."""
+
+    start_s: float
+    how: str = ""
+    cold_start_s: float | None = None
+    warm_start_s: list[float] = Field(default_factory=list)
+
+
+class SweepBudget(Record):
+    """A sweep's cost and why it stopped. `not_measured` is None in records written before it existed (readers
+    then take the points marked "not measured")."""
+
+    budget_s: float | None = None
+    budget_restarts: int | None = None
+    wall_s: float = 0.0
+    restarts: int = 0
+    grid_restarts: int = 0
+    settings_measured: int = 0
+    settings: int = 0
+    stopped_by: str | None = None
+    partial: bool | None = None
+    not_measured: list[UnmeasuredSetting] | None = None
+    fewer_starts: list[ShortSetting] = Field(default_factory=list)
+    start_estimate: StartEstimate | None = None
+    remaining_estimate_s: float | None = None
 
 
 # --- the run --------------------------------------------------------------------------------------------
@@ -551,13 +892,13 @@ class Manifest(Record):
     notebook: str | None = None
     # sweeps
     strategy: str | None = None
-    grid: dict[str, Any] | None = None
+    grid: SweepGridRecord | None = None
     points: list[PointRecord] = Field(default_factory=list)
-    best: list[dict[str, Any]] = Field(default_factory=list)
-    model: dict[str, Any] | None = None
-    decisions: list[dict[str, Any]] = Field(default_factory=list)
+    best: list[BestRecord] = Field(default_factory=list)
+    model: SweepModelRecord | None = None
+    decisions: list[SweepDecision] = Field(default_factory=list)
     baselines: dict[str, str] = Field(default_factory=dict)
-    budget: dict[str, Any] | None = None
+    budget: SweepBudget | None = None
 
     def arm(self, name: str) -> ArmRecord | None:
         return next((a for a in self.arms if a.name == name), None)
@@ -619,44 +960,6 @@ def _v3_arm(a: Any) -> Any:
     if isinstance(a.get("pays"), bool):
         a["pays"] = None
     return a
-
-
-def as_manifest(source: Manifest | Mapping[str, Any]) -> Manifest:
-    """A Manifest from a Manifest or a manifest mapping of any version."""
-    if isinstance(source, Manifest):
-        return source
-    version = int(source.get("schema_version") or 1)
-    data = migrate(source)
-    data.setdefault("run_id", "?")
-    m = Manifest.model_validate(data)
-    if version < 3:
-        from spectrial.figures import rederive  # figures derive from this schema
-
-        m = rederive(m)
-    return m
-
-
-def as_arms(source: Manifest | Mapping[str, Any] | Sequence[Any]) -> list[ArmRecord]:
-    """The arms of a manifest, or a list of arm records/mappings, as ArmRecords (non-mappings dropped)."""
-    if isinstance(source, Manifest):
-        return list(source.arms)
-    if isinstance(source, Mapping):
-        return as_manifest(source).arms
-    return [a if isinstance(a, ArmRecord) else ArmRecord.model_validate(a) for a in source
-            if isinstance(a, ArmRecord | Mapping)]
-
-
-def load_record(run_dir: str | Path, settle: bool = True) -> Manifest:
-    """A run folder's manifest.json, typed (any schema version). A record still `running` whose controlling
-    process is gone is marked failed first ("abandoned", `spectrial.records.settle`) unless `settle` is False."""
-    path = Path(run_dir) / "manifest.json"
-    m = as_manifest(json.loads(path.read_text()))
-    if settle and m.status in ("running", "pending") and m.controller:
-        from spectrial.records import settle as settle_run
-
-        if settle_run(Path(run_dir)):
-            m = as_manifest(json.loads(path.read_text()))
-    return m
 
 
 def json_schema() -> dict[str, Any]:

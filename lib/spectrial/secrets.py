@@ -1,9 +1,16 @@
-"""Secrets never reach a record: names that look secret are masked, and their values are redacted."""
+"""Secrets never reach a record: names that look secret are masked, and their values are redacted.
+
+A launch (argv + env) is masked in one place, `mask_launch`: its `MaskedLaunch` is what the run record, the
+server's state file, the dry-run plan and every error that prints the command show, and its `secrets` are the
+values the record redacts from every text it writes (server logs copied back, error messages).
+"""
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 MASK = "***"
 _SECRET_PARTS = frozenset({"TOKEN", "KEY", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
@@ -71,6 +78,35 @@ def secret_values(env: Mapping[str, str] | None = None, argv: Sequence[str] | No
             elif i + 1 < len(argv):
                 vals.append(argv[i + 1])
     return sorted({v for v in vals if len(v) >= 4}, key=len, reverse=True)
+
+
+@dataclass(frozen=True)
+class MaskedLaunch:
+    """A launch as records, logs and printed commands show it: secret-looking variables and flag values
+    masked; `secrets` holds the literal values (longest first) to redact from any other text."""
+
+    argv: list[str]
+    env: dict[str, str]
+    secrets: list[str]
+
+    @property
+    def argv_line(self) -> str:
+        """The masked argv as one shell-quoted line."""
+        return shlex.join(self.argv)
+
+    @property
+    def command(self) -> str:
+        """The masked launch as one shell-quoted line, variables first (`K=V ... argv`)."""
+        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), self.argv_line])
+
+    def redact(self, text: str) -> str:
+        """`text` with this launch's secret values replaced by ***."""
+        return redact(text, self.secrets)
+
+
+def mask_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> MaskedLaunch:
+    """The one masking of a launch: every record and output path shows what this returns."""
+    return MaskedLaunch(mask_argv(argv), mask_env(env), secret_values(env, argv))
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field
 
 from spectrial import interrupts
 from spectrial.envcheck import (
@@ -41,9 +42,8 @@ from spectrial.gpu import query as gpu_query
 from spectrial.host import Host, ProcInfo
 from spectrial.ownership import OWNER_VAR, controller, describe, owner_env, owner_state, parse_owner
 from spectrial.progress import Progress
-from spectrial.records import utc_now
-from spectrial.schema import EnvCheckRecord
-from spectrial.secrets import mask_argv, mask_env
+from spectrial.schema import CompanionInfo, CompanionStop, EnvCheckRecord, ServerInfo, StopReport, utc_now
+from spectrial.secrets import MaskedLaunch, mask_launch
 
 TAG_VAR = "SPECTRIAL_TAG"
 LOG_TAIL_LINES = 40
@@ -112,19 +112,109 @@ class Companion:
     ready_timeout_s: float = 120
 
 
+class ProcessRef(BaseModel):
+    """A process as a state file names it: pid and start time (clock ticks since boot; together, one process)."""
+
+    pid: int
+    start_ticks: int = 0
+
+
+class HelperRef(BaseModel):
+    """A helper process group of a start (the GPU sampler)."""
+
+    kind: str
+    pgid: int
+
+
+Owner = dict[str, str | int | float]  # the controller (`spectrial.ownership.Controller`: host, boot_id, pid, ...)
+
+
+class ServerState(BaseModel):
+    """The state file spectrial keeps per port (`<state_dir>/server-<port>.json`): the last start on it, written
+    before its process exists and updated as it runs (pid, group, members, helpers); the next kill step reads it.
+    An unreadable file reads as `corrupt` (with its `path`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: str = "launching"
+    tag: str | None = None
+    owner: Owner | None = None
+    run_id: str | None = None
+    arm: str | None = None
+    name: str | None = None
+    record: str | None = None  # the run record's folder
+    port: int | None = None
+    argv: list[str] = Field(default_factory=list)  # masked
+    env: dict[str, str] = Field(default_factory=dict)  # masked
+    log: str | None = None
+    started_at: str | None = None
+    members: list[ProcessRef] = Field(default_factory=list)
+    helpers: list[HelperRef] = Field(default_factory=list)
+    pid: int | None = None
+    pgid: int | None = None
+    sid: int | None = None
+    start_ticks: int | None = None
+    boot_id: str | None = None
+    corrupt: bool = Field(False, exclude=True)
+    path: str | None = Field(None, exclude=True)
+
+
+class PreviousServer(BaseModel):
+    """What the kill step found in the state file."""
+
+    pid: int | None = None
+    pgid: int | None = None
+    tag: str | None = None
+    started_at: str | None = None
+    run_id: str | None = None
+    arm: str | None = None
+    status: str | None = None
+    record: str | None = None
+    log: str | None = None
+    name: str | None = None
+
+
+class Abandoned(BaseModel):
+    """The run that left a server on the port and is gone: its record and log (the session settles it)."""
+
+    run_id: str | None = None
+    record: str | None = None
+    log: str | None = None
+    name: str | None = None
+    owner: Owner | None = None
+    owner_state: str = "unknown"
+    settled: str | None = None  # what was done to its record
+
+
+class StoppedProcess(BaseModel):
+    pid: int
+    command: str
+
+
+class KillReport(BaseModel):
+    """The kill step on one host: what the state file named, what was stopped, the run it belonged to."""
+
+    port: int
+    node: str | None = None  # another node of `hosts:` (None: the head)
+    previous: PreviousServer | None = None
+    action: str = "none"
+    abandoned: Abandoned | None = None
+    stopped: list[StoppedProcess] = Field(default_factory=list)
+
+
 def state_path(state_dir: str, port: int) -> str:
     return f"{state_dir.rstrip('/')}/server-{int(port)}.json"
 
 
-def read_state(host: Host, state_dir: str, port: int) -> dict[str, Any] | None:
+def read_state(host: Host, state_dir: str, port: int) -> ServerState | None:
     """The state file of the server spectrial last started on `port`, or None."""
     path = state_path(state_dir, port)
     if not host.exists(path):
         return None
     try:
-        return json.loads(host.read_text(path))
-    except (json.JSONDecodeError, ValueError):
-        return {"corrupt": True, "path": path}
+        return ServerState.model_validate_json(host.read_text(path))
+    except ValueError:  # not JSON, or not a state file
+        return ServerState(corrupt=True, path=path)
 
 
 def boot_id(host: Host) -> str:
@@ -133,7 +223,7 @@ def boot_id(host: Host) -> str:
     return res.stdout.strip()
 
 
-def server_processes(host: Host, state: dict[str, Any]) -> tuple[list[ProcInfo], list[ProcInfo]]:
+def server_processes(host: Host, state: ServerState) -> tuple[list[ProcInfo], list[ProcInfo]]:
     """(ours, others): the live processes of a recorded server, told apart from strangers in its group.
 
     A process is the recorded server's when its (pid, start time) is one the state file recorded (the
@@ -143,22 +233,22 @@ def server_processes(host: Host, state: dict[str, Any]) -> tuple[list[ProcInfo],
     killed alone keep its group and session, and renamed children have no readable tag). Nothing matches
     after a reboot (another boot id).
     """
-    pgid = int(state.get("pgid") or 0)
+    pgid = state.pgid or 0
     procs = host.processes(pgid) if pgid else []
     if not procs:
         return [], []
-    if state.get("boot_id") and state["boot_id"] != boot_id(host):
+    if state.boot_id and state.boot_id != boot_id(host):
         return [], procs
-    members = {(int(m["pid"]), int(m.get("start_ticks") or 0)) for m in state.get("members") or []}
-    members.add((int(state.get("pid") or 0), int(state.get("start_ticks") or 0)))
-    start = int(state.get("start_ticks") or 0)
+    members = {(m.pid, m.start_ticks) for m in state.members}
+    members.add((state.pid or 0, state.start_ticks or 0))
+    start = state.start_ticks or 0
     leader = next((p for p in procs if p.pid == pgid), None)
     leader_ok = leader is None or not start or leader.start_ticks == start
     ours, others = [], []
     for p in procs:
-        tagged = p.environ is not None and p.environ.get(TAG_VAR) == state.get("tag")
+        tagged = p.environ is not None and p.environ.get(TAG_VAR) == state.tag
         known = (p.pid, p.start_ticks) in members
-        grouped = leader_ok and bool(start) and p.sid == int(state.get("sid") or pgid) and p.start_ticks >= start
+        grouped = leader_ok and bool(start) and p.sid == (state.sid or pgid) and p.start_ticks >= start
         (ours if tagged or known or grouped else others).append(p)
     return ours, others
 
@@ -179,60 +269,58 @@ def stop_groups(host: Host, procs: list[ProcInfo], grace_s: float) -> str:
     return "; ".join(out) or "nothing to stop"
 
 
-def _busy(port: int, host: Host, st: dict[str, Any], who: str, procs: list[ProcInfo]) -> ResourceBusyError:
-    owner = st.get("owner") or {}
+def _busy(port: int, host: Host, st: ServerState, who: str, procs: list[ProcInfo]) -> ResourceBusyError:
     why = ("its run is still going" if who == "alive" else
            "its run is controlled from another machine, so spectrial cannot tell whether it is still going")
     return ResourceBusyError(
-        f"port {port} on {host.name} is used by spectrial run {st.get('run_id') or '?'} (arm {st.get('arm') or '?'}, "
-        f"started {st.get('started_at') or '?'}, controlled by {describe(owner)}): {why}. Its processes:\n"
-        + "\n".join(f"  pid {p.pid}: {shlex.join(mask_argv(p.cmdline))[:200]}" for p in procs[:8]),
+        f"port {port} on {host.name} is used by spectrial run {st.run_id or '?'} (arm {st.arm or '?'}, "
+        f"started {st.started_at or '?'}, controlled by {describe(st.owner or {})}): {why}. Its processes:\n"
+        + "\n".join(f"  pid {p.pid}: {mask_launch(p.cmdline).argv_line[:200]}" for p in procs[:8]),
         resource="port", holders=[(p.pid, p.command) for p in procs],
         hint="wait for that run, choose another port (-p port=...), or, if that run is over, take its server "
              "over with -p takeover=true")
 
 
 def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15, takeover: bool = False
-                  ) -> dict[str, Any]:
+                  ) -> KillReport:
     """The protocol's "kill old server" step.
 
     The state file spectrial keeps for `port` names the last start on it (written before its process existed):
     when the run that owns it is gone (or is this process, or `takeover`), every process of that start is stopped
     — the recorded process group once shown to be that server's (`server_processes`), and whatever carries its
-    tag (a launch cut before its pid was recorded, the GPU sampler); `report["abandoned"]` then names that run's
+    tag (a launch cut before its pid was recorded, the GPU sampler); `report.abandoned` then names that run's
     record and server log. When the owning run is alive (or on another machine and its processes live), the step
     refuses, naming that run and its processes. A process on the port that carries a spectrial tag but has no
     state file is judged by the owner in its environment the same way; anything else on the port is refused,
     with its pid and command line.
     """
-    report: dict[str, Any] = {"port": port, "previous": None, "action": "none", "abandoned": None}
+    report = KillReport(port=port)
     st = read_state(host, state_dir, port)
     actions = []
-    if st and not st.get("corrupt"):
-        report["previous"] = {k: st.get(k) for k in ("pid", "pgid", "tag", "started_at", "run_id", "arm", "status",
-                                                     "record", "log", "name")}
-        who = owner_state(st.get("owner"))
+    if st and not st.corrupt:
+        report.previous = PreviousServer.model_validate(st.model_dump(include=set(PreviousServer.model_fields)))
+        who = owner_state(st.owner)  # type: ignore[arg-type]  # the controller as the state file keeps it
         procs = host.processes()
-        ours, others = server_processes(host, st) if st.get("pgid") else ([], [])
-        mine = tagged(host, st["tag"], procs) if st.get("tag") else []
+        ours, others = server_processes(host, st) if st.pgid else ([], [])
+        mine = tagged(host, st.tag, procs) if st.tag else []
         live = list({p.pid: p for p in [*ours, *mine]}.values())
-        if live and (who == "alive" or who == "unknown" and st.get("owner") and not takeover):
+        if live and (who == "alive" or who == "unknown" and st.owner and not takeover):
             raise _busy(port, host, st, who, live)
         if live:
-            report["stopped"] = [{"pid": p.pid, "command": shlex.join(mask_argv(p.cmdline))[:200]} for p in live]
+            report.stopped = [StoppedProcess(pid=p.pid, command=mask_launch(p.cmdline).argv_line[:200]) for p in live]
             how = stop_groups(host, live, grace_s)
-            actions.append(f"stopped previous spectrial server of run {st.get('run_id')} ({how}), "
+            actions.append(f"stopped previous spectrial server of run {st.run_id} ({how}), "
                            f"{len(live)} process(es)")
         elif others:
-            actions.append(f"state file pgid {st.get('pgid')} now belongs to other processes: left alone")
+            actions.append(f"state file pgid {st.pgid} now belongs to other processes: left alone")
         else:
             actions.append("previous server already gone")
         if who != "alive":
-            report["abandoned"] = {"run_id": st.get("run_id"), "record": st.get("record"), "log": st.get("log"),
-                                   "name": st.get("name"), "owner": st.get("owner"), "owner_state": who}
+            report.abandoned = Abandoned(run_id=st.run_id, record=st.record, log=st.log, name=st.name, owner=st.owner,
+                                         owner_state=who)
         host.remove(state_path(state_dir, port))
     elif st:
-        host.remove(st["path"])
+        host.remove(str(st.path))
         actions.append("removed corrupt state file")
     holders = host.port_holders(port)
     if holders:  # a spectrial process without a state file (removed, or a launch cut before it was written)
@@ -244,11 +332,11 @@ def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15, ta
                 continue
             owner = parse_owner(env.get(OWNER_VAR))
             who = owner_state(owner)
-            info = {"tag": env[TAG_VAR], "run_id": env[TAG_VAR].split(":")[0], "owner": owner}
+            tag = env[TAG_VAR]
             if who == "alive" or who == "unknown" and owner and not takeover:
-                raise _busy(port, host, {**info, "started_at": None, "arm": env[TAG_VAR].split(":")[1:2]}, who,
-                            group)
-            actions.append(f"stopped a spectrial server of run {info['run_id']} that no state file named "
+                raise _busy(port, host, ServerState(tag=tag, run_id=tag.split(":")[0], owner=dict(owner or {}),
+                                                    arm=(tag.split(":")[1:2] or [None])[0]), who, group)
+            actions.append(f"stopped a spectrial server of run {tag.split(':')[0]} that no state file named "
                            f"({stop_groups(host, group, grace_s)})")
         holders = host.port_holders(port)
     if holders:
@@ -257,7 +345,7 @@ def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15, ta
             + "\n".join(f"  pid {p.pid}: {p.command}" for p in holders),
             resource="port", holders=[(p.pid, p.command) for p in holders],
             hint="stop it yourself, or choose another port (-p port=...)")
-    report["action"] = "; ".join(actions) or "none"
+    report.action = "; ".join(actions) or "none"
     return report
 
 
@@ -277,12 +365,17 @@ class Server:
         self.base_url = ""
         self.started_at = ""
         self.ready_s: float | None = None
-        self.stop_report: dict[str, Any] = {}
+        self.stop_report: StopReport | None = None  # set by the stop
         self.companions: list[Companion] = []
-        self.state: dict[str, Any] = {}
+        self.state = ServerState()
         self.probe_dir = ""
         self._inherited_pythonpath = ""
         self._t0 = 0.0
+
+    @property
+    def shown(self) -> MaskedLaunch:
+        """The launch as the state file and errors show it (masked: `spectrial.secrets.mask_launch`)."""
+        return mask_launch(self.spec.argv, self.spec.env)
 
     # --- lifecycle -----------------------------------------------------------------------------------
     @property
@@ -332,18 +425,20 @@ class Server:
         self.started_at = utc_now()
         # the state file names the start before its process exists: whatever happens next (this process
         # killed, the launching shell killed with it), the next kill step finds the server by its tag
-        self.state = {"status": "launching", "tag": self.tag, "owner": self.owner, "run_id": self.run_id,
-                      "arm": self.arm, "name": self.spec.name, "record": self.record_dir, "port": self.spec.port,
-                      "argv": mask_argv(self.spec.argv), "env": mask_env(self.spec.env), "log": self.log_path,
-                      "started_at": self.started_at, "members": [], "helpers": []}
+        self.state = ServerState(status="launching", tag=self.tag, owner=dict(self.owner), run_id=self.run_id,
+                                 arm=self.arm, name=self.spec.name, record=self.record_dir, port=self.spec.port,
+                                 argv=self.shown.argv, env=self.shown.env, log=self.log_path,
+                                 started_at=self.started_at)
         self._write_state()
         with interrupts.deferred():  # the pid is recorded before an interrupt is let through
             try:
                 self.pid = self.host.start_detached(wrapped, env=self.launch_env, log_path=self.log_path,
                                                     cwd=self.work_dir)
-                self.state.update(status="running", pid=self.pid, pgid=self.pid, sid=self.pid)
+                self.state.status = "running"
+                self.state.pid = self.state.pgid = self.state.sid = self.pid  # setsid: its own group and session
                 leader = next((p for p in self.host.processes(self.pid) if p.pid == self.pid), None)
-                self.state.update(start_ticks=leader.start_ticks if leader else 0, boot_id=boot_id(self.host))
+                self.state.start_ticks = leader.start_ticks if leader else 0
+                self.state.boot_id = boot_id(self.host)
                 self._write_state()
                 if self.spec.http:
                     self.base_url = self.host.client_url(self.spec.port, self.spec.bind)
@@ -356,7 +451,8 @@ class Server:
                 raise
 
     def _write_state(self) -> None:
-        self.host.write_text(state_path(self.state_dir, self.spec.port), json.dumps(self.state, indent=1))
+        self.host.write_text(state_path(self.state_dir, self.spec.port),
+                             json.dumps(self.state.model_dump(mode="json"), indent=1))
 
     def _stop_half_launched(self, wait_s: float = 1.5) -> None:
         """A launch cut half-way (its shell killed with this process's group, say): the server may be starting
@@ -373,7 +469,7 @@ class Server:
     def _drop_state(self) -> None:
         """Remove the state file when it is this start's."""
         st = read_state(self.host, self.state_dir, self.spec.port)
-        if st and st.get("tag") == self.tag:
+        if st and st.tag == self.tag:
             self.host.remove(state_path(self.state_dir, self.spec.port))
 
     def helper_env(self, kind: str) -> dict[str, str]:
@@ -384,17 +480,16 @@ class Server:
     def add_helper(self, kind: str, pgid: int | None) -> None:
         """Note a helper's process group in the state file."""
         if pgid is not None:
-            self.state.setdefault("helpers", []).append({"kind": kind, "pgid": int(pgid)})
+            self.state.helpers.append(HelperRef(kind=kind, pgid=int(pgid)))
             self._write_state()
 
     def record_members(self) -> list[ProcInfo]:
         """Note every live process of the server (pid and start time) in its state file, so that the next
         kill step finds them even when the launched process died alone; returns them."""
         procs = self.host.process_tree(self.pid) if self.pid is not None else []
-        known = {(m["pid"], m["start_ticks"]) for m in self.state.get("members", [])}
-        self.state["members"] = [*self.state.get("members", []),
-                                 *({"pid": p.pid, "start_ticks": p.start_ticks} for p in procs
-                                   if (p.pid, p.start_ticks) not in known)]
+        known = {(m.pid, m.start_ticks) for m in self.state.members}
+        self.state.members += [ProcessRef(pid=p.pid, start_ticks=p.start_ticks) for p in procs
+                               if (p.pid, p.start_ticks) not in known]
         self._write_state()
         return procs
 
@@ -407,11 +502,12 @@ class Server:
 
         on_each([(f"{c.node}: {c.server.spec.name}", lambda c=c: one(c)) for c in companions])
 
-    def _stop_companions(self) -> list[dict[str, Any]]:
+    def _stop_companions(self) -> list[CompanionStop]:
         """Stop every companion that was started, on every node in parallel; raises after trying them all."""
         started = [c for c in self.companions if c.server.pid is not None]
         reports = on_each([(f"{c.node}: {c.server.spec.name}", c.server.stop) for c in started])
-        return [{"node": c.node, "name": c.server.spec.name, **r} for c, r in zip(started, reports, strict=True)]
+        return [CompanionStop(node=c.node, name=c.server.spec.name, **(r.model_dump() if r else {}))
+                for c, r in zip(started, reports, strict=True)]
 
     def exit_code(self) -> int | None:
         """The engine's exit code once it has exited (None while running or when killed by a signal)."""
@@ -432,11 +528,12 @@ class Server:
         return res.ok
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        """The last `n` lines of the server's log, the launch's secret values redacted (errors print it)."""
         try:
             text = self.host.read_text(self.log_path, max_bytes=64 * 1024)
         except Exception as exc:  # the log may not exist yet
             return f"(log unreadable: {exc})"
-        return "\n".join(text.splitlines()[-n:])
+        return self.shown.redact("\n".join(text.splitlines()[-n:]))
 
     def wait_ready(self, timeout_s: float, progress: bool = True) -> float:
         """Poll the engine's probe until ready; fail fast if the process dies. Returns seconds to ready."""
@@ -466,16 +563,16 @@ class Server:
                         raise ServerError(
                             f"{self.spec.name} exited before it became ready (exit code "
                             f"{code if code is not None else 'unknown: killed by a signal?'}) on {self.host.name}"
-                            f"\ncommand: {shlex.join(mask_argv(self.spec.argv))}"
+                            f"\ncommand: {self.shown.argv_line}"
                             f"\n--- last {LOG_TAIL_LINES} log lines ({self.log_path}) ---\n{self.log_tail()}",
                             phase="start", name=self.spec.name, exit_code=code,
-                            command=shlex.join(mask_argv(self.spec.argv)), log_path=self.log_path,
+                            command=self.shown.argv_line, log_path=self.log_path,
                             log_tail=self.log_tail())
                     if time.monotonic() >= deadline:
                         raise ServerError(
                             f"{self.spec.name} not ready after {timeout_s:.0f} s at {self.base_url} "
                             f"(last probe: {last})\n--- last {LOG_TAIL_LINES} log lines ---\n{self.log_tail()}",
-                            phase="ready", name=self.spec.name, command=shlex.join(mask_argv(self.spec.argv)),
+                            phase="ready", name=self.spec.name, command=self.shown.argv_line,
                             log_path=self.log_path, log_tail=self.log_tail(),
                             hint="raise ready_timeout_s if the model is large")
                     bar.update(1)
@@ -534,12 +631,12 @@ class Server:
         for c in self.companions:
             other = c.server.verify_env(requested)
             check.ok = bool(check.ok and other.ok)
-            check.processes += [{**row, "node": c.node} for row in other.processes]
+            check.processes += [row.model_copy(update={"node": c.node}) for row in other.processes]
             check.problems += [f"{c.node}: {m}" for m in other.problems]
         check.summary = summarize_check(check)
         return check
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> StopReport | None:
         """Stop the group (TERM, then KILL after the grace), confirm port and GPUs free, drop the state.
 
         Then stop the companions on their nodes (all of them, even when one stop fails).
@@ -550,13 +647,13 @@ class Server:
             finally:
                 if self.companions:
                     companions = self._stop_companions()
-                    if self.stop_report:
-                        self.stop_report["companions"] = companions
+                    if self.stop_report is not None:
+                        self.stop_report.companions = companions
         return report
 
-    def _stop_self(self) -> dict[str, Any]:
+    def _stop_self(self) -> StopReport | None:
         if self.pid is None:
-            return {}
+            return None
         t0 = time.monotonic()
         engine = next((p.pid for p in self.host.processes(self.pid) if p.ppid == self.pid), None)
         termed = False
@@ -580,21 +677,20 @@ class Server:
         gpus = gpu_query(self.host)
         code = self.exit_code()
         clean, evidence = self.spec.exit_rule(how, code, self.log_tail(200))
-        self.stop_report = {"how": how, "elapsed_s": round(time.monotonic() - t0, 3), "port_free": port_free,
-                            "gpu_available": gpus.available, "gpu_mem_used_mib":
-                                [g.memory_used_mib for g in gpus.gpus], "exit_code": code, "clean": clean,
-                            "evidence": evidence}
+        self.stop_report = StopReport(how=how, elapsed_s=round(time.monotonic() - t0, 3), port_free=port_free,
+                                      gpu_available=gpus.available,
+                                      gpu_mem_used_mib=[g.memory_used_mib for g in gpus.gpus], exit_code=code,
+                                      clean=clean, evidence=evidence)
         self._drop_state()
         self.pid = None
         return self.stop_report
 
-    def info(self) -> dict[str, Any]:
-        out = {"pid": self.pid, "tag": self.tag, "log": self.log_path, "url": self.base_url,
-               "started_at": self.started_at, "ready_s": self.ready_s, "stop": self.stop_report}
-        if self.companions:
-            out["companions"] = [{"node": c.node, "name": c.server.spec.name, "argv": mask_argv(c.server.spec.argv),
-                                  **c.server.info()} for c in self.companions]
-        return out
+    def info(self) -> ServerInfo:
+        """The start as the record keeps it (`StartRecord.server`)."""
+        return ServerInfo(pid=self.pid, tag=self.tag, log=self.log_path, url=self.base_url, started_at=self.started_at,
+                          ready_s=self.ready_s, stop=self.stop_report,
+                          companions=[CompanionInfo(node=c.node, name=c.server.spec.name, argv=c.server.shown.argv,
+                                                    **dict(c.server.info())) for c in self.companions])
 
     def extra_logs(self) -> dict[str, str]:
         """Logs of the companions, fetched from their nodes: {file name: text} (an unreadable log says why)."""
@@ -625,8 +721,8 @@ class Server:
         try:
             self.stop()
         except Exception as stop_exc:  # noqa: BLE001 - kept in the record; the exception in flight matters more
-            self.stop_report = {**self.stop_report, "error": f"{type(stop_exc).__name__}: {stop_exc}",
-                                "pid_left": self.pid, "host": self.host.name}
+            self.stop_report = (self.stop_report or StopReport()).model_copy(update={
+                "error": f"{type(stop_exc).__name__}: {stop_exc}", "pid_left": self.pid, "host": self.host.name})
 
 
 def on_each(jobs: list[tuple[str, Callable[[], Any]]]) -> list[Any]:

@@ -45,17 +45,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from spectrial.analysis.stats import finite as _num
 from spectrial.errors import ConfigError
-from spectrial.records import finite as _num
-from spectrial.schema import Percentiles, RequestRecord, ServingFigures
-
-if TYPE_CHECKING:  # plotly only for the figure: the CLI path (a GPU host's minimal set) never needs it
-    import plotly.graph_objects as go
+from spectrial.schema import Percentiles, RequestRecord, ServerRequestStats, ServingFigures
 
 BURST_FRACTION = 0.1  # events closer than this x TPOT are one delivered chunk
 STALL_FRACTION = 0.9  # ttft >= this x e2el: the output arrived at the end
@@ -443,8 +440,11 @@ def serving_figures(requests: Sequence[RequestRecord], *, expected_tokens_per_ch
 
 # --- tables -----------------------------------------------------------------------------------------------
 def requests_frame(requests: Sequence[RequestRecord]) -> pd.DataFrame:
-    """One row per request (every field but the event lists): requests.csv."""
-    return pd.DataFrame([r.model_dump(exclude=set(EVENT_LISTS)) for r in requests])
+    """One row per request (every field but the event lists): requests.csv. The engine's `server_*` figures come
+    last, only those it reported."""
+    frame = pd.DataFrame([r.model_dump(exclude=set(EVENT_LISTS)) for r in requests])
+    server = [c for c in ServerRequestStats.model_fields if c in frame and not frame[c].isna().all()]
+    return frame[[c for c in frame.columns if c not in ServerRequestStats.model_fields] + server]
 
 
 def events_frame(requests: Sequence[RequestRecord]) -> pd.DataFrame:
@@ -502,7 +502,7 @@ def from_frames(requests_df: pd.DataFrame, events_df: pd.DataFrame | None = None
     return recs
 
 
-# --- figure -----------------------------------------------------------------------------------------------
+# --- latency curves (drawn in spectrial.readers.render.plots) -----------------------------------------------------------------------------------------------
 def _curve(values: np.ndarray, weights: np.ndarray) -> tuple[list[float], list[float]]:
     """(latency at each percentile, percentile) of the weighted values, rounded."""
     keep = (weights > 0) & ~np.isnan(values)
@@ -513,38 +513,39 @@ def _curve(values: np.ndarray, weights: np.ndarray) -> tuple[list[float], list[f
     return [round(float(a), DECIMALS) for a in x], [round(float(q), DECIMALS) for q in qs]
 
 
-def latency_figure(by_arm: Mapping[str, Sequence[RequestRecord]], *,
-                   expected_tokens_per_chunk: Mapping[str, float | None] | None = None,
-                   title: str = "Latency distributions per arm") -> go.Figure:
-    """Percentile curves (x: ms, y: percentile) of TTFT, TPOT, ITL per token and E2E latency, one colour per
-    arm; a figure that an arm's stream granularity makes meaningless is left out (`expected_tokens_per_chunk`
-    per arm: its accept length, 1 for a baseline; without it every curve is drawn)."""
-    from plotly.subplots import make_subplots
+@dataclass(frozen=True)
+class LatencyCurve:
+    """One arm's percentile curve of one latency figure: x the latency (ms), y the percentile."""
 
-    panels = ("TTFT (ms)", "TPOT (ms)", "ITL per token (ms)", "E2E latency (ms)")
-    fig = make_subplots(rows=1, cols=4, subplot_titles=panels, shared_yaxes=True, horizontal_spacing=0.04)
-    for i, (name, reqs) in enumerate(by_arm.items()):
+    arm: str
+    panel: str  # one of LATENCY_PANELS
+    x: list[float]
+    y: list[float]
+
+
+LATENCY_PANELS = ("TTFT (ms)", "TPOT (ms)", "ITL per token (ms)", "E2E latency (ms)")
+
+
+def latency_curves(by_arm: Mapping[str, Sequence[RequestRecord]], *,
+                   expected_tokens_per_chunk: Mapping[str, float | None] | None = None) -> list[LatencyCurve]:
+    """Percentile curves of TTFT, TPOT, ITL per token and E2E latency per arm (drawn by
+    `spectrial.readers.render.plots.latency_figure`); a figure that an arm's stream granularity makes meaningless
+    is left out (`expected_tokens_per_chunk` per arm: its accept length, 1 for a baseline; without it every curve
+    is kept)."""
+    out: list[LatencyCurve] = []
+    for name, reqs in by_arm.items():
         exp = (expected_tokens_per_chunk or {}).get(name)
         arm = _collect(reqs, _num(exp))
         ones = np.ones(len(arm.ok), dtype=np.int64)
         series = [(arm.ttft, ones, arm.withhold_ttft), (arm.tpot, ones, arm.withhold_ttft),
                   (arm.itl[0], arm.itl[1], arm.withhold_itl), (arm.e2el, ones, False)]
-        colour = COLOURS[i % len(COLOURS)]
-        shown = False
-        for col, (vals, w, withheld) in enumerate(series, start=1):
+        for panel, (vals, w, withheld) in zip(LATENCY_PANELS, series, strict=True):
             if withheld:
                 continue
             x, y = _curve(vals, w)
-            if not x:
-                continue
-            fig.add_scatter(x=x, y=y, mode="lines", name=name, legendgroup=name, showlegend=not shown,
-                            line={"color": colour}, row=1, col=col)
-            shown = True
-    for col, label in enumerate(panels, start=1):
-        fig.update_xaxes(title_text=label, row=1, col=col)
-    fig.update_yaxes(title_text="percentile (requests; tokens for ITL)", row=1, col=1)
-    fig.update_layout(title=title, template="plotly_white", height=420, legend_title_text="arm")
-    return fig
+            if x:
+                out.append(LatencyCurve(str(name), panel, x, y))
+    return out
 
 
 # --- the record's tables -----------------------------------------------------------------------------------
@@ -578,6 +579,26 @@ def serving_table(arms: Sequence[Any]) -> pd.DataFrame:
     return df.dropna(axis=1, how="all") if len(df) else df
 
 
+def request_cycles(r: RequestRecord) -> tuple[float, float, str] | None:
+    """(accepted draft tokens, verify cycles, how) of one request, from the engine's per-request figures:
+    SGLang's meta_info spec_verify_ct (accepted = decoded - cycles), vLLM's counters read around the request
+    (server_verify_steps, server_draft_n_accepted), llama.cpp's timings draft_n_accepted (cycles = decoded -
+    accepted: each cycle commits its accepted tokens plus one). None when the engine reports none."""
+    decoded = float(r.server_predicted_n or r.tokens or 0) - 1
+    verify = r.server_spec_verify_ct
+    if verify is not None and verify > 0:
+        return max(decoded - verify, 0.0), verify, "meta_info spec_verify_ct"
+    acc = r.server_draft_n_accepted
+    if acc is None:
+        return None
+    steps = r.server_verify_steps
+    if steps is not None and steps > 0:
+        return acc, steps, "counters around each request"
+    if decoded > acc:
+        return acc, decoded - acc, "timings draft_n_accepted (cycles = decoded - accepted)"
+    return None
+
+
 def write_requests(record: Any, requests: Sequence[RequestRecord], accept_len: Mapping[str, float | None],
                    key: str = "arm") -> None:
     """A run folder's requests.csv (one row per request, with how its stream was delivered: `delivery` against the
@@ -587,8 +608,6 @@ def write_requests(record: Any, requests: Sequence[RequestRecord], accept_len: M
         return
     rows = requests_frame(requests)
     rows["delivery"] = [delivery(r, accept_len.get(str(getattr(r, key, None) or r.get(key)))) for r in requests]
-    from spectrial.figures import request_cycles
-
     cycles = [request_cycles(r) for r in requests]  # the request's own accept length, where the engine counts it
     rows["accept_len"] = [1.0 + c[0] / c[1] if c and c[1] > 0 else None for c in cycles]
     record.write_frame("requests.csv", rows)

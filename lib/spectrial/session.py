@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import random
 import secrets as _rnd
 import time
 from dataclasses import dataclass, field
@@ -29,9 +30,9 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from spectrial import interrupts
 from spectrial.bench import run_requests
 from spectrial.connect import get_host
-from spectrial.engines import Engine, Window, get_engine
+from spectrial.engines.base import Engine, Window, Workers, get_engine
 from spectrial.engines.nccl_evidence import evidence_summary, nccl_evidence
-from spectrial.errors import ConfigError, HostError
+from spectrial.errors import ConfigError, HostError, MeasurementRejected
 from spectrial.figures import median, window_rates
 from spectrial.fingerprint import compare as fp_compare
 from spectrial.fingerprint import engine_identity, file_identity, fingerprint_key, host_fingerprint
@@ -41,8 +42,8 @@ from spectrial.host import Host
 from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
 from spectrial.schema import LaunchRecord, RequestRecord, StartRecord, StepRecord, WindowRecord, WindowStats
-from spectrial.secrets import mask_argv, mask_env, secret_values
-from spectrial.server import LaunchSpec, Server, stop_previous
+from spectrial.secrets import mask_launch, secret_values
+from spectrial.server import Abandoned, KillReport, LaunchSpec, Server, stop_previous
 from spectrial.serverlog import ServerLog
 from spectrial.validity import Setting
 from spectrial.workloads import (
@@ -164,6 +165,7 @@ class Session:
         self.host: Host | None = None
         self.group: HostGroup | None = None
         self.engine: Engine | None = None
+        self.workers: Workers | None = None  # the other nodes of `hosts:` as the engine prepared them
         self.specs: dict[str, LaunchSpec] = {}
         self.prompts: list[WorkItem] = []  # the trial's workload, sampled once by prepare
         self.workload: Workload | None = None
@@ -193,16 +195,18 @@ class Session:
         assert self.engine is not None and self.group is not None
         m = self.record.manifest
         with self.record.step("prepare"):
-            m.engine = {"name": self.params.engine, **self.engine.prepare()}
+            found = self.engine.prepare()  # the adapter's identity: only the fields it set go into the record
+            m.engine = {"name": self.params.engine, **found.model_dump(mode="json", exclude_unset=True)}
             if self.group.workers:
-                m.nodes = self.group.prepare(self.engine)
-            m.engine.update(self.engine.version())
-            self.specs = {a.name: self.engine.launch_spec(a) for a in self.params.arms}
-            m.launch = [LaunchRecord(arm=a.name, method=a.method, argv=mask_argv(s.argv), env=mask_env(s.env),
-                                     notes=list(s.notes)) for a, s in zip(self.params.arms, self.specs.values(),
-                                                                         strict=True)]
-            for s in self.specs.values():
-                self.record.add_secrets(secret_values(s.env, s.argv))
+                self.workers = self.group.prepare(self.engine)
+                m.nodes = self.group.node_entries(self.workers)
+            m.engine.update(self.engine.version().model_dump(mode="json", exclude_unset=True))
+            self.specs = {a.name: self.engine.launch_spec(a, self.workers) for a in self.params.arms}
+            shown = {name: mask_launch(s.argv, s.env) for name, s in self.specs.items()}
+            m.launch = [LaunchRecord(arm=a.name, method=a.method, argv=shown[a.name].argv, env=shown[a.name].env,
+                                     notes=list(self.specs[a.name].notes)) for a in self.params.arms]
+            for masked in shown.values():
+                self.record.add_secrets(masked.secrets)
             self.prompts = self._workload()
         self.done.add("prepare")
         return self.specs
@@ -246,10 +250,10 @@ class Session:
         """The exact command of `arm` (fixed by `prepare`; arms added later are resolved on first use)."""
         if arm.name not in self.specs:
             assert self.engine is not None
-            self.specs[arm.name] = self.engine.launch_spec(arm)
+            self.specs[arm.name] = self.engine.launch_spec(arm, self.workers)
         return self.specs[arm.name]
 
-    def kill_old_server(self) -> dict[str, Any]:
+    def kill_old_server(self) -> KillReport:
         """Stop what spectrial left running on the port (by its recorded process group), and refuse, naming the
         culprit, when something else holds it; on every node."""
         self.prepare()
@@ -259,30 +263,31 @@ class Session:
             st.report = stop_previous(self.host, p.port, self.host.expand(p.state_dir), p.stop_grace_s, p.takeover)
             if self.group.workers:
                 st.nodes = self.group.stop_previous(self.engine, p)
-            if st.report.get("abandoned"):
-                st.report["abandoned"]["settled"] = self._settle_previous(st.report["abandoned"])
+            report: KillReport = st.report
+            if report.abandoned is not None:
+                report.abandoned.settled = self._settle_previous(report.abandoned)
         self.done.add("kill_old_server")
-        return st.report
+        return report
 
-    def _settle_previous(self, prev: dict[str, Any]) -> str:
+    def _settle_previous(self, prev: Abandoned) -> str:
         """The run that left a server on the port: its server log copied into its record (the evidence of what it
-        was doing), and its record marked failed if it still says running (spectrial.records.settle)."""
+        was doing), and its record marked failed if it still says running (spectrial.records.settle_record)."""
         from pathlib import Path
 
-        from spectrial.records import add_log_to_record, settle
+        from spectrial.records import add_log_to_record, settle_record
 
-        run = Path(str(prev.get("record") or ""))
-        if not prev.get("record") or not (run / "manifest.json").is_file() or run == self.record.dir:
-            return "its record is not on this machine" if prev.get("record") else "no record named"
+        run = Path(prev.record or "")
+        if not prev.record or not (run / "manifest.json").is_file() or run == self.record.dir:
+            return "its record is not on this machine" if prev.record else "no record named"
         assert self.host is not None
         notes = []
-        if prev.get("log") and prev.get("name"):
+        if prev.log and prev.name:
             try:
-                if add_log_to_record(run, f"logs/{prev['name']}.log", self.host.read_text(str(prev["log"]))):
+                if add_log_to_record(run, f"logs/{prev.name}.log", self.host.read_text(prev.log)):
                     notes.append("server log copied into it")
             except Exception as exc:  # noqa: BLE001 - a log that went away is reported, not fatal
                 notes.append(f"server log not copied: {exc}")
-        why = settle(run, reason=f"its server was found on port {self.params.port} by run "
+        why = settle_record(run, reason=f"its server was found on port {self.params.port} by run "
                                  f"{self.record.run_id} and stopped")
         return "; ".join([*notes, why or "record already final"])
 
@@ -312,7 +317,7 @@ class Session:
             fp, node_fps = self.group.fingerprints()
             if node_fps:
                 m.node_fingerprints = node_fps
-            m.engine.update(engine_identity(self.host, m.engine.get("binary"), {}))
+            m.engine.update(engine_identity(self.host, m.engine.get("binary")))
             models = (m.engine.get("models") or {}).values()
             m.models = [file_identity(self.host, x) for x in dict.fromkeys(models) if x.startswith("/")]
             m.host.update(fingerprint=fp, gpus=self.gpus.as_dict())
@@ -385,11 +390,11 @@ class Session:
                         state_dir=host.expand(p.state_dir), grace_s=p.stop_grace_s, run_id=rec.run_id, arm=arm.name,
                         tag=f"{rec.run_id}:{arm.name}:{restart}:{_rnd.token_hex(3)}", record_dir=str(rec.dir))
         if self.group is not None:
-            self.group.attach(server, engine, arm, p)
+            self.group.attach(server, engine, arm, p, self.workers)
         fp_before = host_fingerprint(host)
         raws: list[_Raw] = []
         samples: list[dict[str, Any]] = []
-        tags: dict[str, Any] = {"arm": arm.name, "restart": restart, **({"phase": phase} if phase else {})}
+        tags: dict[str, str | int] = {"arm": arm.name, "restart": restart, **({"phase": phase} if phase else {})}
         t0 = time.monotonic()
         failure: BaseException | None = None
         try:
@@ -402,10 +407,10 @@ class Session:
                 with rec.step(f"env_check:{label}", **tags):
                     entry.env_check = server.verify_env()
                     if not entry.env_check.ok and spec.env and p.env_check == "fail":
-                        raise ConfigError(f"env_check: requested variables did not reach the server of arm "
-                                          f"{arm.name}: {entry.env_check.summary}", parameter="env_check",
-                                          hint="see the record's env_check per process; set env_check: warn "
-                                               "to continue anyway")
+                        raise MeasurementRejected(
+                            f"env_check: requested variables did not reach the server of arm {arm.name}: "
+                            f"{entry.env_check.summary}", check="env_check", arm=arm.name, result=entry.env_check,
+                            hint="see the record's env_check per process; set env_check: warn to continue anyway")
                 sampler = GpuSampler(host, f"{work}/{server.spec.name}.gpu.csv", p.sample_gpu_ms,
                                      env=server.helper_env("gpu"), on_start=lambda g: server.add_helper("gpu", g))
                 with rec.step(f"benchmark:{label}", **tags), sampler:
@@ -514,13 +519,14 @@ class Session:
             entry.connection_events = events
         rec.save()
         ev = entry.nccl_evidence
-        if entry.status == "ok" and ev and ev.get("ok") is False and self.engine.nccl_evidence_check == "fail":
+        if entry.status == "ok" and ev and ev.ok is False and self.engine.nccl_evidence_check == "fail":
             entry.status = "failed"
-            entry.reason = "NCCL did not use the requested values: " + "; ".join(ev["problems"][:8])
+            entry.reason = "NCCL did not use the requested values: " + "; ".join(ev.problems[:8])
             rec.save()
-            raise ConfigError(f"engine_config.nccl_evidence_check: {entry.reason} (arm {arm.name})",
-                              parameter="engine_config.nccl_evidence_check",
-                              hint="set nccl_evidence_check: warn to continue")
+            raise MeasurementRejected(f"engine_config.nccl_evidence_check: {entry.reason} (arm {arm.name})",
+                                      check="nccl_evidence", arm=arm.name, result=ev,
+                                      hint="see the record's nccl_evidence per rank; set engine_config."
+                                           "nccl_evidence_check: warn to continue anyway")
         return measured
 
     def _window(self, raw: _Raw, arm: Arm, spec: LaunchSpec, log: ServerLog, entry: StartRecord) -> MeasuredWindow:
@@ -551,3 +557,13 @@ def lost_requests(m: MeasuredStart) -> str | None:
     if not bad:
         return None
     return f"{len(bad)} of {len(reqs)} measured requests failed (first: {str(bad[0].error)[:160]})"
+
+
+def schedule(arms: list[Arm], restarts: int, order: str, seed: int = 0) -> list[tuple[Arm, int]]:
+    """Server starts in launch order: interleaved (A B A B), blocked (A A B B) or random (seeded shuffle)."""
+    if order == "blocked":
+        return [(a, r) for a in arms for r in range(restarts)]
+    plan = [(a, r) for r in range(restarts) for a in arms]
+    if order == "random":
+        random.Random(seed).shuffle(plan)
+    return plan

@@ -62,9 +62,9 @@ from paramiko.pkey import PKey
 from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, SSHException
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from spectrial.errors import ConfigError, ConnectionLost, HostError
+from spectrial.errors import ConfigError, ConnectionLost, HostError, HostKeyError
 from spectrial.host import CommandResult, RemoteShellHost
-from spectrial.records import utc_now
+from spectrial.schema import utc_now
 from spectrial.tunnel import PortForward
 
 log = logging.getLogger(__name__)
@@ -82,14 +82,6 @@ RETRY_LOST_EVERY_S = 5.0  # once given up: one new attempt at most this often; o
 CLOSE_WAIT_S = 1.0  # close(): how long to wait for sshd to close its end after our disconnect message
 DISCONNECT_BY_APPLICATION = 11  # RFC 4253 SSH_DISCONNECT_BY_APPLICATION
 _OPEN_HOSTS: weakref.WeakSet[SSHHost] = weakref.WeakSet()
-
-
-class HostKeyError(ConfigError):
-    """The server's host key is unknown or changed: names host, key type, SHA256 fingerprint and the fix."""
-
-    def __init__(self, message: str, *, host: str, port: int, key_type: str, fingerprint: str) -> None:
-        self.host, self.port, self.key_type, self.fingerprint = host, port, key_type, fingerprint
-        super().__init__(message)
 
 
 class _UnknownHostKey(SSHException):
@@ -325,7 +317,7 @@ class SSHHost(RemoteShellHost):
             self._harden(conn.gateway)
 
     def _new_connection(self) -> _Connection:
-        kwargs: dict[str, Any] = {"banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout,
+        kwargs: dict[str, float | list[str]] = {"banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout,
                                   "channel_timeout": self.connect_timeout}
         if self.key_filename:
             kwargs["key_filename"] = [os.path.expanduser(k) for k in self.key_filename]

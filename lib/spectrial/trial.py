@@ -6,7 +6,9 @@
     trial.run_arm("baseline")        # launch -> ready -> verify env -> warm up -> benchmark -> stop
     trial.run_arm("eagle3")          # each arm: `restarts` server starts (spectrial.session)
     trial.compare()                  # figures per arm, comparison with the baseline, drift; the record's status
-    trial.explain().show()           # why: break-even, cycle cost, acceptance needed, roofline
+
+The readers (spectrial.readers) say what the record means: `headline(trial.manifest)` (the answer),
+`explain(trial.manifest)` (why: break-even, cycle cost, acceptance needed, roofline).
 
 Every step writes into the same run record (`outputs/<run-id>/manifest.json`); each is safe to re-run in a
 kernel (a re-run arm replaces its earlier starts, which stay in the record marked `superseded`), and a server
@@ -25,7 +27,14 @@ from typing import Any
 
 import pandas as pd
 
-from spectrial.errors import ConfigError, ConnectionLost, RecordWriteError, RunFailed, SpectrialError
+from spectrial.errors import (
+    ConfigError,
+    ConnectionLost,
+    MeasurementRejected,
+    RecordWriteError,
+    RunFailed,
+    SpectrialError,
+)
 from spectrial.figures import (
     add_category_comparisons,
     add_comparisons,
@@ -35,11 +44,13 @@ from spectrial.figures import (
     merge_stats,
     with_figures,
 )
+from spectrial.gpu import GpuStatus
 from spectrial.params import Arm, TrialParams, load_params
 from spectrial.records import RunRecord, RunResult
 from spectrial.schema import ArmRecord, Manifest, RequestRecord, StartSummary
-from spectrial.secrets import mask_argv, mask_env
-from spectrial.session import MeasuredStart, Session, WindowPlan, lost_requests
+from spectrial.secrets import mask_launch
+from spectrial.server import KillReport
+from spectrial.session import MeasuredStart, Session, WindowPlan, lost_requests, schedule
 
 
 class TrialResult(RunResult):
@@ -50,14 +61,8 @@ class TrialResult(RunResult):
         return self.manifest.arms
 
     def table(self) -> pd.DataFrame:
-        """One row per arm with every figure (ARM_COLUMNS; `headline().table()` is the compact one)."""
+        """One row per arm with every figure (ARM_COLUMNS; `spectrial.readers.headline` has the compact one)."""
         return arms_table(self.manifest.arms)
-
-    def headline(self):  # noqa: ANN201 - spectrial.headline.Headline
-        """The answer: does speculation pay, by how much, how sure (one line per arm)."""
-        from spectrial.headline import headline
-
-        return headline(self.manifest)
 
     def categories(self) -> pd.DataFrame:
         """One row per arm and workload category (empty unless the workload has two categories or more)."""
@@ -93,24 +98,14 @@ def arms_table(arms: list[ArmRecord]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=ARM_COLUMNS)
 
 
-def schedule(arms: list[Arm], restarts: int, order: str, seed: int = 0) -> list[tuple[Arm, int]]:
-    """Server starts in launch order: interleaved (A B A B), blocked (A A B B) or random (seeded shuffle)."""
-    if order == "blocked":
-        return [(a, r) for a in arms for r in range(restarts)]
-    plan = [(a, r) for r in range(restarts) for a in arms]
-    if order == "random":
-        random.Random(seed).shuffle(plan)
-    return plan
-
-
 def arm_entry(params: TrialParams, arm: Arm, argv: list[str], env: dict[str, str]) -> ArmRecord:
     """The static part of an arm's record: method, settings, exact argv and env (masked)."""
-    spec = arm.speculative
+    spec, shown = arm.speculative, mask_launch(argv, env)
     return ArmRecord(name=arm.name, method=arm.method, status="pending",
                      steps=params.arm_steps(arm) if spec else None, topk=params.arm_topk(arm) if spec else None,
                      draft_tokens=params.arm_draft_tokens(arm) if spec else None,
                      draft=params.arm_draft(arm) if spec else None, synthetic=arm.synthetic_accept is not None,
-                     synthetic_accept=arm.synthetic_accept, argv=mask_argv(argv), env=mask_env(env))
+                     synthetic_accept=arm.synthetic_accept, argv=shown.argv, env=shown.env)
 
 
 class Trial:
@@ -167,7 +162,7 @@ class Trial:
         self.record.save()
 
     # --- the protocol steps --------------------------------------------------------------------------------
-    def kill_old_server(self) -> dict[str, Any]:
+    def kill_old_server(self) -> KillReport:
         """Stop the server spectrial left on the port (found by its recorded process group and session);
         refuse, naming pid and command line, when another program holds it."""
         with self._failing(["prepare"]):
@@ -175,14 +170,15 @@ class Trial:
         with self._failing(["kill_old_server"]):
             return self.session.kill_old_server()
 
-    def verify_gpus_free(self) -> dict[str, Any]:
-        """Wait until the GPUs are free (or record that the host has none), then fingerprint the host."""
+    def verify_gpus_free(self) -> GpuStatus:
+        """Wait until the GPUs are free (or record that the host has none), then fingerprint the host; returns the
+        head's GPUs as found."""
         with self._failing(["prepare"]):
             self._ensure_arms()
         with self._failing(["verify_gpus_free"]):
             gpus = self.session.verify_gpus_free()
             self.session.fingerprint()
-            return gpus.as_dict()
+            return gpus
 
     def run_arm(self, name: str) -> ArmRecord:
         """All `restarts` server starts of one arm (the preamble first if it has not run); re-running an arm
@@ -226,7 +222,7 @@ class Trial:
             elif lost := lost_requests(m):
                 self._fail(f"arm {arm.name}", f"start {restart + 1}: {lost}")
             return m
-        except (KeyboardInterrupt, ConfigError, RecordWriteError, ConnectionLost):  # these end the run
+        except (KeyboardInterrupt, ConfigError, MeasurementRejected, RecordWriteError, ConnectionLost):  # end the run
             raise
         except SpectrialError as exc:
             self._fail(f"arm {arm.name}", f"start {restart + 1}: {exc}")
@@ -329,18 +325,6 @@ class Trial:
         problems = self._problems() + [f"arm {n}: not run" for n in not_run]
         self.record.finish("failed" if problems else "ok", "\n".join(problems) or None)
         return arms_table(self.manifest.arms)
-
-    def headline(self):  # noqa: ANN201 - spectrial.headline.Headline
-        """The answer so far: does speculation pay, by how much, how sure (after `compare`)."""
-        from spectrial.headline import headline
-
-        return headline(self.manifest)
-
-    def explain(self, target_tok_s: float | None = None):  # noqa: ANN201 - spectrial.explain.Explanation
-        """The analysis of this run (break-even, cycle-cost model, acceptance needed, roofline)."""
-        from spectrial.explain import explain
-
-        return explain(self.manifest, target_tok_s=target_tok_s)
 
     def result(self) -> TrialResult:
         from spectrial.serving import requests_frame

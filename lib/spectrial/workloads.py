@@ -85,7 +85,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from spectrial.errors import ConfigError, HostError
 from spectrial.params import WORKLOAD_NAMES, TrialParams, WorkloadSource
@@ -241,6 +241,66 @@ class Limits:
                 "max_total_tokens": self.max_total, "context_tokens": self.context}
 
 
+class PriorInfo(TypedDict, total=False):
+    """What MT-Bench's turn 2 carries as the assistant's answer to turn 1 (`sources[].turn_2` of the record)."""
+
+    prior: str  # 'reference' or the answer file
+    answers_of: list[str]  # the model(s) that wrote those answers
+    file: str
+    sha256: str
+    what: str
+    questions_with_prior: int
+    left_out: str
+
+
+class SourceInfo(TypedDict, total=False):
+    """What the record says about one workload source (`workload.sources[]`): where its items come from, how
+    they were sampled, and what the length filter kept."""
+
+    source: str
+    package: str  # the pinned distribution a dataset comes from
+    file: str
+    format: str  # jsonl | json (a file of prompts)
+    in_file: int
+    read_from: str
+    sha256: str
+    conversations: int  # sharegpt
+    with_two_turns: int
+    truncated_file: str
+    problems: int  # humaneval
+    questions: int  # mtbench
+    turns: list[int]
+    by_category: dict[str, dict[str, int]]
+    system: str | None
+    turn_2: PriorInfo
+    sampling: str
+    filter: dict[str, int | None]  # Limits.as_dict()
+    examined: int
+    dropped_by_filter: int
+    items: int
+    short: str
+
+
+class WorkloadDescription(TypedDict, total=False):
+    """The record's `workload`: the sources, sizes, categories, format, sampling and output lengths."""
+
+    sources: list[SourceInfo]
+    seed: int
+    request_format: str
+    endpoint: str
+    sampling: dict[str, float | int | bool | list[str] | None]  # SamplingParams, plus greedy
+    output_len: str
+    max_tokens: int
+    context_tokens: int | None
+    length_unit: str
+    order: str
+    read_s: float
+    chat_template: str
+    items: int
+    categories: dict[str, int]
+    count_s: float
+
+
 @dataclass
 class Candidates:
     """A source's items in sampling order, waiting for their lengths: the first `n` that pass `limits` are kept
@@ -250,7 +310,7 @@ class Candidates:
     items: list[WorkItem]
     n: int | None
     limits: Limits
-    info: dict[str, Any]
+    info: SourceInfo
 
 
 def select(c: Candidates, lengths: Lengths, max_tokens: int, dataset: bool) -> list[WorkItem]:
@@ -490,7 +550,7 @@ def _sharegpt(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
     items = [WorkItem(f"sharegpt:{i}", prompt, spec.category or "chat", "sharegpt", reference=reply)
              for i, prompt, reply in order]
     pkg = DATASETS["sharegpt"]
-    info: dict[str, Any] = {
+    info: SourceInfo = {
         "source": "sharegpt", "package": f"{pkg.dist} {pkg.version}", "file": "/".join(pkg.resource),
         "conversations": total, "with_two_turns": len(pairs),
         "sampling": "conversations with >= 2 turns shuffled with random.Random(seed) (vLLM bench serve: "
@@ -511,7 +571,7 @@ def _humaneval(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
                       [{"role": "user", "content": HUMANEVAL_INSTRUCTION.format(prompt=r["prompt"])}],
                       reference=r["canonical_solution"]) for r in rows]
     pkg = DATASETS["humaneval"]
-    info = {"source": "humaneval", "package": f"{pkg.dist} {pkg.version}", "file": "/".join(pkg.resource),
+    info: SourceInfo = {"source": "humaneval", "package": f"{pkg.dist} {pkg.version}", "file": "/".join(pkg.resource),
             "problems": total, "sampling": "problems shuffled with random.Random(seed), the first n that fit; "
             "completion: the function head + docstring; chat: one user message "
             f"{HUMANEVAL_INSTRUCTION.splitlines()[0]!r} + the code; reference output: the canonical solution"}
@@ -545,7 +605,7 @@ def _mtbench(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
     if spec.n is not None:
         random.Random(seed).shuffle(items)
     f = dataset_file("mtbench")
-    info: dict[str, Any] = {
+    info: SourceInfo = {
         "source": "mtbench", "package": f"{pkg.dist} {pkg.version}", "file": "/".join(pkg.resource),
         "read_from": str(f), "sha256": pkg.sha256["/".join(pkg.resource)], "questions": len(questions),
         "turns": turns, "by_category": per_cat,
@@ -554,11 +614,11 @@ def _mtbench(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
         "sampling": "every question and turn in file order" if spec.n is None else
                     "items (question, turn) shuffled with random.Random(seed), the first n that fit"}
     if 2 in turns:
-        info["turn_2"] = info_prior
         missing = len(questions) - len(priors)
         if missing:
-            info["turn_2"]["left_out"] = (f"turn 2 of {missing} of {len(questions)} questions: no prior answer "
-                                          f"to turn 1 in {info_prior['prior']}")
+            info_prior["left_out"] = (f"turn 2 of {missing} of {len(questions)} questions: no prior answer "
+                                      f"to turn 1 in {info_prior['prior']}")
+        info["turn_2"] = info_prior
     return Candidates(spec, items, spec.n, limits, info)
 
 
@@ -566,9 +626,15 @@ def _chat_item(item_id: str, category: str, messages: list[dict[str, str]], turn
     return WorkItem(item_id, "\n\n".join(m["content"] for m in messages), category, "mtbench", messages, turn=turn)
 
 
-def _mtbench_questions() -> list[dict[str, Any]]:
+class MtBenchQuestion(TypedDict):
+    question_id: int
+    category: str
+    turns: tuple[str, str]  # the two user turns
+
+
+def _mtbench_questions() -> list[MtBenchQuestion]:
     """The 80 questions of MT-Bench (question_id, category, turns: the two questions), in file order."""
-    out = []
+    out: list[MtBenchQuestion] = []
     for line in _read_pinned("mtbench", MTBENCH_QUESTIONS).splitlines():
         if line.strip():
             r = json.loads(line)
@@ -577,7 +643,7 @@ def _mtbench_questions() -> list[dict[str, Any]]:
     return out
 
 
-def _mtbench_priors(prior: str, questions: Sequence[dict[str, Any]]) -> tuple[dict[int, str], dict[str, Any]]:
+def _mtbench_priors(prior: str, questions: Sequence[MtBenchQuestion]) -> tuple[dict[int, str], PriorInfo]:
     """{question_id: the assistant answer to turn 1 that turn 2 carries} and what the record says about it."""
     ids = {q["question_id"] for q in questions}
     if prior == "reference":
@@ -729,14 +795,15 @@ def jsonl(text: str, where: str) -> Iterator[tuple[int, Any]]:
 
 
 def _from_lines(text: str, where: str, spec: WorkloadSource, default_cat: str, source: str
-                ) -> tuple[list[WorkItem], dict[str, Any]]:
+                ) -> tuple[list[WorkItem], SourceInfo]:
     items = [_item_from(rec, where, i, spec, default_cat, source) for i, rec in jsonl(text, where)]
     if not items:
         raise ConfigError(f"workload: {where} holds no items", parameter="workload")
     return items, {"source": source, "file": where, "format": "jsonl", "in_file": len(items)}
 
 
-def _from_json(text: str, where: str, spec: WorkloadSource, default_cat: str) -> tuple[list[WorkItem], dict[str, Any]]:
+def _from_json(text: str, where: str, spec: WorkloadSource, default_cat: str
+               ) -> tuple[list[WorkItem], SourceInfo]:
     items = [_item_from(rec, where, line, spec, default_cat, where) for line, rec in iter_json_array(text, where)]
     if not items:
         raise ConfigError(f"workload: {where} holds no items", parameter="workload")
@@ -750,7 +817,7 @@ class Workload:
     are counted (`finalize`), the sources wait as candidates in `pending`."""
 
     items: list[WorkItem] = field(default_factory=list)
-    description: dict[str, Any] = field(default_factory=dict)
+    description: WorkloadDescription = field(default_factory=WorkloadDescription)
     pending: list[Candidates] = field(default_factory=list)
     max_tokens: int = 64
     dataset_lengths: bool = False
@@ -827,7 +894,18 @@ def request_order(items: Sequence[WorkItem], n: int, seed: int) -> list[WorkItem
     return out
 
 
-def as_items(prompts: Sequence[WorkItem | dict[str, Any]]) -> list[WorkItem]:
+class PromptDict(TypedDict, total=False):
+    """An old-style prompt: {'id', 'prompt'} and optionally its category, source, messages and output length."""
+
+    id: str
+    prompt: str
+    category: str
+    source: str
+    messages: list[dict[str, str]]
+    output_len: int
+
+
+def as_items(prompts: Sequence[WorkItem | PromptDict]) -> list[WorkItem]:
     """Work items from items or old-style {'id', 'prompt'} dicts."""
     return [p if isinstance(p, WorkItem) else
             WorkItem(str(p.get("id", i)), str(p["prompt"]), str(p.get("category") or BUNDLED_CATEGORY),

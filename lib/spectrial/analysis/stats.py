@@ -308,3 +308,14 @@ def compare_arms(spec: Sequence[float] | np.ndarray | pd.Series | pd.DataFrame,
     return Comparison(ratio=est_s / est_b, ci_low=lo, ci_high=hi, level=float(level), verdict=verdict,
                       min_detectable_ratio=mdr, min_detectable_ratio_80=mdr80, spec_estimate=est_s,
                       base_estimate=est_b, n_spec=int(xs.size), n_base=int(xb.size))
+
+
+def finite(x: Any) -> float | None:
+    """A manifest value as a finite float, else None (None, bools, text, NaN and inf give None)."""
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None

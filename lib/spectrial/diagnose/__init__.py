@@ -41,7 +41,8 @@ from spectrial.diagnose.model import SEVERITY_RANK, Diagnosis, Evidence, Finding
 from spectrial.diagnose.registry import DETECTORS, Detector, detector, get
 from spectrial.diagnose.sources import SOURCES
 from spectrial.errors import ConfigError
-from spectrial.schema import Manifest, as_manifest, load_record
+from spectrial.records import as_manifest, load_record
+from spectrial.schema import Manifest
 
 __all__ = ["DETECTORS", "SEVERITY_RANK", "SOURCES", "Context", "Detector", "Diagnosis", "Evidence", "Finding",
            "Severity", "Source", "detector", "diagnose", "get", "load_context", "to_json"]

@@ -6,13 +6,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from spectrial.diagnose.common import HEAD_METHODS, arm_logs, f2, log, rec, spec_arms
+from spectrial.diagnose.common import HEAD_METHODS, PINNED, arm_logs, f2, log, rec, spec_arms
 from spectrial.diagnose.context import Context, LogFile, number
 from spectrial.diagnose.model import Evidence, Finding
 from spectrial.diagnose.registry import detector
 from spectrial.schema import ArmRecord
 
-PINNED = 1.01  # an accept length at or below this is "exactly 1": no draft token survives
 _EAGLE3_PATH = re.compile(r"eagle[-_]?3", re.IGNORECASE)
 
 
@@ -215,8 +214,8 @@ def global_counter(ctx: Context) -> Iterator[Finding]:
                           evidence=[rec(f"{path}.stats_source", arm.stats_source), *ev[:3]],
                           fix="Read counters before and after the window and subtract, or weight per-request "
                               "spec_accept_length by spec_verify_ct (what spectrial does when the engine allows).")
-        logx = (arm.cross_checks or {}).get("log") or {}
-        a, b = number(arm.accept_len), number(logx.get("accept_len"))
+        logx = arm.cross_checks.get("log")
+        a, b = number(arm.accept_len), number(logx.accept_len if logx is not None else None)
         if a and b and abs(a - b) / b > 0.10:
             yield Finding(kind="global_counter", severity="warning", arm=arm.name,
                           title=f"{arm.name}: two readings of the same window disagree: accept length {a:.2f} "
@@ -224,7 +223,7 @@ def global_counter(ctx: Context) -> Iterator[Finding]:
                           detail="One of them covers more than the window (a cumulative counter, another DP rank, "
                                  "warm-up requests).",
                           evidence=[rec(f"{path}.accept_len", a), rec(f"{path}.cross_checks.log.accept_len", b),
-                                    rec(f"{path}.cross_checks.log.source", logx.get("source"))],
+                                    rec(f"{path}.cross_checks.log.source", logx.source if logx is not None else None)],
                           fix="Trust the reading scoped to the window; find what the other one includes.")
     for lf in ctx.logs:
         rows = [r for _, r in _rows(lf, "bench_serving", "sglang")

@@ -1,6 +1,6 @@
 """The verify cycle itself: an accept length below the break-even, with the per-token acceptance each depth would
 need to win. Break-even, speed-up and the acceptance needed come from `spectrial.figures` and
-`spectrial.explain` (its "Acceptance needed" section), never recomputed here."""
+`spectrial.readers.explain` (its "Acceptance needed" section), never recomputed here."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ from typing import Any
 import pandas as pd
 
 from spectrial import figures
-from spectrial.diagnose.acceptance import PINNED
-from spectrial.diagnose.common import f2, log, rec
+from spectrial.diagnose.common import PINNED, f2, log, rec
 from spectrial.diagnose.context import Context, LogFile, number
 from spectrial.diagnose.model import Evidence, Finding
 from spectrial.diagnose.registry import detector
-from spectrial.explain import Explanation, explain
+from spectrial.readers.explain import Explanation, explain
 from spectrial.schema import ArmRecord
 
 _filled = figures.filled  # hand-made records carry verify time and share instead of a cycle
@@ -38,8 +37,7 @@ def needed(ex: Explanation, arm: ArmRecord) -> tuple[dict[int, float | None], st
         return {}, ""
     if table is None or table.empty or "alpha_break_even" not in table:
         return {}, ""
-    model = next((key for key, mod in (ex.numbers.get("models") or {}).items()
-                  if arm.name in (mod.get("fitted_on") or [])), None)
+    model = next((key for key, fit in ex.numbers.models.items() if arm.name in fit.fitted_on), None)
     rows = table[table["source"] == model] if model else table.iloc[0:0]
     if rows.empty:
         rows = table[table["source"] == arm.name]
@@ -70,7 +68,7 @@ def _arm_finding(ex: Explanation, path: str, arm: ArmRecord, base: ArmRecord, ba
     if be is None or accept is None or accept >= be or _pinned(arm):
         return None
     sp = number(arm.speedup)
-    base_ms = number(ex.numbers.get("baseline_ms_per_token"))
+    base_ms = number(ex.numbers.baseline_ms_per_token)
     cycle = number(arm.cycle_ms)
     k = int(arm.steps) if number(arm.steps) else None
     alphas, basis = needed(ex, arm)

@@ -9,6 +9,8 @@ from spectrial.diagnose.context import Context, LogFile, number
 from spectrial.diagnose.model import Evidence
 from spectrial.schema import ArmRecord
 
+PINNED = 1.01  # an accept length at or below this is "exactly 1": no draft token survives
+
 # methods whose draft is a head trained on the target's own (chat-formatted) outputs
 HEAD_METHODS = frozenset({"eagle", "eagle3", "mtp", "nextn", "deepseek_mtp", "medusa", "eagle-3", "dflash"})
 NO_DRAFT_MODEL = frozenset({"none", "ngram", "ngram-simple", "ngram-cache", "suffix"})

@@ -144,13 +144,13 @@ def not_comparable(ctx: Context) -> Iterator[Finding]:
 
 def _pairs(ctx: Context) -> Iterator[Finding]:
     """The same configuration measured twice, far apart, under conditions the record says differ."""
-    from spectrial.history import incomparability, record_rows
+    from spectrial.readers.history import incomparability, record_rows
 
     m = ctx.manifest
     assert m is not None
     spec = [(p, a) for p, a in ctx.arms if a.status == "ok" and not figures.is_baseline(a)
             and figures.positive(a.tok_s)]
-    rows = {r["arm"]: r for r in record_rows(m, str(m.run_id))[0]}
+    rows = {r.arm: r for r in record_rows(m, str(m.run_id))[0]}
     done = set()
     for i, (pa, a) in enumerate(spec):
         for pb, b in spec[i + 1:]:

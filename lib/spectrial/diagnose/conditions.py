@@ -100,7 +100,7 @@ def _nccl_evidence(ctx: Context) -> Iterator[Finding]:
             yield Finding(kind="env_not_in_effect", severity="warning", arm=s.arm,
                           title=f"{s.arm}: NCCL_* requested but NCCL printed nothing to confirm them",
                           detail="Without NCCL's INFO lines nothing shows which values NCCL used.",
-                          evidence=[rec(f"starts[{i}].nccl_evidence.problems[0]", ev_rec["problems"][0])],
+                          evidence=[rec(f"starts[{i}].nccl_evidence.problems[0]", ev_rec.get("problems")[0])],
                           fix="Add NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV to the launch of one run.")
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from spectrial.records import finite
+from spectrial.analysis.stats import finite
 from spectrial.schema import ArmRecord, Manifest
 from spectrial.serverlog import ServerLog
 

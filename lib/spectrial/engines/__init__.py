@@ -1,7 +1,7 @@
-"""Engine adapters; importing this package registers the built-in ones."""
+"""Engine adapters: `get_engine(name, params, host)` imports a built-in adapter (llamacpp, sglang, vllm) the first
+time it is asked for; `register` adds another."""
 
-from spectrial.engines import llamacpp, sglang, vllm  # noqa: F401
-from spectrial.engines.base import Engine, Window, get_engine, register
+from spectrial.engines.base import Engine, Window, Worker, Workers, WorkerSpec, get_engine, register
 from spectrial.schema import WindowStats
 
-__all__ = ["Engine", "Window", "WindowStats", "get_engine", "register"]
+__all__ = ["Engine", "Window", "WindowStats", "Worker", "WorkerSpec", "Workers", "get_engine", "register"]

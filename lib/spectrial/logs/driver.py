@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from spectrial.logs.chunks import CONTEXT, Chunk, NeedMore, Window
 from spectrial.logs.columns import floats, objects
-from spectrial.logs.formats import DECLINE, MORE, BlockFormat, Blocks, Finalizer, Format, LineFormat
+from spectrial.logs.formats import DECLINE, MORE, BlockFormat, Blocks, Finalizer, Format, LineFormat, Record
 from spectrial.logs.markers import Markers
 from spectrial.logs.text import ANSI, re2
 
@@ -33,6 +33,10 @@ def pool() -> ThreadPoolExecutor:
         _POOL.clear()
         _POOL[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spectrial-logs")
     return _POOL[pid]
+
+
+Columns = dict[str, pa.Array | np.ndarray]
+"""A format's columns for some records: arrow arrays as extracted, numpy arrays once joined."""
 
 
 @dataclass
@@ -53,7 +57,7 @@ class Plan:
         self.finalizers: dict[int, Finalizer] = {}  # formats whose rows were fed to their finalize part by part
         self.markers = Markers(self.formats)
         self.is_block = np.array([isinstance(f, BlockFormat) for f in self.formats] + [False], dtype=bool)
-        self.line_parts: list[list[tuple[np.ndarray, dict[str, pa.Array]]]] = [[] for _ in self.formats]
+        self.line_parts: list[list[tuple[np.ndarray, Columns]]] = [[] for _ in self.formats]
         self.block_parts: list[list[Batch]] = [[] for _ in self.formats]
         self.sinks: list[Sink] = [Sink() for _ in self.formats]
         self.total = self.blank = self.recognised = 0
@@ -286,7 +290,7 @@ class Sink:
         self.n = 0
         self.groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
 
-    def add(self, line: int, rec: dict[str, Any]) -> None:
+    def add(self, line: int, rec: Record) -> None:
         """Append one record found at 1-based `line`."""
         key = tuple(rec)
         rows = self.groups.get(key)

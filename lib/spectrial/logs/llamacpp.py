@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
-from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, Finalizer, LineFormat
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, Finalizer, LineFormat, Record
 from spectrial.logs.registry import registry
 from spectrial.logs.text import LIST, NUM, named, num, re2
 from spectrial.logs.vector import LAST, ROW, SKIP, STOP, first_group, np_bool, scan, split_ws, to_str_numpy
@@ -59,6 +59,7 @@ DRAFT_COLUMNS = {
 PROGRESS_COLUMNS = {"n_decoded": "float", "gen_throughput_3s": "float"}
 _EVENTS = ("t_name", "io_name", "da_rate", "ml_len", "pp", "nd_key", "pg_n", "graphs_reused")
 _NEAR = 4  # lines: how far apart unkeyed lines of one record may be
+Key = tuple[float, float | None] | None  # a record's (slot, task); None where the lines name neither
 _REQ_WANTED = ("prompt_ms", "eval_ms", "total_ms")
 _DRAFT_WANTED = ("accept_rate", "accepted", "drafted", "accept_len")
 
@@ -71,16 +72,16 @@ class _Merger:
     """Turns the per-line captures (sorted by line) into request, draft and progress records."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.req: dict[Any, dict[str, Any]] = {}
-        self.draft: dict[Any, dict[str, Any]] = {}
-        self.last_req: dict[Any, dict[str, Any]] = {}
-        self.hdr_key: Any = None
+        self.rows: list[Record] = []
+        self.req: dict[Key, Record] = {}
+        self.draft: dict[Key, Record] = {}
+        self.last_req: dict[Key, Record] = {}
+        self.hdr_key: Key = None
         self.hdr_line = -100
-        self.hdr_ts: Any = None
-        self.hdr_origin: Any = None
+        self.hdr_ts: str | None = None
+        self.hdr_origin: str | None = None
 
-    def key(self, r: Any) -> tuple[Any, Any]:
+    def key(self, r: Any) -> tuple[Key, str | None]:
         """(slot, task) of the row, or of the bare prefix line just above it; and a fallback timestamp."""
         if not _nan(r.slot):
             return (r.slot, None if _nan(r.task) else r.task), None
@@ -98,10 +99,10 @@ class _Merger:
         return "speculative" if not _nan(r.io_name) else "unknown"
 
     @staticmethod
-    def near(rec: dict[str, Any] | None, key: Any, line: int) -> bool:
+    def near(rec: Record | None, key: Key, line: int) -> bool:
         return rec is not None and (key is not None or line - rec["_last"] <= _NEAR)
 
-    def emit(self, store: dict[Any, dict[str, Any]], key: Any) -> None:
+    def emit(self, store: dict[Key, Record], key: Key) -> None:
         rec = store.pop(key, None)
         if rec is None:
             return
@@ -111,13 +112,12 @@ class _Merger:
             if rec["kind"] == "request_timing":
                 self.last_req[key] = rec
 
-    def open(self, store: dict[Any, dict[str, Any]], key: Any, base: dict[str, Any], kind: str) -> dict[str, Any]:
+    def open(self, store: dict[Key, Record], key: Key, base: Record, kind: str) -> Record:
         self.emit(store, key)
         rec = store[key] = {**base, "kind": kind}
         return rec
 
-    def get(self, store: dict[Any, dict[str, Any]], key: Any, base: dict[str, Any], kind: str,
-            free: tuple[str, ...]) -> dict[str, Any]:
+    def get(self, store: dict[Key, Record], key: Key, base: Record, kind: str, free: tuple[str, ...]) -> Record:
         """The open record of `key` if it is near and has none of `free` yet, else a new one."""
         rec = store.get(key)
         if self.near(rec, key, base["line"]) and all(  # type: ignore[union-attr]
@@ -145,7 +145,7 @@ class _Merger:
             self.rows.append({**base, "kind": "gen_progress", "n_decoded": r.pg_n, "gen_throughput": r.pg_tg,
                               "gen_throughput_3s": r.pg_tg3})
 
-    def _request(self, r: Any, key: Any, base: dict[str, Any], origin: str) -> None:
+    def _request(self, r: Any, key: Key, base: Record, origin: str) -> None:
         name = r.t_name if not _nan(r.t_name) else r.io_name
         if _nan(name):
             if not _nan(r.graphs_reused):
@@ -171,7 +171,7 @@ class _Merger:
                 rec["_last"] = r.line  # type: ignore[index]
                 self.emit(self.req, key)
 
-    def _draft(self, r: Any, key: Any, base: dict[str, Any]) -> None:
+    def _draft(self, r: Any, key: Key, base: Record) -> None:
         if not _nan(r.da_rate):
             rec = self.open(self.draft, key, base, "draft_acceptance")
             rec.update(accept_rate=r.da_rate, accepted=r.da_acc, drafted=r.da_gen, accept_len=r.da_len)
@@ -278,6 +278,9 @@ registry.add(LineFormat(
     finalize=MergeRecords,
     output={"kind": "str", **REQUEST_COLUMNS, **DRAFT_COLUMNS, **PROGRESS_COLUMNS},
     kinds=("draft_acceptance", "gen_progress"),
+    kind_columns={"request_timing": tuple(REQUEST_COLUMNS),
+                  "draft_acceptance": ("slot", "task", *DRAFT_COLUMNS),
+                  "gen_progress": ("slot", "task", "gen_throughput", *PROGRESS_COLUMNS)},
     key_metrics=("gen_throughput", "eval_ms", "prompt_ms", "accept_rate", "accept_len"),
 ))
 
@@ -375,7 +378,7 @@ def speed_bench(w: Window) -> BlockResult:
     """The server-bench speed-bench table: a header of names, a dashed rule, rows of values."""
     header = (w[0] or "").split()
     cols = [_SPEED_BENCH.get(h) for h in header]
-    recs: list[tuple[int, dict[str, Any]]] = []
+    recs: list[tuple[int, Record]] = []
     k = 1
     while (s := w[k]) is not None:
         cells = s.split()
@@ -384,7 +387,7 @@ def speed_bench(w: Window) -> BlockResult:
             continue
         if len(cells) != len(header):
             break
-        rec: dict[str, Any] = {}
+        rec: Record = {}
         for col, cell in zip(cols, cells, strict=True):
             if col == "category":
                 rec[col] = cell

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,7 +30,7 @@ import pyarrow.compute as pc
 
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
-from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat, Record
 from spectrial.logs.registry import registry
 from spectrial.logs.text import NUM, TS_ISO, num, re2
 from spectrial.logs.vector import ROW, SKIP, STOP, last_per, np_bool, scan, split_once, to_str_numpy
@@ -165,13 +164,13 @@ def tuning_table(w: Window) -> BlockResult:
         protos = proto[1]
         algos = [head[1][min(j // per, len(head[1]) - 1)] for j in range(len(protos))]
         k = 2
-    base: dict[str, Any] = {}
+    base: Record = {}
     if (hm := _HOSTPID.search(w[0] or "")):
         base.update(host=hm.group("host"), pid=float(hm.group("pid")))
     if (rm := _RANKPY.search(w[0] or "")):
         base["rank"] = float(rm.group("rank"))
     nthreads: list[float | None] = [None] * len(protos)
-    rows: list[tuple[int, int, dict[str, Any]]] = []  # (offset, column, record)
+    rows: list[tuple[int, int, Record]] = []  # (offset, column, record)
     while (row := _cells(w[k])) is not None and len(row[1]) == len(protos):
         name, vals = row
         if name.lower().startswith("max nthreads"):
@@ -223,13 +222,13 @@ def _cells_v(text: pa.Array) -> tuple[np.ndarray, pa.Array, np.ndarray, np.ndarr
     return ok, cells, counts - empty_last, offs[:-1]
 
 
-def _tuning_plan(first: str | None, second: str | None) -> tuple[int, list[str], list[str], dict[str, Any]] | None:
+def _tuning_plan(first: str | None, second: str | None) -> tuple[int, list[str], list[str], Record] | None:
     """What the head of a tuning table says: (first row offset, algorithms, protocols, host/pid/rank)."""
     m1, m2 = _INFO.search(first or ""), _INFO.search(second or "")
     head = _head(m1.group(1) if m1 else None, m2.group(1) if m2 else None)
     if head is None:
         return None
-    base: dict[str, Any] = {}
+    base: Record = {}
     if (hm := _HOSTPID.search(first or "")):
         base.update(host=hm.group("host"), pid=float(hm.group("pid")))
     if (rm := _RANKPY.search(first or "")):

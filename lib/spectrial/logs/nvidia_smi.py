@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
-from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, Record
 from spectrial.logs.registry import register, registry
 from spectrial.logs.text import NUM, named, num, re2
 from spectrial.logs.vector import (
@@ -96,7 +96,7 @@ _CUDA = re.compile(r"CUDA(?: UMD)? Version:\s*([0-9][0-9A-Za-z.-]*)")
 def smi_table(w: Window) -> BlockResult:
     """The ``nvidia-smi`` table: header with driver/CUDA versions, then two lines per GPU."""
     head = w[0] or ""
-    common: dict[str, Any] = {
+    common: Record = {
         "driver_version": (m.group(1) if (m := _DRIVER.search(head)) else None),
         "cuda_version": (m.group(1) if (m := _CUDA.search(head)) else None),
     }
@@ -104,7 +104,7 @@ def smi_table(w: Window) -> BlockResult:
         if (d := _DATE.match(w[k] or "")):
             common["timestamp"] = d.group("timestamp")
             break
-    recs: list[tuple[int, dict[str, Any]]] = []
+    recs: list[tuple[int, Record]] = []
     k = 1
     while (s := w[k]) is not None:
         t = _unquote(s)
@@ -216,7 +216,7 @@ def query_csv(w: Window) -> BlockResult:
     if not fields:
         return [], 0
     cols = [QUERY_FIELDS.get(f) for f in fields]
-    recs: list[tuple[int, dict[str, Any]]] = []
+    recs: list[tuple[int, Record]] = []
     while (s := w[k]) is not None:
         cells = [c.strip() for c in _unquote(s).split(",")]
         if len(cells) != len(fields) or not any(cells):
@@ -334,8 +334,8 @@ _Q_POWER = {"Power Draw": "power_w", "Instantaneous Power Draw": "power_w", "Ave
 
 def smi_query(w: Window) -> BlockResult:
     """``nvidia-smi -q``: top-level versions, then one indented section tree per GPU."""
-    top: dict[str, Any] = {}
-    gpus: list[tuple[int, dict[str, Any]]] = []
+    top: Record = {}
+    gpus: list[tuple[int, Record]] = []
     stack: list[tuple[int, str]] = []
     k = 1
     while (s := w[k]) is not None and k < 20000:
@@ -381,7 +381,7 @@ _LIST = re.compile(r"GPU ([0-9]+): (.+?) \(UUID: (GPU-[0-9A-Fa-f-]+)\)")
 
 
 @register("nvidia-smi", "gpu", markers=["(UUID: GPU-"], columns=GPU_COLUMNS)
-def smi_list(line: str) -> dict[str, Any] | None:
+def smi_list(line: str) -> Record | None:
     """``GPU 0: NVIDIA H200 (UUID: GPU-...)`` from ``nvidia-smi -L``."""
     m = _LIST.search(line)
     return {"index": float(m.group(1)), "name": m.group(2).strip(), "uuid": m.group(3)} if m else None
@@ -393,7 +393,7 @@ def topology(w: Window) -> BlockResult:
     devices = head[:head.find("CPU Affinity")].split()
     if not devices:
         return [], 0
-    recs: list[tuple[int, dict[str, Any]]] = []
+    recs: list[tuple[int, Record]] = []
     k = 1
     while (s := w[k]) is not None:
         toks = s.split()

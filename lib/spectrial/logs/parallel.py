@@ -82,7 +82,7 @@ class Stats:
     by_parent: int = 0  # segments the parent read because a worker failed
     worker_peak_rss: list[int] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, int]:
         return {"workers": self.workers, "segments": self.segments, "reread": self.reread,
                 "by_parent": self.by_parent, "worker_peak_rss": max(self.worker_peak_rss, default=0)}
 

@@ -9,8 +9,8 @@ several rows. The percentage is optional; ``ms/cycle`` is accepted too.
 from __future__ import annotations
 
 import re
-from typing import Any
 
+from spectrial.logs.formats import Record
 from spectrial.logs.registry import register
 from spectrial.logs.sglang import TS as SGLANG_TS
 from spectrial.logs.text import NUM, TS_ISO
@@ -22,8 +22,9 @@ _PHASE = re.compile(rf"(?P<label>[A-Za-z][A-Za-z0-9_ /+&().-]*?)\s*:\s*(?P<ms>{N
 @register("profile", "verify", markers=["ms/cyc"], kinds=["phase"],
           columns={"phase": "str", "verify_ms": "float", "verify_pct": "float", "phase_ms": "float",
                    "phase_pct": "float"},
+          kind_columns={"verify": ("phase", "verify_ms", "verify_pct"), "phase": ("phase", "phase_ms", "phase_pct")},
           key_metrics=["verify_ms", "verify_pct", "phase_ms", "phase_pct"], timestamps=[SGLANG_TS, TS_ISO])
-def profile_phases(line: str) -> list[dict[str, Any]]:
+def profile_phases(line: str) -> list[Record]:
     """One record per ``<phase>: X ms/cyc (Y%)`` on the line."""
     out = []
     for m in _PHASE.finditer(line):

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any
+from typing import Any, TypeAlias
+
+PyValue: TypeAlias = ("None | bool | int | float | complex | str | bytes | list[PyValue] | tuple[PyValue, ...] "
+                      "| set[PyValue] | frozenset[PyValue] | dict[PyValue, PyValue]")
+"""A Python literal, as ``ast.literal_eval`` reads one (dumps of arguments and configs in logs)."""
 
 
 def _scan_value(text: str, i: int) -> tuple[str, int, bool]:
@@ -52,7 +56,7 @@ _PAREN = re.compile(r"\s*\)")
 _CONST = {"None": None, "True": True, "False": False}
 
 
-_VALUES: dict[str, Any] = {}  # value text -> value: dumps repeat the same few (None, False, 1, 'auto')
+_VALUES: dict[str, PyValue] = {}  # value text -> value: dumps repeat the same few (None, False, 1, 'auto')
 
 
 def _simple_value(v: str) -> Any:
@@ -87,9 +91,9 @@ def _convert_value(v: str) -> Any:
 _PLAIN_ITEMS = re.compile(r"""(?:[A-Za-z_][A-Za-z0-9_]*=(?:'[^',\\\n]*'|"[^",\\\n]*"|[^,()\[\]{}'"\n]*), )*""")
 
 
-def parse_kwargs(text: str) -> tuple[dict[str, Any], bool]:
+def parse_kwargs(text: str) -> tuple[dict[str, PyValue], bool]:
     """`a=1, b='x', c=[1, 2]` (a Python repr of keyword arguments) -> (dict, closed by ')')."""
-    out: dict[str, Any] = {}
+    out: dict[str, PyValue] = {}
     pos = 0
     while True:
         start = pos + 2 if text.startswith(", ", pos) else pos  # a search from `pos` starts its match there

@@ -9,7 +9,7 @@ import numpy as np
 
 from spectrial.errors import ConfigError
 from spectrial.logs.chunks import Chunk, Window
-from spectrial.logs.formats import BlockFormat, BlockResult, Blocks, Format, LineFormat
+from spectrial.logs.formats import BlockFormat, BlockResult, Blocks, Format, LineFormat, Record
 from spectrial.logs.text import TS_ISO
 
 
@@ -43,12 +43,14 @@ class Registry:
 
     def register(self, engine: str, kind: str, markers: Sequence[str],
                  columns: Mapping[str, str] | Sequence[str], *, kinds: Sequence[str] = (),
-                 key_metrics: Sequence[str] = (), timestamps: Sequence[str] = (TS_ISO,)
+                 key_metrics: Sequence[str] = (), timestamps: Sequence[str] = (TS_ISO,),
+                 kind_columns: Mapping[str, Sequence[str]] | None = None,
                  ) -> Callable[[Callable[[str], Any]], Callable[[str], Any]]:
         """Decorator: register `fn(line) -> dict | list[dict] | None` for lines holding a marker.
 
         The dicts hold the record's columns (`columns`: names, all float, or name -> type); they may set
-        `kind` and `timestamp`. The function runs once per marker line, in Python: prefer a
+        `kind` and `timestamp` (`kinds`: the other kinds it sets; `kind_columns`: each kind's columns where they
+        differ). The function runs once per marker line, in Python: prefer a
         :class:`~spectrial.logs.formats.LineFormat` (data, vectorised) where regexes can say it. Example::
 
             @register("myengine", "step", markers=["step time"], columns=["step_ms"])
@@ -68,7 +70,8 @@ class Registry:
                 return _per_line(chunk, at, fn)
 
             self.add(BlockFormat(engine, kind, tuple(markers), block, cols, kinds=tuple(kinds),
-                                 key_metrics=tuple(key_metrics), timestamps=tuple(timestamps), vector=vector))
+                                 key_metrics=tuple(key_metrics), timestamps=tuple(timestamps), vector=vector,
+                                 kind_columns={k: tuple(v) for k, v in (kind_columns or {}).items()}))
             return fn
 
         return deco
@@ -111,7 +114,7 @@ def _per_line(chunk: Chunk, at: np.ndarray, fn: Callable[[str], Any]) -> Blocks:
     """A one-line function over all its marker lines (the same text a Window gives)."""
     used = np.zeros(len(at), np.int64)
     block: list[int] = []
-    recs: list[dict[str, Any]] = []
+    recs: list[Record] = []
     for j, line in enumerate(chunk.strings(at)):
         got = fn(line or "")
         got = [got] if isinstance(got, dict) else list(got or [])

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
-from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat, Record
 from spectrial.logs.pyrepr import parse_kwargs
 from spectrial.logs.registry import registry
 from spectrial.logs.text import NUM, TS_ISO, WS, named, num, re2
@@ -272,7 +272,7 @@ def _bench_column(label: str) -> str | None:
 
 def bench_serving(w: Window) -> BlockResult:
     """A ``==== Serving Benchmark Result ====`` block: rows `label: value` up to the closing `=` rule."""
-    rec: dict[str, Any] = {}
+    rec: Record = {}
     k = 1
     while (s := w[k]) is not None:
         head = s.lstrip()[:1]
@@ -385,7 +385,7 @@ _ONE = {
 
 def bench_one_batch(w: Window) -> BlockResult:
     """`last generation throughput` / `acc_length` (and send_one's `speed=`) lines, grouped."""
-    rec: dict[str, Any] = {}
+    rec: Record = {}
     used = 0
     for k in range(0, 8):
         s = w[k]
@@ -454,7 +454,7 @@ _MT = {
 def bench_mtbench(w: Window) -> BlockResult:
     """``#questions: 80, Throughput: X token/s, Acceptance length: X`` with the label line above it."""
     s = w[0] or ""
-    rec: dict[str, Any] = {c: num(m.group(1)) for c, rx in _MT.items() if (m := rx.search(s))}
+    rec: Record = {c: num(m.group(1)) for c, rx in _MT.items() if (m := rx.search(s))}
     if not rec.get("gen_throughput") and not rec.get("accept_len"):
         return [], 0
     for k in (-1, -2):

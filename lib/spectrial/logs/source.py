@@ -9,10 +9,12 @@ import re
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO
 
 from spectrial.errors import ConfigError
 
+Source = str | os.PathLike[str] | bytes | bytearray | memoryview | IO[bytes] | IO[str] | Iterable[str | bytes]
+"""What parse reads: a path (plain or gzip), log text, bytes, a file object or an iterable of lines."""
 MAX_LINE_BYTES = 64 << 20
 _PATHLIKE = re.compile(r"\.(log|txt|gz|out|err|jsonl)$")
 _SPACE = re.compile(r"\s")
@@ -37,7 +39,7 @@ def _file_blocks(path: Path, size: int, errors: list[str]) -> Iterator[bytes]:
     except OSError as e:
         raise ConfigError(f"source: cannot read {str(path)!r} ({e.strerror or e}); check the path") from e
     with fh:
-        stream: Any = gzip.GzipFile(fileobj=fh) if fh.read(2) == b"\x1f\x8b" else fh
+        stream: IO[bytes] = gzip.GzipFile(fileobj=fh) if fh.read(2) == b"\x1f\x8b" else fh
         fh.seek(0)
         try:
             while block := stream.read(size):
@@ -46,7 +48,7 @@ def _file_blocks(path: Path, size: int, errors: list[str]) -> Iterator[bytes]:
             errors.append(f"{path}: {e.__class__.__name__}: {e}")
 
 
-def raw_blocks(source: Any, size: int, errors: list[str]) -> Iterator[bytes]:
+def raw_blocks(source: Source, size: int, errors: list[str]) -> Iterator[bytes]:
     """Blocks of about `size` bytes of `source`; read errors (a cut .gz) are appended to `errors`."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)

@@ -1,20 +1,20 @@
-"""The records of every format into one DataFrame (schema: see :mod:`spectrial.logs.api`), and `summary`."""
+"""The records of every format into one table per kind (:class:`~spectrial.logs.result.LogTables`, whose
+`wide()` is the one DataFrame of :mod:`spectrial.logs.api`'s schema), and `summary`."""
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from spectrial.logs.columns import const, to_numpy
-from spectrial.logs.driver import THREAD_ROWS, Plan, pool
-from spectrial.logs.formats import LineFormat, finalizer
+from spectrial.logs.driver import THREAD_ROWS, Batch, Columns, Plan, pool
+from spectrial.logs.formats import Format, LineFormat, finalizer
 from spectrial.logs.registry import Registry, wants
+from spectrial.logs.result import KindTable, LogTables, ParserError, typed_column
 
 ENGINE_ORDER = {e: i for i, e in enumerate(("sglang", "vllm", "llamacpp", "profile", "nccl", "nvidia-smi", "http"))}
 
@@ -27,37 +27,48 @@ class Frame:
     lines: np.ndarray
     engine: np.ndarray | str
     kind: np.ndarray | str
-    cols: dict[str, np.ndarray]
+    cols: dict[str, np.ndarray | pa.ChunkedArray]  # arrow: the text columns of a line format without finalize
     clean: bool = False
 
     def subset(self, keep: np.ndarray) -> Frame:
         """The rows where `keep` holds."""
         return Frame(self.lines[keep], *(v if isinstance(v, str) else v[keep] for v in (self.engine, self.kind)),
-                     {c: v[keep] for c, v in self.cols.items()}, self.clean)
+                     {c: v.filter(pa.array(keep)) if isinstance(v, pa.ChunkedArray) else v[keep]
+                      for c, v in self.cols.items()}, self.clean)
 
     def per_row(self, value: np.ndarray | str) -> np.ndarray:
         """Engine or kind as one value per row."""
         return const(len(self.lines), value) if isinstance(value, str) else value
 
 
-def numpy_part(fmt: LineFormat, part: tuple[np.ndarray, dict[str, Any]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """A line format's records from one chunk as numpy columns, as the DataFrame holds them."""
+def numpy_part(fmt: LineFormat, part: tuple[np.ndarray, Columns]) -> tuple[np.ndarray, Columns]:
+    """A line format's records from one chunk as numpy columns, as the tables hold them; text columns of a format
+    without finalize stay arrow (a kind's table keeps them so: no Python string per cell)."""
     lines, cols = part
     types = fmt.pattern_columns
-    return lines, {c: to_numpy(v, types[c]) if isinstance(v, pa.Array) else v for c, v in cols.items()}
+    keep = fmt.finalize is None
+    return lines, {c: v if not isinstance(v, pa.Array) or (keep and types[c] == "str") else to_numpy(v, types[c])
+                   for c, v in cols.items()}
 
 
-def line_rows(fmt: LineFormat, parts: list[tuple[np.ndarray, dict[str, Any]]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def line_rows(fmt: LineFormat, parts: list[tuple[np.ndarray, Columns]]
+              ) -> tuple[np.ndarray, dict[str, np.ndarray | pa.ChunkedArray]]:
     """The records of `parts` together: line numbers and a column for each pattern column one of them holds
-    (NaN / None in the parts without it)."""
+    (NaN / None in the parts without it); text columns of a format without finalize as one arrow column."""
     parts = [numpy_part(fmt, p) for p in parts]
     lines = np.concatenate([p[0] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
-    cols: dict[str, np.ndarray] = {}
+    cols: dict[str, np.ndarray | pa.ChunkedArray] = {}
     for c, typ in fmt.pattern_columns.items():
-        if any(c in p[1] for p in parts):  # a chunk without the column contributes NaN / None
-            cols[c] = np.concatenate([p[1][c] if c in p[1] else
-                                      (np.full(len(p[0]), np.nan) if typ == "float" else const(len(p[0]), None))
-                                      for p in parts])
+        if not any(c in p[1] for p in parts):
+            continue
+        pieces = [p[1].get(c) for p in parts]
+        if fmt.finalize is None and typ == "str":
+            cols[c] = pa.chunked_array([v if v is not None else pa.nulls(len(p[0]), pa.string())
+                                        for v, p in zip(pieces, parts, strict=True)], type=pa.string())
+            continue
+        cols[c] = np.concatenate([v if v is not None else  # a chunk without the column contributes NaN / None
+                                  (np.full(len(p[0]), np.nan) if typ == "float" else const(len(p[0]), None))
+                                  for v, p in zip(pieces, parts, strict=True)])
     return lines, cols
 
 
@@ -119,7 +130,7 @@ def frame(plan: Plan, i: int) -> Frame | None:
     return Frame(lines, engine, kind, cols)
 
 
-def _or(parts: list[np.ndarray | None], batches: list[Any], default: str) -> np.ndarray:
+def _or(parts: list[np.ndarray | None], batches: list[Batch], default: str) -> np.ndarray:
     """Per-record engine/kind where a record set one, else `default`."""
     n = sum(len(b.lines) for b in batches)
     if all(p is None for p in parts):
@@ -130,7 +141,7 @@ def _or(parts: list[np.ndarray | None], batches: list[Any], default: str) -> np.
     return arr
 
 
-def table_schema(formats: list[Any]) -> dict[str, str]:
+def table_schema(formats: list[Format]) -> dict[str, str]:
     """The table's columns after line, engine and kind: name -> type (a name two formats type differently is
     an object column)."""
     schema: dict[str, str] = {"timestamp": "str"}
@@ -140,17 +151,67 @@ def table_schema(formats: list[Any]) -> dict[str, str]:
     return schema
 
 
-def assemble(plan: Plan, wanted: set[str] | None) -> pd.DataFrame:
-    """One DataFrame of every format's rows, sorted by line (stable), with the full schema."""
-    schema = table_schema(plan.formats)
-    frames: list[Frame] = []
+def kind_tables(plan: Plan, wanted: set[str] | None, read_error: str | None = None) -> LogTables:
+    """Every format's rows as one table per (engine, kind) with that kind's columns alone (see
+    :mod:`spectrial.logs.result`); each table's index is the record's row among all records (by line, stable)."""
+    frames = _frames(plan, wanted)
+    lines = np.concatenate([fr.lines for _, fr in frames]) if frames else np.zeros(0, np.int64)
+    pos = np.empty(len(lines), np.int64)
+    pos[np.argsort(lines, kind="stable")] = np.arange(len(lines))
+    parts: dict[tuple[str, str], list[Part]] = {}
+    a = 0
+    for fmt, fr in frames:
+        mine = pos[a:a + len(fr.lines)]
+        a += len(fr.lines)
+        for key, sel in _by_kind(fr):
+            parts.setdefault(key, []).append(Part(fmt, fr, sel, mine if sel is None else mine[sel]))
+    kinds = {f"{e}:{k}": _kind_table(e, k, got) for (e, k), got in parts.items()}
+    return LogTables(kinds, table_schema(plan.formats), plan.total,
+                     max(plan.total - plan.blank - plan.recognised, 0),
+                     [ParserError(*e) for e in plan.errors], read_error)
+
+
+@dataclass
+class Part:
+    """A format's rows of one kind: the frame, which of its rows (None: all) and their rows among all records."""
+
+    fmt: Format
+    frame: Frame
+    sel: np.ndarray | None
+    pos: np.ndarray
+
+    def column(self, name: str, typ: str) -> np.ndarray | pa.ChunkedArray:
+        """The rows' values of column `name` (NaN / None where the frame lacks it), as the wide frame took them
+        (a line format's text column: arrow)."""
+        n = len(self.pos)
+        vals = self.frame.cols.get(name)
+        if vals is None:
+            return np.full(n, np.nan) if typ == "float" else np.empty(n, object)
+        if isinstance(vals, pa.ChunkedArray):
+            return vals if self.sel is None else vals.take(pa.array(self.sel))
+        if self.sel is not None:
+            vals = vals[self.sel]
+        if typ == "float":
+            return vals if vals.dtype == np.float64 else pd.to_numeric(pd.Series(vals), errors="coerce").to_numpy(
+                np.float64)
+        if vals.dtype != object:
+            return vals.astype(object)
+        if typ != "list" and not self.frame.clean:  # missing is None, never NaN
+            vals = vals.copy()
+            vals[pd.isna(vals)] = None
+        return vals
+
+
+def _frames(plan: Plan, wanted: set[str] | None) -> list[tuple[Format, Frame]]:
+    """Each format's rows (after its finalize), the kinds not `wanted` left out; formats without rows left out."""
     # a finalize (Python over the whole input, e.g. llama.cpp's merge) runs in the worker meanwhile
     later = {i: pool().submit(frame, plan, i) for i, f in enumerate(plan.formats)
              if isinstance(f, LineFormat) and f.finalize is not None and i not in plan.finalizers
              and sum(len(p[0]) for p in plan.line_parts[i]) >= THREAD_ROWS}
     done = {i: frame(plan, i) for i in range(len(plan.formats)) if i not in later}
     done.update({i: f.result() for i, f in later.items()})
-    for i in range(len(plan.formats)):
+    out: list[tuple[Format, Frame]] = []
+    for i, fmt in enumerate(plan.formats):
         fr = done[i]
         if fr is None or not len(fr.lines):
             continue
@@ -159,62 +220,48 @@ def assemble(plan: Plan, wanted: set[str] | None) -> pd.DataFrame:
                                                                    strict=True)], dtype=bool)
             fr = fr.subset(keep)
         if len(fr.lines):
-            frames.append(fr)
-    n = sum(len(fr.lines) for fr in frames)
-    lines = np.concatenate([fr.lines for fr in frames]) if frames else np.zeros(0, np.int64)
-    order = np.argsort(lines, kind="stable")
-    pos = np.empty(n, np.int64)
-    pos[order] = np.arange(n)
-    starts = np.cumsum([0] + [len(fr.lines) for fr in frames])
-    # two 2D blocks (floats, objects) filled column by column: no per-column pandas overhead, no copies
-    fcols = [c for c, t in schema.items() if t == "float"]
-    ocols = ["engine", "kind", *(c for c, t in schema.items() if t != "float")]
-    fblock, oblock = _blocks(len(fcols), len(ocols), n)
-    for fr, a in zip(frames, starts[:-1], strict=True):
-        where = pos[a:a + len(fr.lines)]
-        oblock[0, where] = fr.engine
-        oblock[1, where] = fr.kind
-    for j, col in enumerate(fcols):
-        for fr, a in zip(frames, starts[:-1], strict=True):
-            vals = fr.cols.get(col)
-            if vals is not None:
-                if vals.dtype != np.float64:
-                    vals = pd.to_numeric(pd.Series(vals), errors="coerce").to_numpy(np.float64)
-                fblock[j, pos[a:a + len(vals)]] = vals
-    for j, col in enumerate(ocols[2:], start=2):
-        for fr, a in zip(frames, starts[:-1], strict=True):
-            vals = fr.cols.get(col)
-            if vals is None:
-                continue
-            vals = vals.astype(object) if vals.dtype != object else vals.copy()
-            if schema[col] != "list" and not fr.clean:
-                vals[pd.isna(vals)] = None
-            oblock[j, pos[a:a + len(vals)]] = vals
-    df = pd.concat([pd.DataFrame({"line": lines[order]}),
-                    pd.DataFrame(oblock.T, columns=ocols, dtype=object, copy=False),
-                    pd.DataFrame(fblock.T, columns=fcols, copy=False)], axis=1)
-    df.attrs["lines"] = plan.total
-    df.attrs["unparsed_lines"] = max(plan.total - plan.blank - plan.recognised, 0)
-    df.attrs["parser_errors"] = list(plan.errors)
-    return df
+            out.append((fmt, fr))
+    return out
 
 
-def _blocks(nf: int, no: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The float block (NaN) and the object block (None) of the table. A big float block is filled by several
-    threads (up to one per CPU, at most 8): new memory is mostly page faults, which numpy's fill takes without
-    the GIL."""
-    fblock = np.empty((nf, n))
-    threads = min(cpus(), 8, max(nf * n // (2 * THREAD_ROWS * 1000), 1), max(nf, 1))
-    if threads > 1:
-        cuts = np.linspace(0, nf, threads + 1).astype(int)
-        with ThreadPoolExecutor(threads - 1, thread_name_prefix="spectrial-fill") as ex:
-            later = [ex.submit(fblock[a:b].fill, np.nan) for a, b in zip(cuts[1:-1], cuts[2:], strict=True)]
-            fblock[:cuts[1]].fill(np.nan)
-            for f in later:
-                f.result()
-    else:
-        fblock.fill(np.nan)
-    return fblock, np.empty((no, n), object)  # numpy fills object arrays with None
+def _by_kind(fr: Frame) -> list[tuple[tuple[str, str], np.ndarray | None]]:
+    """The frame's rows per (engine, kind), in order of first appearance (None: all its rows)."""
+    if isinstance(fr.engine, str) and isinstance(fr.kind, str):
+        return [((fr.engine, fr.kind), None)]
+    ecode, engines = pd.factorize(fr.per_row(fr.engine))
+    kcode, kinds = pd.factorize(fr.per_row(fr.kind))
+    code = ecode.astype(np.int64) * (len(kinds) + 1) + kcode
+    uniq, first = np.unique(code, return_index=True)
+    if len(uniq) == 1:
+        return [((str(engines[ecode[0]]), str(kinds[kcode[0]])), None)]
+    return [((str(engines[ecode[j]]), str(kinds[kcode[j]])), np.flatnonzero(code == c))
+            for c, j in sorted(zip(uniq.tolist(), first.tolist(), strict=True), key=lambda cj: cj[1])]
+
+
+def _kind_table(engine: str, kind: str, parts: list[Part]) -> KindTable:
+    """One kind's table from its parts (several formats, or one format's rows of several kinds)."""
+    types: dict[str, str] = {"timestamp": "str"}
+    for p in parts:
+        for c, t in p.fmt.columns_of(kind).items():
+            types[c] = t if types.get(c, t) == t else "object"
+    pos = parts[0].pos if len(parts) == 1 else np.concatenate([p.pos for p in parts])
+    order = None if len(parts) == 1 or (np.diff(pos) > 0).all() else np.argsort(pos, kind="stable")
+
+    def gather(pieces: list[np.ndarray | pa.ChunkedArray]) -> np.ndarray | pa.ChunkedArray:
+        if any(isinstance(p, pa.ChunkedArray) for p in pieces):
+            if len(pieces) == 1:
+                return pieces[0] if order is None else pieces[0].take(pa.array(order))
+            pieces = [p.to_numpy() if isinstance(p, pa.ChunkedArray) else p for p in pieces]  # with numpy ones
+        arr = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return arr if order is None else arr[order]
+
+    cols: dict[str, object] = {"line": gather([p.frame.lines if p.sel is None else p.frame.lines[p.sel]
+                                              for p in parts])}
+    for c, t in types.items():
+        cols[c] = typed_column(gather([p.column(c, t) for p in parts]), t)
+    index = pd.Index(pos if order is None else pos[order], name="record")
+    return KindTable(engine, kind, pd.DataFrame(cols, index=index, copy=False), types,
+                     keeps_nan=all(p.frame.clean for p in parts))
 
 
 def cpus() -> int:
@@ -225,21 +272,28 @@ def cpus() -> int:
         return os.cpu_count() or 1
 
 
-def summary(df: pd.DataFrame, *, registry: Registry) -> pd.DataFrame:
-    """Per engine and kind (and DP rank where several print): record count and median of key metrics."""
-    rows: list[dict[str, Any]] = []
-    if df.empty:
-        return pd.DataFrame(columns=["engine", "kind", "dp_rank", "count", "metric", "n", "median"])
-    for (engine, kind), g in df.groupby(["engine", "kind"], sort=False, observed=True):
-        metrics = [m for m in registry.key_metrics(str(engine), str(kind)) if m in g]
-        groups: list[tuple[Any, pd.DataFrame]] = [(None, g)]
+SUMMARY_COLUMNS = ["engine", "kind", "dp_rank", "count", "metric", "n", "median"]
+
+
+def summary(data: pd.DataFrame | LogTables, *, registry: Registry) -> pd.DataFrame:
+    """Per engine and kind (and DP rank where several print): record count and median of key metrics, of the
+    wide frame or of the tables per kind."""
+    if isinstance(data, LogTables):
+        kinds = [(t.engine, t.kind, t.frame) for t in sorted(data.kinds.values(), key=lambda t: t.frame.index[0])]
+    else:
+        kinds = [(str(e), str(k), g) for (e, k), g in data.groupby(["engine", "kind"], sort=False, observed=True)]
+    rows: list[tuple[str, str, float | None, int, str | None, int, float]] = []
+    for engine, kind, g in kinds:
+        metrics = [m for m in registry.key_metrics(engine, kind) if m in g]
+        groups: list[tuple[float | None, pd.DataFrame]] = [(None, g)]
         if "dp_rank" in g and g["dp_rank"].nunique() > 1:
             groups = list(g.groupby("dp_rank", sort=True))
         for rank, sub in groups:
-            base = {"engine": engine, "kind": kind, "dp_rank": rank, "count": len(sub)}
             found = [(m, vals) for m in metrics if (vals := pd.to_numeric(sub[m], errors="coerce")).notna().any()]
             if not found:
-                rows.append({**base, "metric": None, "n": 0, "median": np.nan})
+                rows.append((engine, kind, rank, len(sub), None, 0, np.nan))
             for m, vals in found:
-                rows.append({**base, "metric": m, "n": int(vals.notna().sum()), "median": vals.median()})
-    return pd.DataFrame(rows)
+                rows.append((engine, kind, rank, len(sub), m, int(vals.notna().sum()), vals.median()))
+    if not rows:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)

@@ -11,7 +11,6 @@ method, max_concurrency, mean/median/p99 ttft and tpot in ms, per_user_throughpu
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +18,7 @@ import pyarrow.compute as pc
 
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
-from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, Record
 from spectrial.logs.registry import registry
 from spectrial.logs.text import WS, num
 from spectrial.logs.vector import ROW, SKIP, STOP, cells_of, head_char, np_bool, scan, texts_at, to_str_numpy
@@ -80,7 +79,7 @@ def results_table(w: Window) -> BlockResult:
         return [], 0
     fields = [(j, n, TABLE_COLUMNS[n] == "str") for j, n in enumerate(names) if n]
     engine = "vllm" if "vllm" in header.lower() else "sglang"
-    recs: list[tuple[int, dict[str, Any]]] = []
+    recs: list[tuple[int, Record]] = []
     k = 1
     while (s := w[k]) is not None:
         if "|" not in s:

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import re
 
+try:  # optional: Aho-Corasick searches for many strings at once (marker lines, patterns' fixed text)
+    import ahocorasick_rs
+except ImportError:  # pragma: no cover - depends on the environment
+    ahocorasick_rs = None
+
 NUM = r"(?:[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:inf|Inf|INF|nan|NaN))"
 LIST = rf"{NUM}(?:\s*,\s*{NUM})*"
 TS_ISO = (r"^\[?(?P<timestamp>[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?"

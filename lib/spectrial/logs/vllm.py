@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,8 +32,8 @@ import pyarrow.compute as pc
 
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
-from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat
-from spectrial.logs.pyrepr import parse_kwargs, parse_mapping
+from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat, Record
+from spectrial.logs.pyrepr import PyValue, parse_kwargs, parse_mapping
 from spectrial.logs.registry import registry
 from spectrial.logs.text import LIST, NUM, TS_ISO, num, re2
 from spectrial.logs.vector import ROW, SKIP, STOP, first_where, float_column, np_bool, np_int, scan
@@ -111,7 +110,7 @@ def _non_default_args(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop(columns=["dump"])
 
 
-def _spec_of(args: Any) -> dict[str, Any]:
+def _spec_of(args: PyValue) -> dict[str, str | float]:
     """`speculative_config` of non-default args (a dict, or the JSON text given on the command line)."""
     spec = args.get("speculative_config") if isinstance(args, dict) else None
     if isinstance(spec, str):
@@ -146,7 +145,7 @@ _RULE = re.compile(r"^\s*-{5,}\s*$")
 
 def spec_summary(w: Window) -> BlockResult:
     """The offline example's summary: `key: value` lines, then `acceptance at token i: x` lines."""
-    rec: dict[str, Any] = {}
+    rec: Record = {}
     pos: list[float] = []
     used = 0
     k = 0

@@ -2,7 +2,7 @@
 
 ``gguf.GGUFReader`` builds a numpy view per array element and needs ~18 s for the 128256-token Llama-3
 vocabulary; this reads the same header (GGUF v2/v3, little-endian) in well under a second.
-Output: ``GGUFHeader(version, kv: dict[str, Any], tensors: list[TensorInfo], data_offset)``; string arrays
+Output: ``GGUFHeader(version, kv: dict[str, GGUFValue], tensors: list[TensorInfo], data_offset)``; string arrays
 become ``list[str]``, numeric arrays ``list`` of Python numbers.
 """
 
@@ -12,7 +12,6 @@ import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -52,12 +51,15 @@ class TensorInfo:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
+GGUFValue = str | int | float | bool | list["GGUFValue"]  # a metadata value (arrays as Python lists)
+
+
 @dataclass
 class GGUFHeader:
     """Everything before the tensor data."""
 
     version: int
-    kv: dict[str, Any] = field(default_factory=dict)
+    kv: dict[str, GGUFValue] = field(default_factory=dict)
     tensors: list[TensorInfo] = field(default_factory=list)
     data_offset: int = 0
 
@@ -97,7 +99,7 @@ class _Buf:
         self.pos = pos
         return out
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int) -> GGUFValue:
         if vtype in _SCALARS:
             fmt = _SCALARS[vtype][0]
             return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
@@ -142,7 +144,7 @@ def read_header(path: str | Path) -> GGUFHeader:
     return hdr
 
 
-def describe(path: str | Path) -> dict[str, Any]:
+def describe(path: str | Path) -> dict[str, GGUFValue | None]:
     """Model identity from a GGUF header: arch, name, layers, n_embd, n_ff, heads, vocab, params, bytes.
 
     For EAGLE-3 drafts also ``target_layers`` and ``target_hidden_size``. Reads only the header, so it is
@@ -153,7 +155,7 @@ def describe(path: str | Path) -> dict[str, Any]:
     kv = hdr.kv
     arch = kv.get("general.architecture", "")
     tokens = kv.get("tokenizer.ggml.tokens")
-    out: dict[str, Any] = {
+    out: dict[str, GGUFValue | None] = {
         "path": str(path),
         "arch": arch,
         "name": kv.get("general.name"),

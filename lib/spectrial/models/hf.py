@@ -41,10 +41,10 @@ import json
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from spectrial.errors import ConfigError
 from spectrial.models.pair import SHAPES, LlamaShape
@@ -192,12 +192,12 @@ class HfModelSet(BaseModel):
         """EAGLE-3 draft folder."""
         return self.dir / self.files["eagle3"].dir
 
-    def speculative_config(self, method: Literal["eagle3", "draft_model"], k: int = 3) -> dict[str, Any]:
+    def speculative_config(self, method: Literal["eagle3", "draft_model"], k: int = 3) -> dict[str, str | int]:
         """vLLM ``--speculative-config`` for this set's EAGLE-3 or plain draft with ``k`` tokens."""
         model = self.eagle3 if method == "eagle3" else self.draft
         return {"method": method, "model": str(model), "num_speculative_tokens": k}
 
-    def expected(self, method: Literal["eagle3", "draft_model"], k: int = 3) -> dict[str, Any] | None:
+    def expected(self, method: Literal["eagle3", "draft_model"], k: int = 3) -> Acceptance | None:
         """The known acceptance of this set (counting kind), else None: see ``expected_acceptance``."""
         return expected_acceptance(self.spec.kind, method, k)
 
@@ -217,7 +217,14 @@ class HfModelSet(BaseModel):
         )
 
 
-def expected_acceptance(kind: str, method: str, k: int = 3) -> dict[str, Any] | None:
+class Acceptance(TypedDict):
+    """Known acceptance: per drafted position, and the mean tokens per verify cycle (bonus included)."""
+
+    per_position: list[float]
+    accept_length: float
+
+
+def expected_acceptance(kind: str, method: str, k: int = 3) -> Acceptance | None:
     """Known acceptance of a counting set with ``k`` speculative tokens, in steady state.
 
     eagle3: per-position acceptance [1/3, 0, ...], accept length 4/3 (tokens per verify cycle, bonus
@@ -317,7 +324,7 @@ def tokenizer_files(tok: Any, max_len: int) -> dict[str, str]:
     }
 
 
-def _added(t: Any) -> dict[str, Any]:
+def _added(t: Any) -> dict[str, str | bool]:
     return {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip, "normalized": t.normalized,
             "single_word": t.single_word, "special": t.special}
 
@@ -325,7 +332,7 @@ def _added(t: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- configs
 
 
-def llama_config(spec: HfSpec, n_layers: int) -> dict[str, Any]:
+def llama_config(spec: HfSpec, n_layers: int) -> dict[str, JsonValue]:
     """config.json of a ``LlamaForCausalLM`` with ``n_layers`` blocks of the spec's shape."""
     sh = spec.llama_shape()
     return {
@@ -353,7 +360,7 @@ def llama_config(spec: HfSpec, n_layers: int) -> dict[str, Any]:
     }
 
 
-def eagle3_config(spec: HfSpec) -> dict[str, Any]:
+def eagle3_config(spec: HfSpec) -> dict[str, JsonValue]:
     """config.json of the one-block ``LlamaForCausalLMEagle3`` draft (aux ids for vLLM and SGLang)."""
     cfg = llama_config(spec, 1)
     cfg.update({

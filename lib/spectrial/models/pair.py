@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import gguf
 import numpy as np
@@ -164,6 +163,9 @@ class ModelFile(BaseModel):
     sha256: str = Field(description="sha256 of the whole file")
 
 
+Knob = str | int | float | bool | list[int] | None  # a generation parameter's value (target_layers: a list)
+
+
 class ModelSet(BaseModel):
     """A written target + plain draft + EAGLE-3 draft, as recorded in ``models.json``."""
 
@@ -173,7 +175,7 @@ class ModelSet(BaseModel):
     writer_version: str = Field(description="models WRITER_VERSION that wrote the set")
     kind: str = Field(description="'tiny' or the llama shape name")
     seed: int = Field(description="random seed of all weights")
-    knobs: dict[str, Any] = Field(description="every generation parameter (what the cache key hashes)")
+    knobs: dict[str, Knob] = Field(description="every generation parameter (what the cache key hashes)")
     shape: LlamaShape = Field(description="target shape")
     draft_layers: int = Field(description="blocks of the target copied into the plain draft")
     vocab_size: int = Field(description="tokens in the shared vocabulary")
@@ -235,7 +237,7 @@ def write_model_set(
     dtype: type[np.floating],
     fill: Fill,
     target_layers: list[int] | None,
-    knobs: dict[str, Any],
+    knobs: dict[str, Knob],
 ) -> ModelSet:
     """Write target.gguf, draft-simple.gguf, eagle3.gguf and models.json into ``outdir``."""
     if not 1 <= draft_layers < shape.n_layer:

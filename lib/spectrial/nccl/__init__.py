@@ -19,7 +19,7 @@ _EXPORTS = {
     "load_nccl_params": "spectrial.nccl.params", "MULTICAST_OFF": "spectrial.nccl.params",
     "SEED_TUNING": "spectrial.nccl.params",
     "run_nccl_check": "spectrial.nccl.check", "load_nccl_check": "spectrial.nccl.check",
-    "NcclCheckResult": "spectrial.nccl.check", "SetFailed": "spectrial.nccl.check",
+    "NcclCheckResult": "spectrial.nccl.check", "SetFailed": "spectrial.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -27,25 +27,101 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
-from spectrial.errors import ConfigError, SpectrialError
+from spectrial.errors import ConfigError, RankFailure, SetFailed
 from spectrial.nccl import evidence as ev
-from spectrial.nccl import report
+from spectrial.nccl import latency as nccl_latency
+from spectrial.nccl.evidence import SettingsRow, Visibility
 from spectrial.nccl.params import EnvSet, NcclCheckParams
-from spectrial.nccl.worker import run_worker
-from spectrial.records import RunRecord
-from spectrial.schema import Manifest, load_record
+from spectrial.nccl.worker import Versions, WorkerResult, WorkerSpec, run_worker
+from spectrial.records import RunRecord, load_record
+from spectrial.schema import Manifest
 from spectrial.secrets import mask_env
 
 _INHERITED_PREFIXES = ("NCCL_", "TORCH_", "NVSHMEM_", "CUDA_VISIBLE_DEVICES", "GLOO_")
 _LOG_CAP = 2 << 20  # bytes kept per rank log in nccl.log (its tail)
 
 
-class SetFailed(SpectrialError):
-    """One environment set's workers failed or timed out (message: ranks, errors and log tails)."""
+class WorkerRow(Visibility):
+    """manifest `sets[].workers[]`: one rank of one round, what it saw and how it exited."""
+
+    round: int
+    exit_code: int | None
+
+
+class NcclRow(TypedDict):
+    """manifest `sets[].nccl[]`: what NCCL said in one rank of one round."""
+
+    round: int
+    rank: int
+    pid: int | None
+    error: str | None
+    set_by_environment: dict[str, str]
+    settings: list[SettingsRow]  # each with its `round` added
+
+
+class RankEffect(TypedDict):
+    round: int
+    rank: int
+    pid: int | None
+    confirmed: list[str]
+    unconfirmed: list[str]
+    different: dict[str, str]
+
+
+class Effect(TypedDict):
+    """manifest `sets[].effect`: did NCCL take the set's variables (status), rank by rank."""
+
+    status: str
+    per_rank: list[RankEffect]
+
+
+class LatencyRow(TypedDict):
+    """One timed all-reduce (a row of latency.csv, before its `round`)."""
+
+    set: str
+    group: str
+    size_bytes: int
+    role: str
+    rank: int
+    iter: int
+    us: float
+
+
+class HostInfo(TypedDict, total=False):
+    """manifest `host` of a check: this machine, and its GPUs and topology on nccl."""
+
+    name: str
+    platform: str
+    cpus: int | None
+    python: str
+    inherited_env: dict[str, str]
+    gpus: dict  # as `spectrial.gpu.query(host).as_dict()` gives it
+    topology: str
+
+
+class SetEntry(TypedDict, total=False):
+    """manifest `sets[i]` (see the module docstring)."""
+
+    name: str
+    how: str
+    env: dict[str, str]
+    drop_in_rank: dict[str, list[str]]
+    launch_added: dict[str, str]
+    parent_values_replaced: dict[str, str]
+    removed_from_launch: list[str]
+    status: str
+    error: str | None
+    elapsed_s: float
+    versions: Versions
+    workers: list[WorkerRow]
+    nccl: list[NcclRow]
+    effect: Effect
+    latency: list[dict[str, float | str]]  # summary rows of the slowest rank
+    comparisons: list[dict[str, float | str]]  # vs the baseline, per size
 
 
 @dataclass
@@ -62,7 +138,7 @@ class NcclCheckResult:
 
     def summary(self, all_ranks: bool = False) -> pd.DataFrame:
         """Latency percentiles per set, group and size; the slowest rank per call unless `all_ranks`."""
-        s = report.summarize_latency(self.latency)
+        s = nccl_latency.summarize_latency(self.latency)
         return s if all_ranks else s[s["rank"] == "max"].reset_index(drop=True)
 
     def comparisons(self) -> pd.DataFrame:
@@ -71,18 +147,10 @@ class NcclCheckResult:
         return pd.DataFrame(rows, columns=["set", "group", "size_bytes", "size", "role", "base_p50_us", "p50_us",
                                            "ratio", "ci_low", "ci_high", "level", "verdict"])
 
-    def visibility_table(self) -> pd.DataFrame:
-        return report.visibility_table(self.manifest)
-
-    def settings_table(self) -> pd.DataFrame:
-        return report.settings_table(self.manifest)
-
     def verdict(self) -> str:
-        """The verdict paragraph (markdown)."""
-        return report.verdict_text(self.manifest, self.comparisons())
-
-    def figure(self) -> Any:
-        return report.latency_figure(self.summary())
+        """The verdict paragraph (markdown; `spectrial.nccl.latency.verdict_text`). Its tables and figure are the
+        readers' (`spectrial.readers.nccl`, `spectrial.readers.render.plots.nccl_latency_figure`)."""
+        return nccl_latency.verdict_text(self.manifest, self.comparisons())
 
 
 def load_nccl_check(run_dir: str | Path) -> NcclCheckResult:
@@ -165,7 +233,7 @@ def _tail(path: Path, n: int = 20) -> str:
 
 
 def _run_set(params: NcclCheckParams, name: str, es: EnvSet, world: int, tested: set[str], work: Path,
-             entry: dict[str, Any]) -> list[dict[str, Any]]:
+             entry: SetEntry) -> list[WorkerResult]:
     """Spawn one worker per rank under set `name`; returns the ranks' results (raises SetFailed)."""
     ctx = mp.get_context("spawn")
     in_force, added, replaced = _extras(params, es)
@@ -177,12 +245,12 @@ def _run_set(params: NcclCheckParams, name: str, es: EnvSet, world: int, tested:
     for rank in range(world):
         own = {k: v for k, v in es.env.items() if k not in set(es.drop_in_rank.get(rank, []))}
         launch = {**in_force, **(own if es.how == "launch" else {})}
-        spec = {"set": name, "how": es.how, "backend": params.backend, "world_size": world,
-                "init_method": init_method, "requested": {**in_force, **es.env},
-                "worker_env": {} if es.how == "launch" else own, "sizes": sizes, "dtype": params.dtype,
-                "iters": params.iters, "warmup": params.warmup, "timeout_s": params.timeout_s,
-                "log_path": str(work / f"{name}.rank{rank}.log"),
-                "result_path": str(work / f"{name}.rank{rank}.json")}
+        spec = WorkerSpec(set=name, how=es.how, backend=params.backend, world_size=world,
+                          init_method=init_method, requested={**in_force, **es.env},
+                          worker_env={} if es.how == "launch" else own, sizes=sizes, dtype=params.dtype,
+                          iters=params.iters, warmup=params.warmup, timeout_s=params.timeout_s,
+                          log_path=str(work / f"{name}.rank{rank}.log"),
+                          result_path=str(work / f"{name}.rank{rank}.json"))
         drop = (tested | set(es.env)) - set(launch)
         removed |= {k for k in drop if k in os.environ}
         with parent_env(launch, drop):
@@ -191,18 +259,17 @@ def _run_set(params: NcclCheckParams, name: str, es: EnvSet, world: int, tested:
         procs.append(p)
     entry["removed_from_launch"] = sorted(removed)
     stopped = _wait(procs, params.timeout_s)
-    results = []
+    results: list[WorkerResult] = []
     for rank, p in enumerate(procs):
         rp = work / f"{name}.rank{rank}.json"
         why = f"stopped: {stopped}" if stopped else "exited without a result"
-        res = json.loads(rp.read_text()) if rp.is_file() else {"rank": rank, "pid": p.pid, "error": why}
+        res: WorkerResult = json.loads(rp.read_text()) if rp.is_file() else {"rank": rank, "pid": p.pid, "error": why}
         res["exit_code"] = p.exitcode
         results.append(res)
     bad = [r for r in results if r.get("error") or r["exit_code"] != 0]
     if bad:
-        why = "\n".join(f"rank {r['rank']} (pid {r.get('pid')}, exit {r['exit_code']}): {r.get('error')}\n"
-                        f"--- log tail ---\n{_tail(work / (name + '.rank' + str(r['rank']) + '.log'))}" for r in bad)
-        raise SetFailed(f"set {name!r}: {len(bad)} of {world} workers failed\n{why}")
+        raise SetFailed(name, world, [RankFailure(r["rank"], r.get("pid"), r["exit_code"], r.get("error"),
+                                                  _tail(work / f"{name}.rank{r['rank']}.log")) for r in bad])
     return results
 
 
@@ -231,8 +298,8 @@ def _wait(procs: list[Any], timeout_s: float) -> str:
     return why
 
 
-def _latency_rows(name: str, results: list[dict[str, Any]], roles: dict[int, str]) -> list[dict[str, Any]]:
-    rows = []
+def _latency_rows(name: str, results: list[WorkerResult], roles: dict[int, str]) -> list[LatencyRow]:
+    rows: list[LatencyRow] = []
     for r in results:
         for group, per_size in (r.get("groups") or {}).items():
             for size, values in per_size.items():
@@ -242,7 +309,7 @@ def _latency_rows(name: str, results: list[dict[str, Any]], roles: dict[int, str
     return rows
 
 
-def nccl_effect(params: NcclCheckParams, es: EnvSet, nccl: list[dict[str, Any]]) -> dict[str, Any]:
+def nccl_effect(params: NcclCheckParams, es: EnvSet, nccl: list[NcclRow]) -> Effect:
     """Did NCCL take the set's variables? From its `set by environment` lines, rank by rank (every round)."""
     wanted = {k: v for k, v in es.env.items() if k.startswith("NCCL_")}
     if params.backend != "nccl":
@@ -251,7 +318,8 @@ def nccl_effect(params: NcclCheckParams, es: EnvSet, nccl: list[dict[str, Any]])
         return {"status": "no NCCL variables requested", "per_rank": []}
     if not nccl:
         return {"status": "cannot tell: no worker finished", "per_rank": []}
-    per_rank, errors = [], []
+    per_rank: list[RankEffect] = []
+    errors: list[str] = []
     for n in nccl:
         if n.get("error"):
             errors.append(n["error"])
@@ -280,8 +348,8 @@ def nccl_effect(params: NcclCheckParams, es: EnvSet, nccl: list[dict[str, Any]])
     return {"status": status, "per_rank": per_rank}
 
 
-def _host_info(params: NcclCheckParams) -> dict[str, Any]:
-    info: dict[str, Any] = {"name": socket.gethostname(), "platform": platform.platform(),
+def _host_info(params: NcclCheckParams) -> HostInfo:
+    info: HostInfo = {"name": socket.gethostname(), "platform": platform.platform(),
                             "cpus": os.cpu_count(), "python": platform.python_version(),
                             "inherited_env": mask_env({k: v for k, v in os.environ.items()
                                                        if k.startswith(_INHERITED_PREFIXES)})}
@@ -318,15 +386,15 @@ def _set_order(names: list[str], round_i: int) -> list[str]:
     return names[k:] + names[:k]
 
 
-def _collect(params: NcclCheckParams, entry: dict[str, Any], es: EnvSet, round_i: int,
-             results: list[dict[str, Any]], work: Path) -> None:
+def _collect(params: NcclCheckParams, entry: SetEntry, es: EnvSet, round_i: int,
+             results: list[WorkerResult], work: Path) -> None:
     """Add one round's workers and NCCL evidence to the set's manifest entry."""
     name = entry["name"]
     entry["workers"].extend({"round": round_i, **ev.visibility(r), "exit_code": r["exit_code"]} for r in results)
     entry.setdefault("versions", results[0].get("versions", {}))
     phases = ev.target_phases(es.how)
     for r in results:
-        item: dict[str, Any] = {"round": round_i, "rank": r["rank"], "pid": r.get("pid"),
+        item: NcclRow = {"round": round_i, "rank": r["rank"], "pid": r.get("pid"),
                                 "error": "no NCCL output on gloo", "set_by_environment": {}, "settings": []}
         if params.backend == "nccl":
             evid = ev.parse_rank_log(work / f"{name}.r{round_i}.rank{r['rank']}.log")
@@ -356,7 +424,7 @@ def run_nccl_check(params: NcclCheckParams, *, run_id: str | None = None, progre
                    "error": None, "elapsed_s": 0.0, "workers": [], "nccl": []}
                   for name, es in params.env_sets.items()])
     entries = {e["name"]: e for e in rec.manifest.sets}
-    lat_rows: list[dict[str, Any]] = []
+    lat_rows: list[dict[str, float | str]] = []
     logs: list[tuple[str, int, int | None, Path]] = []
     with tempfile.TemporaryDirectory(prefix="spectrial-nccl-") as tmp:
         work = Path(tmp)
@@ -387,8 +455,8 @@ def run_nccl_check(params: NcclCheckParams, *, run_id: str | None = None, progre
                 rec.save()
         with rec.step("compare"):
             latency = pd.DataFrame(lat_rows, columns=_LAT_COLS)
-            summary = report.summarize_latency(latency)
-            cmp = report.compare_sets(latency, params.baseline, level=params.level, seed=params.seed)
+            summary = nccl_latency.summarize_latency(latency)
+            cmp = nccl_latency.compare_sets(latency, params.baseline, level=params.level, seed=params.seed)
             for entry in rec.manifest.sets:
                 es = params.env_sets[entry["name"]]
                 entry["effect"] = nccl_effect(params, es, entry["nccl"])

@@ -11,15 +11,56 @@ worker's phase markers, so rows are attributed to the communicator they describe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from spectrial.nccl.worker import MARK_PREFIX
+from spectrial.nccl.worker import MARK_PREFIX, WorkerResult
 from spectrial.secrets import MASK, is_secret_name
 
 _KINDS = ("env", "init", "channels", "connection", "tuning", "version")
+Scalar = str | int | float | bool | None
+LogRow = dict[str, Scalar]  # one parsed NCCL log record (`spectrial.logs` columns of its kind)
 
 
-def visibility(result: dict[str, Any]) -> dict[str, Any]:
+class Visibility(TypedDict):
+    """One worker's view of the requested variables at the communicator its set targets."""
+
+    rank: int
+    pid: int | None
+    phase: str | None
+    seen_in_os_environ: list[str]
+    seen_in_proc: list[str]
+    missing: list[str]
+    not_in_proc: list[str]
+    proc_readable: bool | None
+    values: dict[str, dict[str, str | None]]  # name -> {requested, os_environ, proc} (secrets masked)
+
+
+class RankEvidence(TypedDict):
+    """NCCL's own word in one rank's log: rows by phase and kind, or why there are none (`error`)."""
+
+    error: str | None
+    phases: dict[str, dict[str, list[LogRow]]]
+
+
+class SettingsRow(TypedDict):
+    """What NCCL says it used in one phase of one rank."""
+
+    set: str
+    rank: int
+    phase: str
+    set_by_environment: str
+    nccl_version: Scalar
+    nranks: int | None
+    nnodes: int | None
+    local_ranks: int | None
+    coll_channels: int | None
+    p2p_channels: int | None
+    nvls_channels: int | None
+    transports: str
+    tuning: str
+
+
+def visibility(result: WorkerResult) -> Visibility:
     """One worker's view at the communicator that its set targets (the last snapshot).
 
     seen_in_os_environ / seen_in_proc: requested variables present there with the requested value;
@@ -27,9 +68,9 @@ def visibility(result: dict[str, Any]) -> dict[str, Any]:
     /proc/<pid>/environ with the requested value (what `ps e` or a server check sees).
     """
     snaps = result.get("snapshots") or []
-    out: dict[str, Any] = {"rank": result.get("rank"), "pid": result.get("pid"), "phase": None,
-                           "seen_in_os_environ": [], "seen_in_proc": [], "missing": [], "not_in_proc": [],
-                           "proc_readable": None, "values": {}}
+    out: Visibility = {"rank": result["rank"], "pid": result.get("pid"), "phase": None,
+                       "seen_in_os_environ": [], "seen_in_proc": [], "missing": [], "not_in_proc": [],
+                       "proc_readable": None, "values": {}}
     if not snaps:
         return out
     snap = snaps[-1]
@@ -38,7 +79,7 @@ def visibility(result: dict[str, Any]) -> dict[str, Any]:
         in_os, in_proc = v["os_environ"] == v["requested"], v["proc"] == v["requested"]
         out["seen_in_os_environ" if in_os else "missing"].append(name)
         out["seen_in_proc" if in_proc else "not_in_proc"].append(name)
-        vals = {"requested": v["requested"], "os_environ": v["os_environ"], "proc": v["proc"]}
+        vals: dict[str, str | None] = {"requested": v["requested"], "os_environ": v["os_environ"], "proc": v["proc"]}
         out["values"][name] = {k: (MASK if x is not None and is_secret_name(name) else x) for k, x in vals.items()}
     return out
 
@@ -57,7 +98,7 @@ def _phase_of(line: int, bounds: list[tuple[int, str]]) -> str:
     return phase
 
 
-def _records(df: Any, kind: str) -> list[dict[str, Any]]:
+def _records(df: Any, kind: str) -> list[LogRow]:
     if df is None or df.empty or "kind" not in df:
         return []
     sel = df["kind"].isin([kind, f"nccl_{kind}"])
@@ -68,7 +109,7 @@ def _records(df: Any, kind: str) -> list[dict[str, Any]]:
             for row in sub.to_dict(orient="records")]
 
 
-def parse_rank_log(log_path: str | Path) -> dict[str, Any]:
+def parse_rank_log(log_path: str | Path) -> RankEvidence:
     """NCCL evidence of one rank's log, grouped by phase: {phase: {kind: [rows]}} plus `error`."""
     path = Path(log_path)
     text = path.read_text(errors="replace") if path.is_file() else ""
@@ -82,7 +123,7 @@ def parse_rank_log(log_path: str | Path) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a parser failure is evidence, not a crash of the check
         return {"error": f"spectrial.logs.parse failed: {type(exc).__name__}: {exc}", "phases": {}}
     bounds = _phase_bounds(text)
-    phases: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    phases: dict[str, dict[str, list[LogRow]]] = {}
     for kind in _KINDS:
         for row in _records(df, kind):
             phase = _phase_of(int(row.get("line") or 0), bounds)
@@ -90,7 +131,7 @@ def parse_rank_log(log_path: str | Path) -> dict[str, Any]:
     return {"error": None, "phases": phases}
 
 
-def _norm(value: Any) -> str:
+def _norm(value: Scalar) -> str:
     """NCCL prints integer parameters as `16777216.` and may pad: compare trimmed, numbers as numbers."""
     text = str(value).strip().rstrip(".").strip()
     try:
@@ -99,7 +140,7 @@ def _norm(value: Any) -> str:
         return text
 
 
-def set_by_environment(evidence: dict[str, Any], phases: tuple[str, ...] | None = None) -> dict[str, str]:
+def set_by_environment(evidence: RankEvidence, phases: tuple[str, ...] | None = None) -> dict[str, str]:
     """NCCL's `NAME set by environment to VALUE` lines of one rank, from `phases` only (None: all)."""
     out: dict[str, str] = {}
     for ph, kinds in (evidence.get("phases") or {}).items():
@@ -133,13 +174,13 @@ def confirmed(requested: dict[str, str], seen: dict[str, str]) -> tuple[list[str
     return ok, absent, other
 
 
-def settings_rows(set_name: str, rank: int, evidence: dict[str, Any]) -> list[dict[str, Any]]:
+def settings_rows(set_name: str, rank: int, evidence: RankEvidence) -> list[SettingsRow]:
     """One row per phase: what NCCL says it used (variables, ranks, channels, transports, tuning)."""
-    rows = []
+    rows: list[SettingsRow] = []
     for phase, kinds in sorted((evidence.get("phases") or {}).items()):
         env = {r.get("variable"): r.get("value") for r in kinds.get("env", [])}
-        init = (kinds.get("init") or [{}])[-1]
-        ch = (kinds.get("channels") or [{}])[-1]
+        init: LogRow = (kinds.get("init") or [{}])[-1]
+        ch: LogRow = (kinds.get("channels") or [{}])[-1]
         version = (kinds.get("version") or [{}])[-1].get("version")
         transports = sorted({str(r.get("transport")) for r in kinds.get("connection", []) if r.get("transport")})
         rows.append({
@@ -154,11 +195,11 @@ def settings_rows(set_name: str, rank: int, evidence: dict[str, Any]) -> list[di
     return rows
 
 
-def tuning_summary(rows: list[dict[str, Any]]) -> str:
+def tuning_summary(rows: list[LogRow]) -> str:
     """What the TUNING rows say: the algorithm/protocol pairs the tuning table enables for AllReduce
     (bandwidth > 0), and, where NCCL printed per-call lines (`N Bytes -> Algo a proto p`), the pair it
     chose per message size."""
-    from spectrial.nccl.report import human_bytes
+    from spectrial.nccl.latency import human_bytes
 
     table = [r for r in rows if _float(r.get("bw_gbs"), None) is not None]
     calls = [r for r in rows if _float(r.get("bytes"), None) is not None and r.get("algorithm")]

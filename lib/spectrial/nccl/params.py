@@ -11,7 +11,15 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from spectrial.errors import ConfigError
 from spectrial.host import check_env_names
@@ -177,10 +185,10 @@ def _format_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_nccl_params(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None,
-                     data: dict[str, Any] | None = None) -> NcclCheckParams:
+def load_nccl_params(path: str | os.PathLike[str] | None = None, overrides: dict[str, JsonValue] | None = None,
+                     data: dict[str, JsonValue] | None = None) -> NcclCheckParams:
     """Load YAML (or a given mapping), apply dotted overrides (`env_sets.tuned.NCCL_PROTO=LL`), validate."""
-    raw: dict[str, Any] = dict(data or {})
+    raw: dict[str, JsonValue] = dict(data or {})
     source = "params"
     if path is not None:
         loaded, source = read_params_yaml(path)

@@ -6,8 +6,9 @@ applies the set's variables where the set says (`in_worker`, `after_init`), reco
 variables it sees in `os.environ` and in `/proc/self/environ` at the moment a communicator is created,
 times all-reduces, and writes one JSON result file (also on failure, with the error).
 
-Result JSON: rank, pid, ppid, hostname, how, snapshots [{phase, line, vars: {NAME: {requested, os_environ,
-proc}}}], versions {torch, nccl, device}, groups {group: {size_bytes: [us, ...]}}, error, traceback.
+Result JSON (`WorkerResult`): rank, pid, ppid, hostname, how, snapshots [{phase, proc_readable, vars: {NAME:
+{requested, os_environ, proc}}}], versions {torch, python, nccl, device, cuda}, groups {group: {size_bytes:
+[us, ...]}}, error, traceback; the parent adds exit_code.
 """
 
 from __future__ import annotations
@@ -19,13 +20,78 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 #: Marker lines the worker writes into its own log before a communicator is created ("phase" boundaries).
 MARK_PREFIX = "SPECTRIAL-NCCL-CHECK phase="
 _LIBC: Any = None
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one rank runs (picklable: handed to the spawned process)."""
+
+    set: str
+    how: str  # launch | in_worker | after_init: where the set's variables are applied
+    backend: str  # nccl | gloo
+    world_size: int
+    init_method: str
+    requested: dict[str, str]  # every variable the set asks for (to check what the worker sees)
+    worker_env: dict[str, str]  # what the worker itself puts into os.environ (in_worker, after_init)
+    sizes: list[int]  # message sizes in bytes
+    dtype: str
+    iters: int
+    warmup: int
+    timeout_s: float
+    log_path: str
+    result_path: str
+
+
+class VarSeen(TypedDict):
+    """One requested variable: its requested value and what this process saw (None: absent)."""
+
+    requested: str
+    os_environ: str | None
+    proc: str | None
+
+
+class Snapshot(TypedDict):
+    """The requested variables as seen when a communicator is about to be created."""
+
+    phase: str
+    proc_readable: bool
+    vars: dict[str, VarSeen]
+
+
+class Versions(TypedDict, total=False):
+    torch: str
+    python: str
+    nccl: str
+    device: str
+    cuda: str | None
+
+
+class _WorkerResultKeys(TypedDict):
+    rank: int
+    pid: int | None
+    error: str | None
+
+
+class WorkerResult(_WorkerResultKeys, total=False):
+    """The result file of one rank (the parent adds `exit_code`; a rank that wrote none gets only rank, pid,
+    error and exit_code)."""
+
+    ppid: int
+    hostname: str
+    how: str
+    snapshots: list[Snapshot]
+    groups: dict[str, dict[str, list[float]]]  # group -> size in bytes (as text) -> us per call
+    versions: Versions
+    traceback: str
+    exit_code: int | None
 
 
 def _flush_all() -> None:
@@ -58,7 +124,7 @@ def _proc_environ() -> dict[str, str] | None:
         return None
 
 
-def snapshot(phase: str, requested: dict[str, str]) -> dict[str, Any]:
+def snapshot(phase: str, requested: dict[str, str]) -> Snapshot:
     """Which requested variables this process sees now: os.environ and its exec-time /proc environment."""
     _flush_all()
     print(f"{MARK_PREFIX}{phase}", flush=True)
@@ -88,8 +154,8 @@ def _time_allreduce(dist: Any, torch: Any, group: Any, numel: int, dtype: Any, d
     return out
 
 
-def _versions(torch: Any, backend: str, device: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0]}
+def _versions(torch: Any, backend: str, device: Any) -> Versions:
+    out: Versions = {"torch": torch.__version__, "python": sys.version.split()[0]}
     if backend == "nccl":
         try:
             v = torch.cuda.nccl.version()
@@ -101,12 +167,12 @@ def _versions(torch: Any, backend: str, device: Any) -> dict[str, Any]:
     return out
 
 
-def run_worker(rank: int, spec: dict[str, Any]) -> None:
+def run_worker(rank: int, spec: WorkerSpec) -> None:
     """Entry point of one rank (a multiprocessing spawn target); see the module docstring."""
-    _redirect_output(spec["log_path"])
-    result: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "ppid": os.getppid(),
-                              "hostname": socket.gethostname(), "how": spec["how"], "snapshots": [],
-                              "groups": {}, "versions": {}, "error": None}
+    _redirect_output(spec.log_path)
+    result: WorkerResult = {"rank": rank, "pid": os.getpid(), "ppid": os.getppid(),
+                            "hostname": socket.gethostname(), "how": spec.how, "snapshots": [],
+                            "groups": {}, "versions": {}, "error": None}
     try:
         _run(rank, spec, result)
     except BaseException as exc:  # the parent reads the error from the result file
@@ -115,21 +181,21 @@ def run_worker(rank: int, spec: dict[str, Any]) -> None:
         print(result["traceback"], file=sys.stderr)
     finally:
         _flush_all()
-        tmp = spec["result_path"] + ".tmp"
+        tmp = spec.result_path + ".tmp"
         Path(tmp).write_text(json.dumps(result))
-        os.replace(tmp, spec["result_path"])
+        os.replace(tmp, spec.result_path)
     if result["error"]:
         sys.exit(1)
 
 
-def _run(rank: int, spec: dict[str, Any], result: dict[str, Any]) -> None:
-    how, requested, worker_env = spec["how"], spec["requested"], spec["worker_env"]
+def _run(rank: int, spec: WorkerSpec, result: WorkerResult) -> None:
+    how, requested, worker_env = spec.how, spec.requested, spec.worker_env
     if how == "in_worker":
         os.environ.update(worker_env)
     import torch
     import torch.distributed as dist
 
-    backend = spec["backend"]
+    backend = spec.backend
     if backend == "nccl":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -142,20 +208,21 @@ def _run(rank: int, spec: dict[str, Any], result: dict[str, Any]) -> None:
         def sync() -> None:
             return None
     result["versions"] = _versions(torch, backend, device)
-    dtype = getattr(torch, spec["dtype"])
+    dtype = getattr(torch, spec.dtype)
     item = torch.tensor([], dtype=dtype).element_size()
-    result["snapshots"].append(snapshot("first_communicator", requested))
-    dist.init_process_group(backend, init_method=spec["init_method"], rank=rank, world_size=spec["world_size"],
-                            timeout=timedelta(seconds=spec["timeout_s"]))
-    groups: dict[str, Any] = {"default": None}
+    snapshots, timings = result.setdefault("snapshots", []), result.setdefault("groups", {})
+    snapshots.append(snapshot("first_communicator", requested))
+    dist.init_process_group(backend, init_method=spec.init_method, rank=rank, world_size=spec.world_size,
+                            timeout=timedelta(seconds=spec.timeout_s))
+    groups: dict[str, dist.ProcessGroup | None] = {"default": None}  # None: the default group
     try:
         first = torch.ones(1, device=device)
         dist.all_reduce(first)  # creates the default group's communicator (NCCL creates it lazily)
         sync()
         if how == "after_init":
             os.environ.update(worker_env)
-            result["snapshots"].append(snapshot("new_group", requested))
-            groups["new"] = dist.new_group(ranks=list(range(spec["world_size"])))
+            snapshots.append(snapshot("new_group", requested))
+            groups["new"] = dist.new_group(ranks=list(range(spec.world_size)))
             probe = torch.ones(1, device=device)
             dist.all_reduce(probe, group=groups["new"])
             sync()
@@ -163,10 +230,10 @@ def _run(rank: int, spec: dict[str, Any], result: dict[str, Any]) -> None:
         print(f"{MARK_PREFIX}measure", flush=True)
         for gname, group in groups.items():
             per_size: dict[str, list[float]] = {}
-            for size in spec["sizes"]:
+            for size in spec.sizes:
                 per_size[str(size)] = _time_allreduce(dist, torch, group, size // item, dtype, device,
-                                                      spec["iters"], spec["warmup"], sync)
-            result["groups"][gname] = per_size
+                                                      spec.iters, spec.warmup, sync)
+            timings[gname] = per_size
     finally:
         _flush_all()
         dist.destroy_process_group()

@@ -6,8 +6,10 @@
 
 `spectrial sweep PARAMS [-p NAME=VALUE]` runs the same from the shell (`spectrial.sweep.cli.sweep_command`).
 Parameters: `spectrial.sweep.params`; what is measured and when: `spectrial.sweep.run`; the model:
-`spectrial.sweep.model`; figures and the verdict: `spectrial.sweep.figures`; replays of finished grids:
-`spectrial.sweep.replayer`; known worlds to judge a search against the truth: `spectrial.sweep.world`. Names are imported on first use, so the command line stays quick to start.
+`spectrial.sweep.model`; the search's decisions: `spectrial.sweep.guided`; figures and the verdict:
+`spectrial.readers.sweep`; replays of finished grids: `spectrial.sweep.replayer`; known worlds to judge a search
+against the truth: `spectrial.sweep.world`. Names are imported on first use, so the command line stays quick to
+start.
 """
 
 from __future__ import annotations

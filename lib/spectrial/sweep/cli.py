@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from spectrial.errors import ConnectionLost, RecordWriteError, SpectrialError
+from spectrial.errors import ConnectionLost, MeasurementRejected, RecordWriteError, SpectrialError
 from spectrial.params import parse_overrides
 
 
@@ -28,8 +28,8 @@ def sweep_command(
     With --require-complete a partial sweep exits 3. 1: the sweep failed (a setting's start, the baseline, a lost
     connection); 2: bad input; 130 / 143 / 129: interrupted (Ctrl-C, SIGTERM, SIGHUP).
     """
-    from spectrial.cli import interruptible
     from spectrial.errors import RunFailed
+    from spectrial.interrupts import interruptible
     from spectrial.sweep.params import load_sweep_params
     from spectrial.sweep.run import run_sweep
 
@@ -40,7 +40,7 @@ def sweep_command(
     except RunFailed as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None
-    except (ConnectionLost, RecordWriteError) as exc:  # the sweep had started: its record says failed
+    except (ConnectionLost, MeasurementRejected, RecordWriteError) as exc:  # the sweep had started: record failed
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     except SpectrialError as exc:
@@ -48,7 +48,7 @@ def sweep_command(
         raise typer.Exit(2) from None
     from rich.console import Console
 
-    from spectrial.headline import sweep_headlines
+    from spectrial.readers.headline import sweep_headlines
 
     console = Console()
     for h in sweep_headlines(result.manifest):
@@ -59,13 +59,14 @@ def sweep_command(
                 if c in best.columns]
         typer.echo("\nbest per scenario and concurrency, against the runner-up:")
         typer.echo(best[keep].round(3).to_string(index=False))
+    from spectrial.schema import SweepBudget
     from spectrial.sweep.result import partial_reason
 
-    b = result.manifest.budget or {}
-    est = b.get("start_estimate") or {}
-    typer.echo(f"\n{b['restarts']} server starts (grid: {b['grid_restarts']}), {b['wall_s']:.0f} s"
-               + (f"; a start takes ~{est['start_s']:.0f} s ({est['how']})" if est.get("how") else "")
-               + f"; stopped by: {b['stopped_by'] or 'plan done'}")
+    b = result.manifest.budget or SweepBudget()
+    est = b.start_estimate
+    typer.echo(f"\n{b.restarts} server starts (grid: {b.grid_restarts}), {b.wall_s:.0f} s"
+               + (f"; a start takes ~{est.start_s:.0f} s ({est.how})" if est is not None and est.how else "")
+               + f"; stopped by: {b.stopped_by or 'plan done'}")
     typer.echo(f"run record: {result.run_dir / 'manifest.json'}")
     partial = partial_reason(result.manifest)
     if partial:

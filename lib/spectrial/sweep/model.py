@@ -21,20 +21,25 @@ needs one measured setting for its curve. What the shared model does not carry a
 run a little longer when more tokens are accepted: KV writes, sampling) is its `offset` per (scenario, topk,
 level): the median ratio of its measured tok/s to the model's, which anchors the scenario's predictions on
 its own measurements (1 where it has none).
+
+How far to trust it: `model_error` (e, the larger of the leave-one-setting-out and the shared-model in-sample
+errors), `setting_error` (e or a scenario's offset) and `noise` (w, the measured CIs' width), read by the guided
+search (`spectrial.sweep.guided`) and by the sweep's summary alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from spectrial.analysis import CycleModel, fit_cycle_model
 from spectrial.errors import ConfigError
+from spectrial.schema import AcceptanceFit, CycleFit, OffsetFit, Prediction, SweepModelRecord
 
 _ALPHAS = np.linspace(0.0, 1.0, 10001)
 
@@ -56,9 +61,33 @@ class AcceptanceCurve:
         tail = sum(self.alpha ** i for i in range(len(known) + 1, depth + 1))
         return 1.0 + float(sum(known)) + tail
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "per_position": list(self.per_position), "source": self.source,
-                "points": [list(p) for p in self.points]}
+    def record(self, scenario: float | None, topk: int) -> AcceptanceFit:
+        return AcceptanceFit(scenario=scenario, topk=topk, alpha=self.alpha, per_position=list(self.per_position),
+                             source=self.source, points=list(self.points))
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """A measured speculative grid point as the model and the search read it: its setting (steps, topk, k, scenario:
+    the synthetic rate or None), its concurrency level and figures (None where not measured)."""
+
+    steps: int
+    topk: int
+    k: int
+    scenario: float | None
+    concurrency: int
+    tok_s: float | None
+    accept_len: float | None = None
+    cycle_ms: float | None = None
+    draft_ms_per_cycle: float | None = None
+    per_position: tuple[float, ...] | None = None
+    verify_steps: float | None = None
+    tok_s_ci_low: float | None = None
+    name: str = ""  # the setting's arm name
+
+    @property
+    def setting_key(self) -> tuple[int, int, int, float | None]:
+        return self.steps, self.topk, self.k, self.scenario
 
 
 def fit_alpha_per_position(rates: list[float], weights: list[float] | None = None) -> float:
@@ -86,22 +115,22 @@ def fit_alpha_accept_len(points: Iterable[tuple[int, float]]) -> float:
     return float(_ALPHAS[int(np.argmin(err))])
 
 
-def fit_acceptance(points: list[dict[str, Any]]) -> AcceptanceCurve | None:
-    """The acceptance curve of measured points of one scenario/top-k.
+def fit_acceptance(points: Sequence[MeasuredPoint]) -> AcceptanceCurve | None:
+    """The acceptance curve of measured points of one scenario/top-k (depth: a point's steps).
 
-    Each point: {"depth", "accept_len", "per_position" (list or None), "verify_steps"}. Per-position rates
-    are pooled position by position, weighted by verify steps; without them, alpha comes from accept lengths.
+    Per-position rates are pooled position by position, weighted by verify steps; without them, alpha comes from
+    accept lengths.
     """
-    ok = [p for p in points if p.get("accept_len")]
+    ok = [p for p in points if p.accept_len]
     if not ok:
         return None
-    pairs = tuple((int(p["depth"]), float(p["accept_len"])) for p in ok)
-    with_pos = [p for p in ok if p.get("per_position") and p.get("verify_steps")]
+    pairs = tuple((int(p.steps), float(p.accept_len or 0.0)) for p in ok)
+    with_pos = [(p.per_position, p.verify_steps) for p in ok if p.per_position and p.verify_steps]
     if with_pos:
-        n = max(len(p["per_position"]) for p in with_pos)
+        n = max(len(pos) for pos, _ in with_pos)
         rates, weights = [], []
         for i in range(n):
-            rows = [(p["per_position"][i], p["verify_steps"]) for p in with_pos if len(p["per_position"]) > i]
+            rows = [(pos[i], v) for pos, v in with_pos if len(pos) > i]
             w = sum(v for _, v in rows)
             rates.append(sum(r * v for r, v in rows) / w)
             weights.append(w)
@@ -122,7 +151,7 @@ class SweepModel:
     notes: list[str] = field(default_factory=list)
 
     def predict(self, steps: int, topk: int, k: int, scenario: float | None, concurrency: int
-                ) -> dict[str, float] | None:
+                ) -> Prediction | None:
         """Predicted accept_len, cycle_ms and tok_s of one grid point (None where a part is not fitted)."""
         curve = self.acceptance.get((scenario, topk))
         cyc = self.cycle.get(concurrency)
@@ -135,67 +164,97 @@ class SweepModel:
             return None
         tok_s = tau / cycle_ms * 1000.0 * self.calibration.get(concurrency, 1.0) \
             * self.offsets.get((scenario, topk, concurrency), 1.0)
-        return {"accept_len": tau, "cycle_ms": cycle_ms, "tok_s": tok_s}
+        return Prediction(accept_len=tau, cycle_ms=cycle_ms, tok_s=tok_s)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "cycle": {str(c): {"fixed_ms": m.fixed_ms, "per_draft_ms": m.per_draft_ms, "r2": m.r2,
-                               "ks": list(m.ks), "cycle_ms_measured": list(m.cycle_ms_measured),
-                               "draft_fixed_ms": m.draft_fixed_ms, "draft_per_token_ms": m.draft_per_token_ms}
-                      for c, m in sorted(self.cycle.items())},
-            "acceptance": [{"scenario": s, "topk": t, **c.as_dict()} for (s, t), c in self.acceptance.items()],
-            "calibration": {str(c): v for c, v in sorted(self.calibration.items())},
-            "offsets": [{"scenario": s, "topk": t, "concurrency": c, "offset": v}
-                        for (s, t, c), v in self.offsets.items()],
-            "notes": list(self.notes),
-        }
+    def record(self) -> SweepModelRecord:
+        """The model as a record (its fits; the manifest's copy adds the error and noise: `Sweep.summarise`)."""
+        return SweepModelRecord(
+            cycle={c: CycleFit(fixed_ms=m.fixed_ms, per_draft_ms=m.per_draft_ms, r2=m.r2, ks=list(m.ks),
+                               cycle_ms_measured=list(m.cycle_ms_measured), draft_fixed_ms=m.draft_fixed_ms,
+                               draft_per_token_ms=m.draft_per_token_ms) for c, m in sorted(self.cycle.items())},
+            acceptance=[c.record(s, t) for (s, t), c in self.acceptance.items()],
+            calibration=dict(sorted(self.calibration.items())),
+            offsets=[OffsetFit(scenario=s, topk=t, concurrency=c, offset=v) for (s, t, c), v in self.offsets.items()],
+            notes=list(self.notes))
 
 
-def fit_sweep_model(points: list[dict[str, Any]]) -> SweepModel:
-    """Fit the model on measured speculative points.
-
-    Each point: {"steps", "topk", "k", "scenario", "concurrency", "tok_s", "accept_len", "cycle_ms",
-    "draft_ms_per_cycle", "per_position", "verify_steps"} (None where not measured). Cycle models need two
-    distinct k at a concurrency level; acceptance pools every concurrency level of a (scenario, topk).
-    """
+def fit_sweep_model(points: Sequence[MeasuredPoint]) -> SweepModel:
+    """Fit the model on measured speculative points. Cycle models need two distinct k at a concurrency level;
+    acceptance pools every concurrency level of a (scenario, topk)."""
     model = SweepModel()
-    ok = [p for p in points if p.get("tok_s") and p.get("cycle_ms") and p.get("accept_len")]
-    for c in sorted({p["concurrency"] for p in ok}):
-        mine = [p for p in ok if p["concurrency"] == c]
-        if len({p["k"] for p in mine}) < 2:
+    ok = [p for p in points if p.tok_s and p.cycle_ms and p.accept_len]
+    for c in sorted({p.concurrency for p in ok}):
+        mine = [p for p in ok if p.concurrency == c]
+        if len({p.k for p in mine}) < 2:
             model.notes.append(f"concurrency {c}: one k measured so far, no cycle model yet")
             continue
-        split = all(p.get("draft_ms_per_cycle") is not None and 0 <= p["draft_ms_per_cycle"] <= p["cycle_ms"]
+        split = all(p.draft_ms_per_cycle is not None and 0 <= p.draft_ms_per_cycle <= (p.cycle_ms or 0.0)
                     for p in mine)
-        rows = [(p["k"], p["cycle_ms"], p["draft_ms_per_cycle"]) if split else (p["k"], p["cycle_ms"]) for p in mine]
+        rows = [(p.k, p.cycle_ms or 0.0, p.draft_ms_per_cycle or 0.0) if split else (p.k, p.cycle_ms or 0.0)
+                for p in mine]
         model.cycle[c] = fit_cycle_model(rows)
-        model.calibration[c] = statistics.median(p["tok_s"] / (p["accept_len"] / p["cycle_ms"] * 1000.0) for p in mine)
-    for key in sorted({(p["scenario"], p["topk"]) for p in ok}, key=lambda t: (t[0] is None, t[0] or 0, t[1])):
-        mine = [{"depth": p["steps"], "accept_len": p["accept_len"], "per_position": p.get("per_position"),
-                 "verify_steps": p.get("verify_steps")} for p in ok if (p["scenario"], p["topk"]) == key]
-        curve = fit_acceptance(mine)
+        model.calibration[c] = statistics.median((p.tok_s or 0.0) / ((p.accept_len or 0.0) / (p.cycle_ms or 1.0)
+                                                                     * 1000.0) for p in mine)
+    for key in sorted({(p.scenario, p.topk) for p in ok}, key=lambda t: (t[0] is None, t[0] or 0, t[1])):
+        curve = fit_acceptance([p for p in ok if (p.scenario, p.topk) == key])
         if curve is not None:
             model.acceptance[key] = curve
     offsets: dict[tuple[float | None, int, int], list[float]] = {}
     for p in ok:
-        pred = model.predict(p["steps"], p["topk"], p["k"], p["scenario"], p["concurrency"])
+        pred = model.predict(p.steps, p.topk, p.k, p.scenario, p.concurrency)
         if pred is not None:
-            offsets.setdefault((p["scenario"], p["topk"], p["concurrency"]), []).append(p["tok_s"] / pred["tok_s"])
+            offsets.setdefault((p.scenario, p.topk, p.concurrency), []).append((p.tok_s or 0.0) / pred.tok_s)
     model.offsets = {g: statistics.median(v) for g, v in offsets.items()}
     return model
 
 
-def relative_errors(model: SweepModel, points: list[dict[str, Any]]) -> list[float]:
+def relative_errors(model: SweepModel, points: Sequence[MeasuredPoint]) -> list[float]:
     """(predicted - measured) / measured tok/s of measured points the model can predict."""
     out = []
     for p in points:
-        if not p.get("tok_s"):
+        if not p.tok_s:
             continue
-        pred = model.predict(p["steps"], p["topk"], p["k"], p["scenario"], p["concurrency"])
-        if pred is not None and math.isfinite(pred["tok_s"]):
-            out.append(pred["tok_s"] / p["tok_s"] - 1.0)
+        pred = model.predict(p.steps, p.topk, p.k, p.scenario, p.concurrency)
+        if pred is not None and math.isfinite(pred.tok_s):
+            out.append(pred.tok_s / p.tok_s - 1.0)
     return out
 
 
-__all__ = ["AcceptanceCurve", "SweepModel", "fit_acceptance", "fit_alpha_accept_len",
-           "fit_alpha_per_position", "fit_sweep_model", "relative_errors"]
+# --- how far to trust it ---------------------------------------------------------------------------------
+def cv_errors(points: Sequence[MeasuredPoint]) -> list[float]:
+    """Leave-one-setting-out relative errors: each measured setting predicted by the model fitted without it
+    (every concurrency level of the setting left out together); settings the rest cannot predict are skipped."""
+    out = []
+    for key in dict.fromkeys(p.setting_key for p in points):
+        rest = [p for p in points if p.setting_key != key]
+        if rest:
+            out += relative_errors(fit_sweep_model(rest), [p for p in points if p.setting_key == key])
+    return out
+
+
+def model_error(model: SweepModel, points: Sequence[MeasuredPoint], floor: float) -> float:
+    """The model's relative error e: the larger of the median |leave-one-setting-out error| (once three exist)
+    and the median |in-sample error| of the shared model without the per-scenario offsets (how far scenarios
+    sit from one shared cycle model: where they need large offsets, its slope is doubtful too); at least
+    `floor` (the sweep's margin_floor)."""
+    cv = [abs(e) for e in cv_errors(points)]
+    shared = [abs(e) for e in relative_errors(dataclasses.replace(model, offsets={}), points)]
+    return max(floor, statistics.median(cv) if len(cv) >= 3 else 0.0,
+               statistics.median(shared) if shared else 0.0)
+
+
+def setting_error(model: SweepModel, e: float, scenario: float | None, topk: int, c: int) -> float:
+    """The error assumed for one prediction: e, or the setting's scenario offset from the shared model where
+    larger (a scenario the shared cycle model misses by x % in level is not trusted closer than x % in shape)."""
+    return max(e, abs(model.offsets.get((scenario, topk, c), 1.0) - 1.0))
+
+
+def noise(points: Sequence[MeasuredPoint], c: int) -> float:
+    """w: the median relative half-width below tok/s of the measured points' CIs at concurrency c."""
+    widths = [(p.tok_s - p.tok_s_ci_low) / p.tok_s for p in points
+              if p.concurrency == c and p.tok_s and p.tok_s_ci_low is not None]
+    return min(0.5, max(0.0, statistics.median(widths))) if widths else 0.0
+
+
+__all__ = ["AcceptanceCurve", "MeasuredPoint", "SweepModel", "cv_errors", "fit_acceptance", "fit_alpha_accept_len",
+           "fit_alpha_per_position", "fit_sweep_model", "model_error", "noise", "relative_errors", "setting_error"]

@@ -208,10 +208,6 @@ class Setting:
             out += f"-a{self.synthetic_accept:g}"
         return out
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "topk": self.topk, "draft_tokens": self.draft_tokens,
-                "synthetic_accept": self.synthetic_accept}
-
 
 SWEEP_KEYS = tuple(k for k in SweepParams.model_fields if k != "trial")
 

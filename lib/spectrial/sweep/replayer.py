@@ -10,7 +10,7 @@ to compare guided with the grid on identical measurements, free of the drift bet
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +19,12 @@ import pandas as pd
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
 from spectrial.params import validate as validate_trial
-from spectrial.records import RunRecord
-from spectrial.schema import Manifest, RequestRecord, StartRecord, WindowRecord, load_record
+from spectrial.records import RunRecord, load_record
+from spectrial.schema import Manifest, RequestRecord, StartRecord, WindowRecord
 from spectrial.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
 from spectrial.sweep.params import Setting, load_sweep_params
 from spectrial.sweep.result import SweepResult
 from spectrial.sweep.run import Sweep, execute, new_record
-
-
-def _clean(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
 
 
 class ReplaySource(OfflineSource):
@@ -62,7 +58,8 @@ class ReplaySource(OfflineSource):
                 continue
             pid = f"{arm.name}@c{w.concurrency}"
             rows = self.requests[(self.requests["point"] == pid) & (self.requests["start"] == src.order)]
-            reqs = [RequestRecord(**_clean(r)) for r in rows.to_dict("records")]
+            rows = rows.astype(object).where(rows.notna(), None)  # NaN cells: fields not set
+            reqs = [RequestRecord.model_validate(r) for r in rows.to_dict("records")]
             for r in reqs:
                 r.restart, r.start = restart, entry.order
             record = WindowRecord.model_validate(w.model_dump())
@@ -141,26 +138,44 @@ def replay(run_dir: str | Path, overrides: dict[str, Any] | None = None, *, outp
     return execute(Sweep(params, record, ReplaySource(record, src, requests)), raise_on_failure, drift=False)
 
 
-def judge(grid: Manifest, other: Manifest) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Judgement:
+    """One scenario and concurrency level: the grid's best setting (tok/s and CI) against the setting another
+    search found, as measured in the grid record; the gap (grid best - found) / grid best, and whether the found
+    setting lies within the grid-best's CI (at or above its lower bound)."""
+
+    scenario: float | None
+    c: int
+    grid_best: str
+    grid_tok_s: float
+    grid_ci: tuple[float | None, float | None]
+    found: str
+    found_own_tok_s: float | None
+    found_in_grid_tok_s: float | None
+    gap: float | None
+    within_ci: bool
+
+
+def judge(grid: Manifest, other: Manifest) -> list[Judgement]:
     """Per scenario and concurrency: the best setting of `other` (a guided replay, say), as measured in the grid
     record, against the grid's best: the gap, and whether it lies within the grid-best's CI (at or above its
     lower bound: the issue's yardstick). Both manifests must be of the same measurements (a replay)."""
     rows = []
-    gb = {(b["scenario"], b["concurrency"]): b for b in grid.best if b.get("best")}
+    gb = {(b.scenario, b.concurrency): b for b in grid.best if b.best}
     for ob in other.best:
-        key = (ob["scenario"], ob["concurrency"])
+        key = (ob.scenario, ob.concurrency)
         g = gb.get(key)
-        if g is None or not ob.get("best"):
+        if g is None or g.best is None or g.tok_s is None or not ob.best:
             continue
-        same = next((p for p in grid.points if p.setting == ob["best"] and p.concurrency == key[1]
+        same = next((p for p in grid.points if p.setting == ob.best and p.concurrency == key[1]
                      and p.status == "ok"), None)
         in_grid = same.tok_s if same else None
-        rows.append({"scenario": key[0], "c": key[1], "grid_best": g["best"], "grid_tok_s": g["tok_s"],
-                     "grid_ci": (g.get("tok_s_ci_low"), g.get("tok_s_ci_high")), "found": ob["best"],
-                     "found_own_tok_s": ob["tok_s"], "found_in_grid_tok_s": in_grid,
-                     "gap": None if in_grid is None else (g["tok_s"] - in_grid) / g["tok_s"],
-                     "within_ci": in_grid is not None and in_grid >= (g.get("tok_s_ci_low") or g["tok_s"])})
+        rows.append(Judgement(scenario=key[0], c=key[1], grid_best=g.best, grid_tok_s=g.tok_s,
+                              grid_ci=(g.tok_s_ci_low, g.tok_s_ci_high), found=ob.best, found_own_tok_s=ob.tok_s,
+                              found_in_grid_tok_s=in_grid,
+                              gap=None if in_grid is None else (g.tok_s - in_grid) / g.tok_s,
+                              within_ci=in_grid is not None and in_grid >= (g.tok_s_ci_low or g.tok_s)))
     return rows
 
 
-__all__ = ["ReplaySource", "judge", "replay"]
+__all__ = ["Judgement", "ReplaySource", "judge", "replay"]

@@ -9,12 +9,10 @@ it could beat the best measured setting (`spectrial.sweep.run.Sweep._skipped`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from spectrial.records import RunResult
-from spectrial.schema import Manifest
+from spectrial.schema import Manifest, PredictedLevel, SweepBudget, UnmeasuredSetting
 
 POINT_COLUMNS = ["point", "setting", "scenario", "steps", "topk", "draft_tokens", "concurrency", "status", "phase",
                  "tok_s", "tok_s_ci_low", "tok_s_ci_high", "speedup", "speedup_ci_low", "speedup_ci_high",
@@ -31,7 +29,7 @@ class SweepResult(RunResult):
 
     def best(self) -> pd.DataFrame:
         """The best measured setting per scenario and concurrency, with its CI and the runner-up comparison."""
-        return pd.DataFrame(self.manifest.best)
+        return pd.DataFrame([b.model_dump() for b in self.manifest.best])
 
     def starts(self) -> pd.DataFrame:
         """Server starts in launch order: phase, arm, status, readiness, windows."""
@@ -45,21 +43,20 @@ class SweepResult(RunResult):
     def not_measured(self) -> pd.DataFrame:
         """Settings never started, one row per setting and concurrency level: why, the prediction and its range,
         and whether it could beat the best measured setting there."""
-        return pd.DataFrame([{"setting": x["setting"], "why": x.get("why"), **r}
-                             for x in not_measured(self.manifest) for r in x.get("predicted") or [{}]])
+        return pd.DataFrame([{"setting": x.setting, "why": x.why, **(r.model_dump() if r else {})}
+                             for x in not_measured(self.manifest) for r in x.predicted or [None]])
 
     def decisions(self) -> pd.DataFrame:
         """The guided search's decisions in order (phase, setting, why)."""
-        return pd.DataFrame(self.manifest.decisions)
+        return pd.DataFrame([d.model_dump() for d in self.manifest.decisions])
 
 
 def points_table(manifest: Manifest) -> pd.DataFrame:
     rows = []
     for p in manifest.points:
-        pred = p.prediction or {}
-        final = p.final_prediction or {}
         row = {c: getattr(p, c, None) for c in POINT_COLUMNS}
-        row.update(point=p.id, predicted_tok_s=pred.get("tok_s"), final_predicted_tok_s=final.get("tok_s"),
+        row.update(point=p.id, predicted_tok_s=p.prediction.tok_s if p.prediction else None,
+                   final_predicted_tok_s=p.final_prediction.tok_s if p.final_prediction else None,
                    starts=len(p.start_orders) or None)
         rows.append(row)
     return pd.DataFrame(rows, columns=POINT_COLUMNS)
@@ -71,46 +68,44 @@ _BUDGET_STOPS = ("restart budget", "time budget")
 def sweep_status(manifest: Manifest) -> str:
     """The sweep's status: as recorded, but `partial` for a record written before that status existed whose
     budget stopped it (`ok` then, with `budget.stopped_by` naming the budget)."""
-    b = manifest.budget or {}
-    if manifest.status == "ok" and str(b.get("stopped_by") or "").startswith(_BUDGET_STOPS):
+    b = manifest.budget or SweepBudget()
+    if manifest.status == "ok" and (b.stopped_by or "").startswith(_BUDGET_STOPS):
         return "partial"
     return manifest.status
 
 
-def not_measured(manifest: Manifest) -> list[dict[str, Any]]:
+def not_measured(manifest: Manifest) -> list[UnmeasuredSetting]:
     """Settings the sweep never started: `budget.not_measured`, or for older records the points marked "not
     measured" (their final prediction, without a range: assumed able to beat the best unless the guided search
     called them "not needed")."""
-    b = manifest.budget or {}
-    if "not_measured" in b:
-        return list(b["not_measured"] or [])
-    out: dict[str, dict[str, Any]] = {}
+    b = manifest.budget
+    if b is not None and b.not_measured is not None:
+        return list(b.not_measured)
+    out: dict[str, UnmeasuredSetting] = {}
     for p in manifest.points:
         if p.status != "not measured" or p.method == "none":
             continue
-        x = out.setdefault(p.setting or p.id, {"setting": p.setting or p.id, "steps": p.steps, "topk": p.topk,
-                                               "draft_tokens": p.draft_tokens, "synthetic_accept": p.scenario,
-                                               "why": p.reason or "not measured", "predicted": [],
-                                               "could_beat_at": []})
-        pred = (p.final_prediction or {}).get("tok_s")
+        x = out.setdefault(p.setting or p.id, UnmeasuredSetting(
+            setting=p.setting or p.id, steps=p.steps, topk=p.topk, draft_tokens=p.draft_tokens,
+            synthetic_accept=p.scenario, why=p.reason or "not measured"))
         could = not (p.reason or "").startswith("not needed")
-        x["predicted"].append({"concurrency": p.concurrency, "tok_s": pred, "low": None, "high": None,
-                               "best": None, "best_tok_s": None, "could_beat": could})
+        x.predicted.append(PredictedLevel(concurrency=p.concurrency, could_beat=could,
+                                          tok_s=p.final_prediction.tok_s if p.final_prediction else None))
         if could:
-            x["could_beat_at"].append(p.concurrency)
+            x.could_beat_at.append(p.concurrency)
     return list(out.values())
 
 
-def prediction_text(pred: dict[str, Any], best: bool = True) -> str:
+def prediction_text(pred: PredictedLevel, best: bool = True) -> str:
     """An unmeasured setting's prediction at one level in words; with `best`, against the best measured."""
-    if pred.get("tok_s") is None:
+    if pred.tok_s is None:
         return "no prediction: the model cannot predict it, so it could be faster"
-    text = f"predicted {pred['tok_s']:.1f} tok/s"
-    if pred.get("low") is not None and pred.get("high") is not None:
-        text += f" [{pred['low']:.1f}, {pred['high']:.1f}]"
-    if best and pred.get("best") and pred.get("best_tok_s") is not None:
-        text += (f", {'could beat' if pred.get('could_beat') else 'cannot beat beyond the noise'} the best "
-                 f"measured, {pred['best']} {pred['best_tok_s']:.1f} tok/s")
+    text = f"predicted {pred.tok_s:.1f} tok/s"
+    if pred.low is not None and pred.high is not None:
+        text += f" [{pred.low:.1f}, {pred.high:.1f}]"
+    if best and pred.best and pred.best_tok_s is not None:
+        text += (f", {'could beat' if pred.could_beat else 'cannot beat beyond the noise'} the best "
+                 f"measured, {pred.best} {pred.best_tok_s:.1f} tok/s")
     return text
 
 
@@ -124,37 +119,38 @@ def budget_text(manifest: Manifest, most: int = 6) -> str:
     """Why the budget stopped the sweep; the settings it did not measure: first those that could beat the best
     measured (each with its prediction; at most `most`), then the names of the rest; the settings measured with
     fewer starts than planned."""
-    b = manifest.budget or {}
+    b = manifest.budget
     left = not_measured(manifest)
-    could = [x for x in left if x.get("could_beat_at")]
-    rest = [x["setting"] for x in left if not x.get("could_beat_at")]
-    text = f"stopped by the {b.get('stopped_by') or 'budget'}"
-    est = b.get("start_estimate") or {}
-    if est.get("how") and str(b.get("stopped_by") or "").startswith("time budget"):
-        text += f" (start estimate: {est['how']})"
+    could = [x for x in left if x.could_beat_at]
+    rest = [x.setting for x in left if not x.could_beat_at]
+    stopped_by = b.stopped_by if b else None
+    text = f"stopped by the {stopped_by or 'budget'}"
+    est = b.start_estimate if b else None
+    if est is not None and est.how and (stopped_by or "").startswith("time budget"):
+        text += f" (start estimate: {est.how})"
     if left:
-        text += f"; {len(left)} of {b.get('settings', '?')} settings not measured"
+        text += f"; {len(left)} of {b.settings if b else '?'} settings not measured"
     if could:
         named = []
         for x in could[:most]:
-            preds = [r for r in x.get("predicted") or [] if r.get("could_beat")]
-            named.append(f"{x['setting']} (" + "; ".join(
-                (f"concurrency {r['concurrency']}: " if len(x.get("predicted") or []) > 1 else "")
+            preds = [r for r in x.predicted if r.could_beat]
+            named.append(f"{x.setting} (" + "; ".join(
+                (f"concurrency {r.concurrency}: " if len(x.predicted) > 1 else "")
                 + prediction_text(r, best=False)
-                + (f" vs {r['best']} at {r['best_tok_s']:.1f}" if r.get("best") and r.get("best_tok_s") else "")
+                + (f" vs {r.best} at {r.best_tok_s:.1f}" if r.best and r.best_tok_s else "")
                 for r in preds) + ")")
         text += (f"; {len(could)} could be faster than the best measured: " + "; ".join(named)
                  + (f"; and {len(could) - most} more" if len(could) > most else "")
                  + ("; so the best they could beat is not confirmed"
-                    if any(r.get("best") for x in could for r in x.get("predicted") or []) else ""))
+                    if any(r.best for x in could for r in x.predicted) else ""))
     if rest:
         text += (f"; {'the other ' if could else ''}{len(rest)} predicted not to beat the best beyond the noise: "
                  + ", ".join(rest))
-    if left and b.get("remaining_estimate_s"):
+    if left and b is not None and b.remaining_estimate_s:
         text += (f"; measuring {'it' if len(left) == 1 else f'all {len(left)}'} would take "
-                 f"~{b['remaining_estimate_s']:.0f} s more")
-    short = b.get("fewer_starts") or []
+                 f"~{b.remaining_estimate_s:.0f} s more")
+    short = b.fewer_starts if b else []
     if short:
-        text += "; fewer starts than planned: " + ", ".join(f"{x['setting']} ({x['starts']} of {x['planned']})"
+        text += "; fewer starts than planned: " + ", ".join(f"{x.setting} ({x.starts} of {x.planned})"
                                                            for x in short)
     return text

@@ -6,7 +6,9 @@
             cycle model, the predicted best of each synthetic rate) -> fit (sweep.model: one cycle model for
             every scenario) -> measure the unmeasured setting that, at the top of the model's error, would hold
             the best measured tok/s outside its CI, then the model's predicted best -> refit -> ... until
-            nothing is left that could change the answer beyond the noise, or the budget ends (sweep.guided)
+            nothing is left that could change the answer beyond the noise, or the budget ends. What to measure
+            next is `sweep.guided.decide`, a pure function of a frozen view of the sweep (`Sweep.view`); this
+            loop owns the bookkeeping: the decisions recorded, predictions attached, starts, budget.
     -> figures per point (spectrial.figures.arm_figures), speed-up against the baseline of the same host
        fingerprint and concurrency (figures.add_comparisons), best setting per scenario and concurrency against
        the runner-up (figures.compare_requests at confirm_level), the final model's prediction for every point.
@@ -33,18 +35,49 @@ from typing import Any
 
 import pandas as pd
 
-from spectrial.errors import ConfigError, ConnectionLost, RecordWriteError, RunFailed, SpectrialError
+from spectrial.errors import (
+    ConfigError,
+    ConnectionLost,
+    MeasurementRejected,
+    RecordWriteError,
+    RunFailed,
+    SpectrialError,
+)
 from spectrial.figures import add_comparisons, arm_figures, compare_requests, merge_stats
 from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
-from spectrial.schema import ArmFigures, PointRecord, RequestRecord, WindowStats
+from spectrial.schema import (
+    ArmFigures,
+    BestRecord,
+    GridSetting,
+    PointRecord,
+    PredictedLevel,
+    Prediction,
+    RelativeError,
+    RequestRecord,
+    ShortSetting,
+    StartEstimate,
+    SweepBudget,
+    SweepDecision,
+    SweepGridRecord,
+    UnmeasuredSetting,
+    WindowStats,
+)
 from spectrial.secrets import secret_values
-from spectrial.session import MeasuredStart, Session, StartSource, WindowPlan, lost_requests
-from spectrial.sweep.guided import cv_errors, margin, noise, run_guided, setting_error
-from spectrial.sweep.model import SweepModel, fit_sweep_model, relative_errors
+from spectrial.session import MeasuredStart, Session, StartSource, WindowPlan, lost_requests, schedule
+from spectrial.sweep.guided import CONFIRMED, Measure, Stop, SweepView, decide
+from spectrial.sweep.model import (
+    MeasuredPoint,
+    SweepModel,
+    cv_errors,
+    fit_sweep_model,
+    model_error,
+    noise,
+    relative_errors,
+    setting_error,
+)
 from spectrial.sweep.params import Setting, SweepParams, load_sweep_params
 from spectrial.sweep.result import SweepResult, budget_text, prediction_text
-from spectrial.trial import schedule
 
 
 @dataclass
@@ -59,7 +92,7 @@ class _Point:
     stats: list[WindowStats] = field(default_factory=list)
     start_orders: list[int] = field(default_factory=list)
     phase: str | None = None
-    prediction: dict[str, Any] | None = None
+    prediction: Prediction | None = None
     fingerprint_key: str | None = None
     failed: str | None = None
     figures: ArmFigures = field(default_factory=ArmFigures)
@@ -88,7 +121,7 @@ class Sweep:
             for c in self.levels:
                 self.points[_point_id(arm, c)] = _Point(_point_id(arm, c), arm, self.setting_of.get(arm.name), c)
         self.baselines: dict[str, str] = {}  # fingerprint key -> baseline arm name
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[SweepDecision] = []
         self.durations: list[float] = []
         self.stopped_by: str | None = None
         self.failures: list[str] = []
@@ -105,7 +138,7 @@ class Sweep:
     def elapsed_s(self) -> float:
         return self.source.elapsed_s()
 
-    def start_estimate(self) -> dict[str, Any] | None:
+    def start_estimate(self) -> StartEstimate | None:
         """What the next server start is expected to take, from the starts so far (None before the first).
 
         The sweep's first start is cold (weights read from disk, JIT and CUDA-graph caches built: 167.5 s against
@@ -122,8 +155,8 @@ class Sweep:
             how = f"median of {len(warm)} warm start(s) ({spread}); the cold first start ({cold:.0f} s) counted once"
         else:
             est, how = cold, f"no warm start yet: the cold first start's {cold:.0f} s (an upper bound)"
-        return {"start_s": round(est, 2), "how": how, "cold_start_s": round(cold, 2),
-                "warm_start_s": [round(x, 2) for x in warm]}
+        return StartEstimate(start_s=round(est, 2), how=how, cold_start_s=round(cold, 2),
+                             warm_start_s=[round(x, 2) for x in warm])
 
     def budget_stop(self, n: int = 1) -> str | None:
         """Why `n` more server starts may not begin (None when they may)."""
@@ -131,10 +164,10 @@ class Sweep:
         if b.budget_restarts is not None and self.n_starts + n > b.budget_restarts:
             return f"restart budget: {self.n_starts} of {b.budget_restarts} server starts used"
         est = self.start_estimate()
-        if b.budget_s is not None and est is not None and self.elapsed_s() + est["start_s"] * n > b.budget_s:
-            kind = "a warm start" if est["warm_start_s"] else "a start (the cold first one; no warm start yet)"
+        if b.budget_s is not None and est is not None and self.elapsed_s() + est.start_s * n > b.budget_s:
+            kind = "a warm start" if est.warm_start_s else "a start (the cold first one; no warm start yet)"
             return (f"time budget: {self.elapsed_s():.0f} s used of {b.budget_s:.0f} s, and {kind} takes "
-                    f"~{est['start_s']:.0f} s")
+                    f"~{est.start_s:.0f} s")
         return None
 
     @property
@@ -153,7 +186,7 @@ class Sweep:
             why = self.budget_stop()
             if why:
                 self.stopped_by = why
-                self.decisions.append({"phase": "budget", "setting": arm.name, "reason": f"not started: {why}"})
+                self.decisions.append(SweepDecision(phase="budget", setting=arm.name, reason=f"not started: {why}"))
                 return False
             self._one_start(arm, restart, phase if arm.speculative else "baseline")
         return True
@@ -166,8 +199,8 @@ class Sweep:
             for c in self.levels:
                 self.points[_point_id(arm, c)] = _Point(_point_id(arm, c), arm, None, c)
         self.baselines[self.fp_key] = name
-        self.decisions.append({"phase": phase, "setting": name, "reason": f"baseline of host fingerprint "
-                                                                          f"{self.fp_key}"})
+        self.decisions.append(SweepDecision(phase=phase, setting=name, reason=f"baseline of host fingerprint "
+                                                                             f"{self.fp_key}"))
         return self.measure([self.arms[name]], phase)
 
     def windows(self, restart: int) -> list[WindowPlan]:
@@ -187,7 +220,7 @@ class Sweep:
             elif lost := lost_requests(m):
                 self.failures.append(f"{arm.name} start {restart + 1}: {lost}")
             self.add_start(arm, m)
-        except (KeyboardInterrupt, ConfigError, RecordWriteError, ConnectionLost):  # these end the sweep
+        except (KeyboardInterrupt, ConfigError, MeasurementRejected, RecordWriteError, ConnectionLost):  # end it
             raise
         except SpectrialError as exc:
             self.failures.append(f"{arm.name} start {restart + 1}: {exc}")
@@ -202,9 +235,9 @@ class Sweep:
         self.durations.append(m.record.elapsed_s or 0.0)
         moved = self.source.moved(m.record)
         if moved:
-            self.decisions.append({"phase": "fingerprint", "setting": None,
-                                   "reason": f"host fingerprint changed ({'; '.join(m.record.fingerprint_changes[:3])})"
-                                             f": now {moved}; the next setting gets a new baseline"})
+            self.decisions.append(SweepDecision(
+                phase="fingerprint", reason=f"host fingerprint changed ({'; '.join(m.record.fingerprint_changes[:3])})"
+                                            f": now {moved}; the next setting gets a new baseline"))
 
     def add_start(self, arm: Arm, m: MeasuredStart) -> None:
         """File a start's windows under their points."""
@@ -233,17 +266,28 @@ class Sweep:
             pt.failed = pt.failed or "no successful request"
 
     # --- what the model sees ---------------------------------------------------------------------------
-    def model_points(self) -> list[dict[str, Any]]:
+    def measured_points(self) -> list[MeasuredPoint]:
+        """The speculative points measured so far, as the model and the search read them (grid order)."""
         out = []
         for pt in self.points.values():
             if pt.setting is None or not pt.measured:
                 continue
             f, s = pt.figures, pt.setting
-            out.append({"steps": s.steps, "topk": s.topk, "k": s.k, "scenario": s.synthetic_accept,
-                        "concurrency": pt.concurrency, "tok_s": f.get("tok_s"), "accept_len": f.get("accept_len"),
-                        "cycle_ms": f.get("cycle_ms"), "draft_ms_per_cycle": f.get("draft_ms_per_cycle"),
-                        "per_position": f.get("per_position"), "verify_steps": f.get("verify_steps")})
+            out.append(MeasuredPoint(steps=s.steps, topk=s.topk, k=s.k, scenario=s.synthetic_accept,
+                                     concurrency=pt.concurrency, tok_s=f.tok_s, accept_len=f.accept_len,
+                                     cycle_ms=f.cycle_ms, draft_ms_per_cycle=f.draft_ms_per_cycle,
+                                     per_position=tuple(f.per_position) if f.per_position is not None else None,
+                                     verify_steps=f.verify_steps, tok_s_ci_low=f.tok_s_ci_low, name=pt.arm.name))
         return out
+
+    def view(self) -> SweepView:
+        """What the guided search may read: a frozen copy of what was measured and tried, and the fitted model."""
+        measured = tuple(self.measured_points())
+        base = self.arms[self.baselines.get(self.fp_key, "baseline")]
+        base_cycle = {c: v for c in self.levels if (v := self.point(base, c).figures.cycle_ms)}
+        return SweepView(sweep=self.sweep, settings=tuple(self.settings), levels=tuple(self.levels),
+                         measured=measured, tried=frozenset(s for s in self.settings if self.tried(s)),
+                         baseline_cycle_ms=base_cycle, n_starts=self.n_starts, model=fit_sweep_model(measured))
 
     def point(self, arm: Arm, c: int) -> _Point:
         return self.points[_point_id(arm, c)]
@@ -259,31 +303,54 @@ class Sweep:
     # --- strategies ------------------------------------------------------------------------------------
     def run_grid(self) -> None:
         plan = [self.arms["baseline"], *(self.sweep.arm(s) for s in self.settings)]
-        self.decisions.append({"phase": "grid", "setting": None,
-                               "reason": f"measure all {len(self.settings)} settings and the baseline, "
-                                         f"{self.params.restarts} start(s) each, order {self.params.order}"})
+        self.decisions.append(SweepDecision(phase="grid", reason=f"measure all {len(self.settings)} settings and the "
+                                                                 f"baseline, {self.params.restarts} start(s) each, "
+                                                                 f"order {self.params.order}"))
         self.baselines[self.fp_key] = "baseline"
         self.measure(plan, "grid")
 
     def run_guided(self) -> None:
-        run_guided(self)
+        """The guided search (`spectrial.sweep.guided.decide`) with the bookkeeping: each decision recorded, a
+        confirmation's predictions attached to its points, the starts measured (the baseline with the first probes)
+        within the budget, until the search stops or the budget does."""
+        self.baselines[self.fp_key] = "baseline"
+        first = [self.arms["baseline"]]
+        while True:
+            step = decide(self.view())
+            if isinstance(step, Stop):
+                self.stopped_by = step.reason
+                return
+            self._record(step)
+            if not self.measure([*first, *(self.sweep.arm(p.setting) for p in step.picks)], step.phase):
+                return
+            first = []
 
-    def margin(self, model: SweepModel) -> float:
-        return margin(self, model)
+    def _record(self, step: Measure) -> None:
+        model = step.model.record() if step.model is not None else None
+        for pick in step.picks:
+            arm = self.sweep.arm(pick.setting)
+            self.decisions.append(SweepDecision(phase=step.phase, setting=arm.name, reason=pick.reason,
+                                                score=step.score, model=model))
+            for c, pred in step.predictions.items():
+                self.point(arm, c).prediction = pred
 
     # --- summary ---------------------------------------------------------------------------------------
     def summarise(self) -> None:
         rec, p = self.record, self.params
-        model = fit_sweep_model(self.model_points())
-        e = self.margin(model)
-        skipped = self._skipped(model, e)
-        left = {(x["setting"], r["concurrency"]): (x["why"], r) for x in skipped for r in x["predicted"]}
+        measured = self.measured_points()
+        model = fit_sweep_model(measured)
+        e = model_error(model, measured, self.sweep.margin_floor)
+        skipped = self._skipped(model, e, measured)
+        left = {(x.setting, r.concurrency): (x.why, r) for x in skipped for r in x.predicted}
         points: list[PointRecord] = []
         for pt in self.points.values():
             s = pt.setting
             d = PointRecord(id=pt.id, name=pt.id, arm=pt.arm.name, setting=pt.arm.name, method=pt.arm.method,
                             concurrency=pt.concurrency, scenario=s.synthetic_accept if s else None,
-                            **(s.as_dict() if s else {}), synthetic=bool(s and s.synthetic_accept is not None),
+                            steps=s.steps if s else None, topk=s.topk if s else None,
+                            draft_tokens=s.draft_tokens if s else None,
+                            synthetic_accept=s.synthetic_accept if s else None,
+                            synthetic=bool(s and s.synthetic_accept is not None),
                             k=s.k if s else 0, phase=pt.phase, start_orders=pt.start_orders,
                             fingerprint_key=pt.fingerprint_key, prediction=pt.prediction)
             if pt.measured:
@@ -297,46 +364,45 @@ class Sweep:
             if s is not None:
                 d.final_prediction = model.predict(s.steps, s.topk, s.k, s.synthetic_accept, pt.concurrency)
                 if pt.prediction and d.tok_s:
-                    d.prediction_error = pt.prediction["tok_s"] / d.tok_s - 1.0
+                    d.prediction_error = pt.prediction.tok_s / d.tok_s - 1.0
             points.append(d)
         self._compare_with_baselines(points)
         m = rec.manifest
         m.points = points
         m.arms = [d for d in points if d.status != "not measured"]
-        errs = relative_errors(model, self.model_points())
-        cv = [abs(e) for e in cv_errors(self.model_points())]
-        m.model = {**model.as_dict(), "margin": e,
-                   "noise": {str(c): noise(self, c) for c in self.levels},
-                   "cv_rel_error": {"median_abs": statistics.median(cv) if cv else None,
-                                    "max_abs": max(cv) if cv else None, "n": len(cv)},
-                   "in_sample_rel_error": {"median_abs": statistics.median(map(abs, errs)) if errs else None,
-                                           "max_abs": max(map(abs, errs)) if errs else None}}
+        errs = [abs(x) for x in relative_errors(model, measured)]
+        cv = [abs(x) for x in cv_errors(measured)]
+        m.model = model.record().model_copy(update={
+            "margin": e, "noise": {c: noise(measured, c) for c in self.levels},
+            "cv_rel_error": RelativeError(median_abs=statistics.median(cv) if cv else None,
+                                          max_abs=max(cv) if cv else None, n=len(cv)),
+            "in_sample_rel_error": RelativeError(median_abs=statistics.median(errs) if errs else None,
+                                                 max_abs=max(errs) if errs else None, n=len(errs))})
         m.best = self._best(points, skipped)
-        m.decisions = self.decisions
+        m.decisions = list(self.decisions)
         m.baselines = dict(self.baselines)
         est = self.start_estimate()
         starts = {a: sum(1 for x in rec.manifest.starts if x.arm == a) for a in {x.arm for x in rec.manifest.starts}}
-        short = [{"setting": a, "starts": n, "planned": p.restarts}
+        short = [ShortSetting(setting=a, starts=n, planned=p.restarts)
                  for a in [*self.baselines.values(), *(self.sweep.arm(s).name for s in self.settings)]
                  if 0 < (n := starts.get(a, 0)) < p.restarts] if self.budget_hit else []
-        m.budget = {"budget_s": self.sweep.budget_s, "budget_restarts": self.sweep.budget_restarts,
-                    "wall_s": round(self.elapsed_s(), 2), "restarts": self.n_starts,
-                    "grid_restarts": (1 + len(self.settings)) * p.restarts,
-                    "settings_measured": sum(1 for s in self.settings if self.tried(s)),
-                    "settings": len(self.settings), "stopped_by": self.stopped_by,
-                    "partial": self.budget_hit, "not_measured": skipped, "fewer_starts": short,
-                    "start_estimate": est,
-                    "remaining_estimate_s": round(est["start_s"] * len(skipped) * p.restarts, 1)
-                    if est and skipped else None}
+        m.budget = SweepBudget(
+            budget_s=self.sweep.budget_s, budget_restarts=self.sweep.budget_restarts,
+            wall_s=round(self.elapsed_s(), 2), restarts=self.n_starts,
+            grid_restarts=(1 + len(self.settings)) * p.restarts,
+            settings_measured=sum(1 for s in self.settings if self.tried(s)), settings=len(self.settings),
+            stopped_by=self.stopped_by, partial=self.budget_hit, not_measured=skipped, fewer_starts=short,
+            start_estimate=est,
+            remaining_estimate_s=round(est.start_s * len(skipped) * p.restarts, 1) if est and skipped else None)
         rec.save()
 
     def _why_unmeasured(self) -> str:
-        if self.sweep.strategy == "guided" and self.stopped_by and self.stopped_by.startswith("confirmed"):
+        if self.sweep.strategy == "guided" and self.stopped_by == CONFIRMED:
             return ("not needed: even at the top of its predicted range, the best measured setting would lie "
                     "within its CI")
         return self.stopped_by if self.budget_hit else "not measured: the sweep ended before it"
 
-    def _skipped(self, model: SweepModel, e: float) -> list[dict[str, Any]]:
+    def _skipped(self, model: SweepModel, e: float, measured: list[MeasuredPoint]) -> list[UnmeasuredSetting]:
         """Every setting never started, with why and, per concurrency level, the final model's prediction, its
         range (x (1 -/+ the model's error)) and whether it could beat the best measured setting: whether its CI,
         measured at the top of that range, would clear the best's tok/s (the guided search's own rule: what it
@@ -348,19 +414,21 @@ class Sweep:
             levels = []
             for c in self.levels:
                 best = self.best_measured(s.synthetic_accept, c)
-                row: dict[str, Any] = {"concurrency": c, "tok_s": None, "low": None, "high": None,
-                                       "best": best.arm.name if best else None,
-                                       "best_tok_s": best.figures.tok_s if best else None, "could_beat": True}
+                row = PredictedLevel(concurrency=c, best=best.arm.name if best else None,
+                                     best_tok_s=best.figures.tok_s if best else None, could_beat=True)
                 pred = model.predict(s.steps, s.topk, s.k, s.synthetic_accept, c)
-                if pred is not None and math.isfinite(pred["tok_s"]):
-                    err, w = setting_error(model, e, s, c), noise(self, c)
-                    v = pred["tok_s"]
-                    row.update(tok_s=round(v, 2), low=round(v * (1 - err), 2), high=round(v * (1 + err), 2),
-                               error=round(err, 4), noise=round(w, 4),
-                               could_beat=best is None or v * (1 + err) * (1 - w) > best.figures.tok_s)
+                if pred is not None and math.isfinite(pred.tok_s):
+                    err, w = setting_error(model, e, s.synthetic_accept, s.topk, c), noise(measured, c)
+                    v = pred.tok_s
+                    row = row.model_copy(update={
+                        "tok_s": round(v, 2), "low": round(v * (1 - err), 2), "high": round(v * (1 + err), 2),
+                        "error": round(err, 4), "noise": round(w, 4),
+                        "could_beat": best is None or v * (1 + err) * (1 - w) > (best.figures.tok_s or 0.0)})
                 levels.append(row)
-            out.append({"setting": self.sweep.arm(s).name, **s.as_dict(), "why": self._why_unmeasured(),
-                        "predicted": levels, "could_beat_at": [r["concurrency"] for r in levels if r["could_beat"]]})
+            out.append(UnmeasuredSetting(setting=self.sweep.arm(s).name, steps=s.steps, topk=s.topk,
+                                         draft_tokens=s.draft_tokens, synthetic_accept=s.synthetic_accept,
+                                         why=self._why_unmeasured(), predicted=levels,
+                                         could_beat_at=[r.concurrency for r in levels if r.could_beat]))
         return out
 
     def _compare_with_baselines(self, points: list[PointRecord]) -> None:
@@ -381,7 +449,7 @@ class Sweep:
                     points[next(i for i, x in enumerate(points) if x.id == d.id)] = d
                     by_id[d.id] = d
 
-    def _best(self, points: list[PointRecord], skipped: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _best(self, points: list[PointRecord], skipped: list[UnmeasuredSetting]) -> list[BestRecord]:
         """Per scenario and level, the best measured setting against the runner-up. "confirmed" only when it is
         faster than the runner-up beyond the noise and no setting left unmeasured could beat it (`_skipped`);
         otherwise the verdict names the settings that could."""
@@ -391,45 +459,44 @@ class Sweep:
                 mine = sorted((d for d in points if d.method != "none" and d.status == "ok"
                                and d.scenario == scenario and d.concurrency == c), key=lambda d: -(d.tok_s or 0))
                 if not mine:
-                    out.append({"scenario": scenario, "concurrency": c, "best": None,
-                                "verdict": "no setting measured", "confirmed": False,
-                                "could_beat": [x["setting"] for x in skipped
-                                               if x["synthetic_accept"] == scenario and c in x["could_beat_at"]]})
+                    out.append(BestRecord(scenario=scenario, concurrency=c, verdict="no setting measured",
+                                          confirmed=False,
+                                          could_beat=[x.setting for x in skipped if x.synthetic_accept == scenario
+                                                      and c in x.could_beat_at]))
                     continue
                 b = mine[0]
-                row = {"scenario": scenario, "concurrency": c, "best": b.setting, "steps": b.steps,
-                       "topk": b.topk, "draft_tokens": b.draft_tokens, "tok_s": b.tok_s,
-                       "tok_s_ci_low": b.tok_s_ci_low, "tok_s_ci_high": b.tok_s_ci_high,
-                       "speedup": b.speedup, "speedup_ci_low": b.speedup_ci_low,
-                       "speedup_ci_high": b.speedup_ci_high, "vs_baseline": b.verdict,
-                       "measured_settings": len(mine), "runner_up": None, "ratio_to_runner_up": None,
-                       "ratio_ci_low": None, "ratio_ci_high": None, "vs_runner_up": None}
+                row = BestRecord(scenario=scenario, concurrency=c, best=b.setting, steps=b.steps,
+                                 topk=b.topk, draft_tokens=b.draft_tokens, tok_s=b.tok_s,
+                                 tok_s_ci_low=b.tok_s_ci_low, tok_s_ci_high=b.tok_s_ci_high,
+                                 speedup=b.speedup, speedup_ci_low=b.speedup_ci_low,
+                                 speedup_ci_high=b.speedup_ci_high, vs_baseline=b.verdict,
+                                 measured_settings=len(mine))
                 if len(mine) > 1:
                     r = mine[1]
                     cmp = compare_requests(self.points[b.id].requests, self.points[r.id].requests,
                                            self.sweep.confirm_level, self.params.seed)
-                    row.update(runner_up=r.setting, runner_up_tok_s=r.tok_s)
+                    row.runner_up, row.runner_up_tok_s = r.setting, r.tok_s
                     if cmp is not None:
-                        row.update(ratio_to_runner_up=cmp.ratio, ratio_ci_low=cmp.ci_low, ratio_ci_high=cmp.ci_high,
-                                   confirm_level=cmp.level, vs_runner_up=cmp.verdict,
-                                   verdict="confirmed: faster than the runner-up" if cmp.verdict == "faster" else
-                                   f"tied with {r.setting} within the noise ({cmp.verdict})")
+                        row.ratio_to_runner_up, row.ratio_ci_low, row.ratio_ci_high = cmp.ratio, cmp.ci_low, cmp.ci_high
+                        row.confirm_level, row.vs_runner_up = cmp.level, cmp.verdict
+                        row.verdict = ("confirmed: faster than the runner-up" if cmp.verdict == "faster" else
+                                       f"tied with {r.setting} within the noise ({cmp.verdict})")
                     else:
-                        row["verdict"] = "too few requests to compare with the runner-up"
+                        row.verdict = "too few requests to compare with the runner-up"
                 else:
-                    row["verdict"] = "only setting measured at this concurrency"
-                threats = [(x, next(p for p in x["predicted"] if p["concurrency"] == c)) for x in skipped
-                           if x["synthetic_accept"] == scenario and c in x["could_beat_at"]]
-                row["could_beat"] = [x["setting"] for x, _ in threats]
-                row["confirmed"] = row["verdict"].startswith("confirmed") and not threats
+                    row.verdict = "only setting measured at this concurrency"
+                threats = [(x, next(p for p in x.predicted if p.concurrency == c)) for x in skipped
+                           if x.synthetic_accept == scenario and c in x.could_beat_at]
+                row.could_beat = [x.setting for x, _ in threats]
+                row.confirmed = row.verdict.startswith("confirmed") and not threats
                 if threats:
-                    against = {"faster": f"faster than the runner-up {row['runner_up']}"}.get(
-                        row["vs_runner_up"] or "", row["verdict"].replace("only setting measured at this concurrency",
-                                                                          "the only one measured"))
-                    named = "; ".join(f"{x['setting']} ({prediction_text(p, best=False)})" for x, p in threats[:4])
+                    against = {"faster": f"faster than the runner-up {row.runner_up}"}.get(
+                        row.vs_runner_up or "", row.verdict.replace("only setting measured at this concurrency",
+                                                                    "the only one measured"))
+                    named = "; ".join(f"{x.setting} ({prediction_text(p, best=False)})" for x, p in threats[:4])
                     more = f"; and {len(threats) - 4} more" if len(threats) > 4 else ""
-                    row["verdict"] = (f"best of the measured settings ({against}), not confirmed: not measured "
-                                      f"({_short_why(threats[0][0]['why'])}) and could be faster: {named}{more}")
+                    row.verdict = (f"best of the measured settings ({against}), not confirmed: not measured "
+                                   f"({_short_why(threats[0][0].why)}) and could be faster: {named}{more}")
                 out.append(row)
         return out
 
@@ -460,10 +527,11 @@ def new_record(params: SweepParams, run_id: str | None = None, kind: str = "swee
                        run_id=run_id, params=flat_params(params))
     m = record.manifest
     m.strategy = params.strategy
-    m.grid = {"settings": [s.as_dict() | {"arm": params.arm(s).name} for s in params.settings()],
-              "concurrency": params.concurrency_levels(), "scenarios": params.scenarios(),
-              "restart_fields": ["steps", "topk", "draft_tokens", "synthetic_accept"],
-              "per_request_fields": ["concurrency"]}
+    m.grid = SweepGridRecord(
+        settings=[GridSetting(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens,
+                              synthetic_accept=s.synthetic_accept, arm=params.arm(s).name) for s in params.settings()],
+        concurrency=params.concurrency_levels(), scenarios=params.scenarios(),
+        restart_fields=["steps", "topk", "draft_tokens", "synthetic_accept"], per_request_fields=["concurrency"])
     record.add_secrets(secret_values(params.trial.env))
     record.save()
     return record
@@ -527,7 +595,7 @@ def flat_params(params: SweepParams) -> dict[str, Any]:
     return {**data.pop("trial"), **data}
 
 
-def _write_requests(record: RunRecord, sw: Any) -> None:
+def _write_requests(record: RunRecord, sw: Sweep) -> None:
     """requests.csv and stream.csv of a sweep (each request's delivery judged against its point's accept length)."""
     from spectrial.serving import write_requests
 

@@ -3,7 +3,7 @@
 The report is the run's executed notebook (``manifest.notebook``) converted with nbconvert's
 ``HTMLExporter`` (lab template, code hidden by default); a run without one (a CLI trial, the case
 record) gets a notebook built from its manifest: a header, the arms table and the analysis sections
-of :func:`spectrial.explain.explain`. Either way the doctor's findings (:func:`spectrial.diagnose.diagnose` on
+of :func:`spectrial.readers.explain.explain`. Either way the doctor's findings (:func:`spectrial.diagnose.diagnose` on
 the run folder and its logs) come first, under the title.
 
 Offline by construction: plotly.js (``plotly.offline.get_plotlyjs()``) is inlined once in the page head,
@@ -29,14 +29,15 @@ import nbformat
 from spectrial.diagnose.model import Diagnosis
 from spectrial.errors import ConfigError
 from spectrial.figures import category_table
-from spectrial.records import list_runs, update_manifest
-from spectrial.schema import Manifest, as_manifest, load_record
+from spectrial.readers.render import figures as render
+from spectrial.records import as_manifest, list_runs, load_record, update_manifest
+from spectrial.schema import Manifest
 
 __all__ = ["REPORT_NAME", "build_notebook", "diagnosis_cell", "headline_cells", "latest_run", "prepare_notebook",
            "render_html", "serving_cells", "write_report"]
 
 REPORT_NAME = "report.html"
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PLOTLY_MIME = render.PLOTLY_MIME  # the figures' mimetype (spectrial.readers.render.figure_bundle)
 _SCRIPT_SRC = re.compile(r"<script\b[^>]*\bsrc\s*=", re.IGNORECASE)
 _EXTERNAL_SCRIPT = re.compile(r"<script\b[^>]*\bsrc\s*=[^>]*>\s*</script>"
                               r"|<script\b[^>]*>\s*import\s+[\"']https?:[^<]*</script>", re.IGNORECASE)
@@ -146,7 +147,7 @@ def headline_cells(manifest: Manifest) -> list[Any]:
     one sentence per arm, and the compact table (rounded, units in the headers)."""
     import nbformat.v4 as nbf
 
-    from spectrial.headline import headlines
+    from spectrial.readers.headline import headlines
 
     cells = []
     for h in headlines(manifest):
@@ -165,7 +166,8 @@ def serving_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
     import nbformat.v4 as nbf
 
     from spectrial import serving
-    from spectrial.explain import figure_bundle
+    from spectrial.readers.render.figures import figure_bundle
+    from spectrial.readers.render.plots import latency_figure
 
     table = serving.serving_table(manifest.arms)
     if table.empty:
@@ -183,7 +185,7 @@ def serving_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
     if run_dir is not None:
         by_arm = serving.read_requests(run_dir)
         if by_arm:
-            fig = serving.latency_figure(by_arm)
+            fig = latency_figure(by_arm)
             cells.append(nbf.new_code_cell("", outputs=[nbf.new_output("display_data", data=figure_bundle(fig))]))
     return cells
 
@@ -219,8 +221,8 @@ def validity_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
         if run_dir is not None and (run_dir / "requests.csv").exists():
             import pandas as pd
 
-            from spectrial.explain import figure_bundle
-            from spectrial.plots import accept_len_figure
+            from spectrial.readers.render.figures import figure_bundle
+            from spectrial.readers.render.plots import accept_len_figure
 
             df = pd.read_csv(run_dir / "requests.csv")
             if "accept_len" in df and "arm" in df:
@@ -238,12 +240,12 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
     """A notebook with outputs built from a manifest: header, the headline, the doctor's findings (`diagnosis`,
     default: the manifest's own, without logs), serving metrics, arms table, the explain sections."""
     import nbformat.v4 as nbf
-    import pandas as pd
 
     from spectrial.diagnose import diagnose
-    from spectrial.explain import explain
     from spectrial.figures import filled
-    from spectrial.history import record_rows
+    from spectrial.readers.explain import explain
+    from spectrial.readers.history import record_rows, rows_frame
+    from spectrial.readers.render.figures import explanation_cells
 
     manifest = as_manifest(source)
     host, engine = manifest.host, manifest.engine
@@ -262,8 +264,8 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
              *serving_cells(manifest, run_dir)]
     arms = [filled(a) for a in manifest.arms]
     if arms:
-        rows, _ = record_rows(manifest, str(manifest.run_id))
-        table = pd.DataFrame(rows)[[c for c in _ARM_COLUMNS if c in rows[0]]].dropna(axis=1, how="all").round(3)
+        frame = rows_frame(record_rows(manifest, str(manifest.run_id))[0])
+        table = frame[[c for c in _ARM_COLUMNS if c in frame.columns]].dropna(axis=1, how="all").round(3)
         cells.append(nbf.new_markdown_cell("## Arms (every figure)"))
         cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
             "display_data", data={"text/html": table.to_html(index=False, na_rep="—"),
@@ -281,10 +283,11 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
     if len(sessions) > 1:
         for session in sessions:
             cells.append(nbf.new_markdown_cell(f"## Analysis: session {session}"))
-            cells += explain(manifest.model_copy(update={"arms": [a for a in arms if a.session == session]})).cells()
+            cells += explanation_cells(explain(manifest.model_copy(update={"arms": [a for a in arms
+                                                                                 if a.session == session]})))
     else:
         cells.append(nbf.new_markdown_cell("## Analysis"))
-        cells += explain(manifest.model_copy(update={"arms": arms})).cells()
+        cells += explanation_cells(explain(manifest.model_copy(update={"arms": arms})))
     nb = nbf.new_notebook(cells=cells)
     nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
     return nb

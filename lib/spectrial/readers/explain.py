@@ -1,7 +1,7 @@
 """The analysis section of a run: why speculation pays or not, computed from a run record's arms.
 
 ``explain(manifest_or_arms, target_tok_s=None, roofline=None) -> Explanation`` returns five sections,
-each a title, a markdown paragraph, and optionally a table and a plotly figure:
+each a title, a markdown paragraph, optionally a table and a figure (drawn by `spectrial.readers.render.figures`):
 
 1. **Input check**: run status, failed arms, arms without a baseline, zero verify steps, accept length < 1,
    speculative arms without a cycle time. Bad input becomes sentences here; ``explain`` never raises on it.
@@ -27,27 +27,32 @@ accept length crosses the arm's break-even line, their speed-up and verdict agai
 the same category, and a sentence when one category wins while another loses.
 
 k, the drafted tokens per cycle, is the arm's ``steps`` (llama.cpp ``--spec-draft-n-max``; SGLang
-``--speculative-num-steps`` with top-k 1). Notebooks call ``explain(...).show()``; ``spectrial report``
-renders the same sections (``Explanation.cells``).
+``--speculative-num-steps`` with top-k 1).
+
+This module is the analysis alone (numbers and prose; no plotly, IPython or nbformat): the key figures are a
+typed :class:`ExplainNumbers`, and each section names the figure that :mod:`spectrial.readers.render.figures` draws
+for it from the analysis. Notebooks call ``show_explanation(explain(...))``, ``spectrial report`` renders the
+same sections (``explanation_cells``), both from :mod:`spectrial.readers.render.figures`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
-import plotly.graph_objects as go
+from pydantic import BaseModel, Field
 
 from spectrial import analysis, figures
 from spectrial.errors import ConfigError
 from spectrial.figures import is_baseline, positive
-from spectrial.schema import ArmRecord, Manifest, as_arms, as_manifest
+from spectrial.records import as_arms, as_manifest
+from spectrial.schema import ArmRecord, Manifest
 
-__all__ = ["Explanation", "RooflineInputs", "Section", "explain", "figure_bundle", "show_figure"]
+__all__ = ["ArmView", "CategoryNumbers", "CycleFit", "ExplainNumbers", "Explanation", "FitError", "FitNumbers",
+           "RooflineInputs", "Section", "explain"]
 
 DEFAULT_TARGET_FACTOR = 1.5
 MAX_MODEL_K = 10
@@ -55,23 +60,87 @@ _ROUND = 4
 
 
 # ------------------------------------------------------------------ result types
+FigureName = Literal["break_even", "workload", "model", "needed"]
+
+
 @dataclass
 class Section:
-    """One titled part of the analysis: markdown text, optionally a table and a figure."""
+    """One titled part of the analysis: markdown text, optionally a table and the name of its figure (drawn by
+    :mod:`spectrial.readers.render.figures` from the :class:`Explanation`)."""
 
     title: str
     text: str
     table: pd.DataFrame | None = None
-    figure: go.Figure | None = None
+    figure: FigureName | None = None
+
+
+class FitError(BaseModel):
+    """How far a fitted cycle model's throughput is off on the arms it was fitted on (relative, absolute)."""
+
+    median: float | None = Field(None, description="median |relative error| of the predicted tok/s")
+    max: float | None = Field(None, description="largest |relative error| of the predicted tok/s")
+    n: int = Field(0, description="arms with an acceptance and a throughput to compare")
+
+
+class FitNumbers(BaseModel):
+    """One fitted cycle-cost model: cycle_ms = fixed_ms + per_draft_ms x k (and its split, where recorded)."""
+
+    fixed_ms: float
+    per_draft_ms: float
+    r2: float = Field(description="R^2 of the fit (NaN with two points)")
+    draft_fixed_ms: float | None = None
+    draft_per_token_ms: float | None = None
+    verify_fixed_ms: float | None = None
+    verify_per_token_ms: float | None = None
+    fitted_on: list[str] = Field(default_factory=list, description="the arms it was fitted on")
+    error: FitError = Field(default_factory=FitError)
+
+    def cycle_ms(self, k: float) -> float:
+        """Predicted cycle time in ms at depth k."""
+        return self.fixed_ms + self.per_draft_ms * k
+
+
+class CategoryNumbers(BaseModel):
+    """One workload category of a speculative arm against its break-even line."""
+
+    accept_len: float | None = None
+    break_even: float | None = None
+    pays: str | None = None
+    speedup: float | None = None
+    verdict: str | None = None
+
+
+class ExplainNumbers(BaseModel):
+    """The key figures of an analysis (unrounded), section by section; None where not computed."""
+
+    baseline_tok_s: float | None = None
+    baseline_ms_per_token: float | None = None
+    target_tok_s: float | None = None
+    break_even: dict[str, float | None] = Field(default_factory=dict,
+                                                description="break-even accept length per speculative arm")
+    categories: dict[str, dict[str, CategoryNumbers]] = Field(default_factory=dict,
+                                                              description="per arm, per workload category")
+    models: dict[str, FitNumbers] = Field(default_factory=dict, description="per condition (method ...)")
+    min_alpha_for_target: float | None = None
+    roofline_tok_s: float | None = None
+    weight_bytes_per_token: float | None = None
+    kv_bytes_per_token: float | None = None
+    bandwidth_gb_s: float | None = None
+    baseline_roofline_fraction: float | None = None
 
 
 @dataclass
 class Explanation:
-    """The analysis of one run: its sections, the input problems found, and the key figures."""
+    """The analysis of one run: its sections, the input problems found, the key figures, and what the figures
+    are drawn from (the arms as analysed, the baseline, the fitted models, the throughputs aimed at)."""
 
     sections: list[Section]
     problems: list[str] = field(default_factory=list)
-    numbers: dict[str, Any] = field(default_factory=dict)
+    numbers: ExplainNumbers = field(default_factory=ExplainNumbers)
+    spec: list[ArmView] = field(default_factory=list)
+    base: ArmView | None = None
+    fits: list[CycleFit] = field(default_factory=list)
+    targets: list[tuple[str, float]] = field(default_factory=list)
 
     def section(self, title: str) -> Section:
         """The section whose title starts with ``title``."""
@@ -84,37 +153,6 @@ class Explanation:
         """All section texts as one markdown document (tables and figures left out)."""
         return "\n\n".join(f"### {s.title}\n\n{s.text}" for s in self.sections)
 
-    def figures(self) -> list[go.Figure]:
-        """The figures, in section order."""
-        return [s.figure for s in self.sections if s.figure is not None]
-
-    def show(self) -> None:
-        """Display every section in a notebook: markdown, table, figure (deterministic output)."""
-        from IPython.display import Markdown, display
-
-        for s in self.sections:
-            display(Markdown(f"### {s.title}\n\n{s.text}"))
-            if s.table is not None and len(s.table):
-                display(s.table)
-            if s.figure is not None:
-                show_figure(s.figure)
-
-    def cells(self) -> list[Any]:
-        """The sections as notebook cells with outputs (markdown cells; tables and figures as outputs)."""
-        import nbformat.v4 as nbf
-
-        cells: list[Any] = []
-        for s in self.sections:
-            cells.append(nbf.new_markdown_cell(f"### {s.title}\n\n{s.text}"))
-            outputs = []
-            if s.table is not None and len(s.table):
-                outputs.append(nbf.new_output("display_data", data={"text/html": s.table.to_html(index=False),
-                                                                    "text/plain": s.table.to_string(index=False)}))
-            if s.figure is not None:
-                outputs.append(nbf.new_output("display_data", data=figure_bundle(s.figure)))
-            if outputs:
-                cells.append(nbf.new_code_cell("", outputs=outputs))
-        return cells
 
 
 @dataclass(frozen=True)
@@ -140,29 +178,11 @@ class RooflineInputs:
                    active_params_b=info.get("active_params_b"))
 
 
-# ------------------------------------------------------------------ figure output
-def figure_bundle(fig: go.Figure) -> dict[str, Any]:
-    """A display bundle of a figure: plotly's JSON mimetype plus a one-line text/plain.
-
-    Unlike plotly's notebook renderers it holds no random element ids, so executed notebooks compare
-    equal under nbval; JupyterLab renders the JSON, ``spectrial report`` draws it with an embedded plotly.js.
-    """
-    title = fig.layout.title.text or "figure"
-    return {"application/vnd.plotly.v1+json": json.loads(fig.to_json()), "text/plain": f"<plotly figure: {title}>"}
-
-
-def show_figure(fig: go.Figure) -> None:
-    """Display a figure in a notebook through :func:`figure_bundle`."""
-    from IPython.display import display
-
-    display(figure_bundle(fig), raw=True)
-
-
 # ------------------------------------------------------------------ small helpers
 _pos = positive
 
 
-def _r(x: float | None, nd: int = _ROUND) -> float | None:
+def rounded(x: float | None, nd: int = _ROUND) -> float | None:
     """Rounded for display (and + 0.0 so that a tiny negative residual never prints as -0.0)."""
     return None if x is None else round(float(x), nd) + 0.0
 
@@ -186,8 +206,8 @@ _is_base = is_baseline
 
 
 @dataclass
-class _Arm:
-    """The figures of one arm that the analysis uses, validated."""
+class ArmView:
+    """The figures of one arm that the analysis uses, validated (unrounded)."""
 
     name: str
     method: str
@@ -217,7 +237,7 @@ class _Arm:
             (f" ({self.raw.nccl_env})" if self.raw.nccl_env else "")
 
 
-def _view(arm: ArmRecord, problems: list[str]) -> _Arm:
+def _view(arm: ArmRecord, problems: list[str]) -> ArmView:
     name = arm.name or "?"
     ok = arm.status == "ok"
     k = _k(arm)
@@ -242,7 +262,7 @@ def _view(arm: ArmRecord, problems: list[str]) -> _Arm:
     syn = arm.synthetic_accept
     alpha = figures.alpha_of(accept, k, syn)[0] if arm.alpha is None or accept is None else arm.alpha
     values = [float(v) for v in arm.tok_s_values if _pos(v)]
-    return _Arm(name=name, method=arm.method or "none", ok=ok, k=k, tok_s=_pos(arm.tok_s),
+    return ArmView(name=name, method=arm.method or "none", ok=ok, k=k, tok_s=_pos(arm.tok_s),
                 ms_per_token=_pos(arm.ms_per_token), cycle_ms=cycle,
                 model_cycle_ms=_pos(arm.engine_cycle_ms) or cycle, accept_len=accept, alpha=alpha,
                 synthetic=bool(arm.synthetic) or syn is not None,
@@ -310,13 +330,13 @@ def explain(source: Manifest | Mapping[str, Any] | Sequence[ArmRecord | Mapping[
                  and figures.is_baseline(a.raw)), None)
     base_ms = figures.base_ms_per_token(base.raw) if base is not None else None
     spec = [a for a in arms if a.ok and not _is_base(a.raw)]
-    numbers: dict[str, Any] = {"baseline_tok_s": base.tok_s if base else None, "baseline_ms_per_token": base_ms}
+    numbers = ExplainNumbers(baseline_tok_s=base.tok_s if base else None, baseline_ms_per_token=base_ms)
     target = _pos(target_tok_s)
     if target_tok_s is not None and target is None:
         problems.append(f"target_tok_s={target_tok_s!r} is not a positive number: the default target is used.")
     if target is None and base is not None:
         target = round(DEFAULT_TARGET_FACTOR * base.tok_s, 1)  # type: ignore[operator]
-    numbers["target_tok_s"] = target
+    numbers.target_tok_s = target
     models = _fit_models(spec, problems)
     sections = [_break_even_section(base, base_ms, spec, target, numbers),
                 *_workload_sections(base, spec, manifest, numbers),
@@ -324,10 +344,11 @@ def explain(source: Manifest | Mapping[str, Any] | Sequence[ArmRecord | Mapping[
                 _needed_section(models, spec, base, target, numbers),
                 _roofline_section(roofline, base, numbers)]
     sections.insert(0, _input_section(arms, problems, base))  # after the others: their problems included
-    return Explanation(sections=sections, problems=problems, numbers=numbers)
+    return Explanation(sections=sections, problems=problems, numbers=numbers, spec=spec, base=base, fits=models,
+                       targets=_targets(base, target))
 
 
-def _input_section(arms: list[_Arm], problems: list[str], base: _Arm | None) -> Section:
+def _input_section(arms: list[ArmView], problems: list[str], base: ArmView | None) -> Section:
     n_ok = sum(a.ok for a in arms)
     head = f"{len(arms)} arm(s) recorded, {n_ok} completed"
     head += f"; baseline: **{base.name}** at {_f(base.tok_s, 1)} tok/s." if base else "; no usable baseline."
@@ -340,8 +361,8 @@ PAYS_WORDS = {"yes": "pays", "no": "does not pay", "undecided": "may or may not 
                                                                   "noise)"}
 
 
-def _break_even_section(base: _Arm | None, base_ms: float | None, spec: list[_Arm], target: float | None,
-                        numbers: dict[str, Any]) -> Section:
+def _break_even_section(base: ArmView | None, base_ms: float | None, spec: list[ArmView], target: float | None,
+                        numbers: ExplainNumbers) -> Section:
     title = "Break-even"
     if not spec:
         return Section(title, "No speculative arm completed: there is nothing to weigh against the baseline.")
@@ -354,13 +375,13 @@ def _break_even_section(base: _Arm | None, base_ms: float | None, spec: list[_Ar
         ci = f" [{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}]" if r.speedup_ci_low and r.speedup_ci_high else ""
         be_ci = f" [{r.break_even_ci_low:.2f}, {r.break_even_ci_high:.2f}]" \
             if r.break_even_ci_low and r.break_even_ci_high else ""
-        rows.append({"arm": a.name, "method": a.method, "k": a.k, "tok_s": _r(a.tok_s, 2), "speedup": _r(sp, 3),
-                     "speedup_ci_low": _r(r.speedup_ci_low, 3), "speedup_ci_high": _r(r.speedup_ci_high, 3),
-                     "cycle_ms": _r(a.cycle_ms, 3), "accept_len": _r(a.accept_len, 3),
-                     "break_even_accept_len": _r(be, 3),
-                     "margin": _r(a.accept_len - be, 3) if be is not None and a.accept_len is not None else None,
-                     "break_even_ci_low": _r(r.break_even_ci_low, 3),
-                     "break_even_ci_high": _r(r.break_even_ci_high, 3), "pays": r.pays or "not judged",
+        rows.append({"arm": a.name, "method": a.method, "k": a.k, "tok_s": rounded(a.tok_s, 2), "speedup": rounded(sp, 3),
+                     "speedup_ci_low": rounded(r.speedup_ci_low, 3), "speedup_ci_high": rounded(r.speedup_ci_high, 3),
+                     "cycle_ms": rounded(a.cycle_ms, 3), "accept_len": rounded(a.accept_len, 3),
+                     "break_even_accept_len": rounded(be, 3),
+                     "margin": rounded(a.accept_len - be, 3) if be is not None and a.accept_len is not None else None,
+                     "break_even_ci_low": rounded(r.break_even_ci_low, 3),
+                     "break_even_ci_high": rounded(r.break_even_ci_high, 3), "pays": r.pays or "not judged",
                      "verdict": r.verdict or "n/a"})
         if be is None:
             lines.append(f"- **{a.name}**: no accept length or no speed-up, so its break-even is unknown"
@@ -373,16 +394,16 @@ def _break_even_section(base: _Arm | None, base_ms: float | None, spec: list[_Ar
             txt += f", so speculation **{PAYS_WORDS[r.pays]}**"
         txt += f" ({_f(a.tok_s, 1)} tok/s, {_f(sp)}x{ci} the baseline: {r.verdict or 'not judged'})"
         lines.append(txt + ".")
-    numbers["break_even"] = {r["arm"]: r["break_even_accept_len"] for r in rows}
+    numbers.break_even = {r["arm"]: r["break_even_accept_len"] for r in rows}
     text = (f"The baseline takes {_f(base_ms, 3)} ms per token ({_f(base.tok_s, 1)} tok/s, its decode rate per "
             "request). A speculative cycle pays only when it commits more tokens than the baseline decodes in the "
             "same time: break-even accept length = cycle time / baseline time per token = accept length / speed-up "
             "(both times on the decode rate's clock), its interval from the speed-up's.\n\n" + "\n".join(lines))
-    return Section(title, text, pd.DataFrame(rows), _wall_figure(base, spec, target))
+    return Section(title, text, pd.DataFrame(rows), "break_even")
 
 
-def _workload_sections(base: _Arm | None, spec: list[_Arm], manifest: Manifest | None,
-                       numbers: dict[str, Any]) -> list[Section]:
+def _workload_sections(base: ArmView | None, spec: list[ArmView], manifest: Manifest | None,
+                       numbers: ExplainNumbers) -> list[Section]:
     """The per-workload break-even (none unless a speculative arm has two categories or more)."""
     arms = [a for a in spec if a.raw.categories]
     if not arms:
@@ -399,28 +420,27 @@ def _workload_sections(base: _Arm | None, spec: list[_Arm], manifest: Manifest |
         head += (f" ({wl.get('request_format', 'completion')} requests to {wl.get('endpoint', '?')}; sources: "
                  f"{srcs}; {'greedy' if samp.get('greedy', True) else 'temperature ' + str(samp.get('temperature'))})")
     lines, rows, split = [], [], []
-    numbers["categories"] = {}
     for a in arms:
         be = a.raw.break_even_accept_len
         parts = []
-        per: dict[str, Any] = {}
+        per: dict[str, CategoryNumbers] = {}
         for c in a.raw.categories:
             line = c.break_even_accept_len
             rows.append({"arm": a.name, "category": c.category, "requests": c.requests_ok,
-                         "accept_len": _r(c.accept_len, 3), "break_even": _r(line, 3),
-                         "break_even_ci_low": _r(c.break_even_ci_low, 3),
-                         "break_even_ci_high": _r(c.break_even_ci_high, 3), "arm_break_even": _r(be, 3),
-                         "cycle_ms": _r(c.cycle_ms, 3), "pays": c.pays or "not judged", "tok_s": _r(c.tok_s, 2),
-                         "speedup": _r(c.speedup, 3), "verdict": c.verdict or "n/a"})
-            per[c.category] = {"accept_len": c.accept_len, "break_even": line, "pays": c.pays, "speedup": c.speedup,
-                               "verdict": c.verdict}
+                         "accept_len": rounded(c.accept_len, 3), "break_even": rounded(line, 3),
+                         "break_even_ci_low": rounded(c.break_even_ci_low, 3),
+                         "break_even_ci_high": rounded(c.break_even_ci_high, 3), "arm_break_even": rounded(be, 3),
+                         "cycle_ms": rounded(c.cycle_ms, 3), "pays": c.pays or "not judged", "tok_s": rounded(c.tok_s, 2),
+                         "speedup": rounded(c.speedup, 3), "verdict": c.verdict or "n/a"})
+            per[c.category] = CategoryNumbers(accept_len=c.accept_len, break_even=line, pays=c.pays,
+                                              speedup=c.speedup, verdict=c.verdict)
             side = {"yes": "above: pays", "no": "below: does not pay", "undecided": "within its interval: undecided",
                     None: "not judged"}[c.pays]
             txt = f"**{c.category}** commits {_f(c.accept_len)} per cycle, its line {_f(line)} ({side}"
             if c.speedup is not None:
                 txt += f"; {_f(c.speedup)}x the baseline on {c.category}, {c.verdict or 'no verdict'}"
             parts.append(txt + ")")
-        numbers["categories"][a.name] = per
+        numbers.categories[a.name] = per
         be_txt = f"the arm's break-even {_f(be)} tokens per cycle" if be is not None else "break-even unknown"
         lines.append(f"- **{a.name}** ({be_txt}): " + "; ".join(parts) + ".")
         wins = [c.category for c in a.raw.categories if c.verdict == "faster"]
@@ -431,55 +451,20 @@ def _workload_sections(base: _Arm | None, spec: list[_Arm], manifest: Manifest |
     text = head + ":\n\n" + "\n".join(lines)
     if split:
         text += "\n\n" + "\n\n".join(split)
-    return [Section(title, text, pd.DataFrame(rows), _workload_figure(arms))]
-
-
-def _workload_figure(arms: list[_Arm]) -> go.Figure:
-    fig = go.Figure()
-    for a in arms:
-        cats = [c.category for c in a.raw.categories]
-        fig.add_bar(x=cats, y=[_r(c.accept_len) for c in a.raw.categories], name=f"{a.name}: accept length")
-        if a.raw.break_even_accept_len is not None:
-            fig.add_scatter(x=cats, y=[_r(a.raw.break_even_accept_len)] * len(cats), mode="lines+markers",
-                            line={"dash": "dash"}, name=f"{a.name}: break-even")
-    fig.update_layout(title="Accept length per workload category against each arm's break-even",
-                      xaxis_title="workload category", yaxis_title="tokens committed per cycle", barmode="group",
-                      template="plotly_white", height=400)
-    return fig
-
-
-def _wall_figure(base: _Arm, spec: list[_Arm], target: float | None) -> go.Figure:
-    fig = go.Figure()
-    kmax = max([a.k or 1 for a in spec] + [1])
-    for a in spec:
-        if not a.cycle_ms:
-            continue
-        top = (a.k or kmax) + 1
-        taus = [1 + i * (top - 1) / 20 for i in range(21)]
-        fig.add_scatter(x=[_r(t) for t in taus], y=[_r(t / a.cycle_ms * 1000) for t in taus], mode="lines",
-                        name=f"{a.name}: cycle {a.cycle_ms:.2f} ms")
-        if a.accept_len is not None:
-            fig.add_scatter(x=[_r(a.accept_len)], y=[_r(a.accept_len / a.cycle_ms * 1000)], mode="markers",
-                            marker={"size": 11}, name=f"{a.name}: measured accept length", showlegend=False)
-    fig.add_hline(y=_r(base.tok_s), line_dash="dash", line_color="#555",
-                  annotation_text=f"baseline {base.tok_s:.1f} tok/s")
-    if target and target != base.tok_s:
-        fig.add_hline(y=_r(target), line_dash="dot", line_color="#d62728", annotation_text=f"target {target:g} tok/s")
-    fig.update_layout(title="Throughput a cycle can give at each accept length (tau / cycle time)",
-                      xaxis_title="accept length (tokens committed per cycle)", yaxis_title="tokens / s",
-                      template="plotly_white", height=420)
-    return fig
+    return [Section(title, text, pd.DataFrame(rows), "workload")]
 
 
 @dataclass
-class _Fit:
+class CycleFit:
+    """A cycle-cost model fitted on the arms of one condition (``ArmView.condition``)."""
+
     method: str
     model: analysis.CycleModel
-    arms: list[_Arm]
+    arms: list[ArmView]
 
 
-def _fit_models(spec: list[_Arm], problems: list[str]) -> list[_Fit]:
-    fits: list[_Fit] = []
+def _fit_models(spec: list[ArmView], problems: list[str]) -> list[CycleFit]:
+    fits: list[CycleFit] = []
     for method in dict.fromkeys(a.condition for a in spec):
         pts = [a for a in spec if a.condition == method and a.k is not None and a.model_cycle_ms and not a.cycle_is_bound]
         if len({a.k for a in pts}) < 2:
@@ -487,13 +472,13 @@ def _fit_models(spec: list[_Arm], problems: list[str]) -> list[_Fit]:
         split = all(a.draft_ms is not None and a.draft_ms <= a.model_cycle_ms for a in pts)  # type: ignore[operator]
         data = [(a.k, a.model_cycle_ms, a.draft_ms) if split else (a.k, a.model_cycle_ms) for a in pts]
         try:
-            fits.append(_Fit(method, analysis.fit_cycle_model(data), pts))  # type: ignore[arg-type]
+            fits.append(CycleFit(method, analysis.fit_cycle_model(data), pts))  # type: ignore[arg-type]
         except ConfigError as exc:
             problems.append(f"The cycle model of method {method} could not be fitted: {exc}")
     return fits
 
 
-def _model_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, numbers: dict[str, Any]) -> Section:
+def _model_section(fits: list[CycleFit], spec: list[ArmView], base: ArmView | None, numbers: ExplainNumbers) -> Section:
     title = "Cycle-cost model"
     if not fits:
         ks = sorted({a.k for a in spec if a.k is not None and a.model_cycle_ms})
@@ -529,54 +514,26 @@ def _model_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, number
                                                            "tok_s": [a.tok_s for a in have]})) if have else None
         for i, a in enumerate(f.arms):
             j = have.index(a) if a in have else None
-            rows.append({"method": f.method, "arm": a.name, "k": a.k, "cycle_ms": _r(a.model_cycle_ms, 3),
-                         "fitted_cycle_ms": _r(m.cycle_ms(a.k), 3), "residual_ms": _r(m.residuals_ms[i], 3),
-                         "alpha": _r(a.alpha, 3), "tok_s": _r(a.tok_s, 2),
-                         "predicted_tok_s": _r(pred["predicted_tok_s"].iloc[j], 2) if j is not None else None,
-                         "rel_error": _r(pred["rel_error"].iloc[j], 4) if j is not None else None})
+            rows.append({"method": f.method, "arm": a.name, "k": a.k, "cycle_ms": rounded(a.model_cycle_ms, 3),
+                         "fitted_cycle_ms": rounded(m.cycle_ms(a.k), 3), "residual_ms": rounded(m.residuals_ms[i], 3),
+                         "alpha": rounded(a.alpha, 3), "tok_s": rounded(a.tok_s, 2),
+                         "predicted_tok_s": rounded(pred["predicted_tok_s"].iloc[j], 2) if j is not None else None,
+                         "rel_error": rounded(pred["rel_error"].iloc[j], 4) if j is not None else None})
         mine = [r["rel_error"] for r in rows if r["method"] == f.method and r["rel_error"] is not None]
         errs_m = [abs(e) for e in mine]
-        numbers.setdefault("models", {})[f.method] = {
-            "fixed_ms": m.fixed_ms, "per_draft_ms": m.per_draft_ms, "r2": m.r2, "draft_fixed_ms": m.draft_fixed_ms,
-            "draft_per_token_ms": m.draft_per_token_ms, "verify_fixed_ms": m.verify_fixed_ms,
-            "verify_per_token_ms": m.verify_per_token_ms, "fitted_on": [a.name for a in f.arms],
-            "error": {"median": float(pd.Series(errs_m).median()) if errs_m else None,
-                      "max": max(errs_m) if errs_m else None, "n": len(errs_m)}}
+        numbers.models[f.method] = FitNumbers(
+            fixed_ms=m.fixed_ms, per_draft_ms=m.per_draft_ms, r2=m.r2, draft_fixed_ms=m.draft_fixed_ms,
+            draft_per_token_ms=m.draft_per_token_ms, verify_fixed_ms=m.verify_fixed_ms,
+            verify_per_token_ms=m.verify_per_token_ms, fitted_on=[a.name for a in f.arms],
+            error=FitError(median=float(pd.Series(errs_m).median()) if errs_m else None,
+                           max=max(errs_m) if errs_m else None, n=len(errs_m)))
     table = pd.DataFrame(rows)
-    errs = [(m, e["error"]) for m, e in numbers.get("models", {}).items() if e["error"]["n"]]
+    errs = [(name, fit.error) for name, fit in numbers.models.items() if fit.error.n]
     if errs:
         lines.append("\nOn the arms it was fitted on, the model's throughput (tau(alpha, k) / cycle) is off by "
-                     + "; ".join(f"{e['median'] * 100:.1f} % (median), {e['max'] * 100:.1f} % at worst for **{m}** "
-                                 f"({e['n']} arms)" for m, e in errs) + ".")
-    return Section(title, "\n".join(lines), table, _model_figure(fits, base))
-
-
-def _model_figure(fits: list[_Fit], base: _Arm | None) -> go.Figure:
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("cycle time vs depth", "predicted throughput vs depth"))
-    for f in fits:
-        kmax = max(MAX_MODEL_K, max(a.k for a in f.arms))  # type: ignore[type-var]
-        ks = [k for k in range(1, kmax + 1) if f.model.fixed_ms + f.model.per_draft_ms * k > 0]
-        fig.add_scatter(x=[a.k for a in f.arms], y=[_r(a.model_cycle_ms) for a in f.arms], mode="markers",
-                        marker={"size": 10}, name=f"{f.method}: measured cycle", row=1, col=1)
-        fig.add_scatter(x=ks, y=[_r(f.model.cycle_ms(k)) for k in ks], mode="lines", name=f"{f.method}: fitted",
-                        row=1, col=1)
-        alphas = sorted({round(a.alpha, 2) for a in f.arms if a.alpha is not None} | {0.6, 0.8, 0.9})
-        for al in alphas:
-            fig.add_scatter(x=ks, y=[_r(f.model.throughput(al, k)) for k in ks], mode="lines",
-                            name=f"{f.method}: alpha {al:.2f}", row=1, col=2)
-        have = [a for a in f.arms if a.tok_s is not None]
-        fig.add_scatter(x=[a.k for a in have], y=[_r(a.tok_s) for a in have], mode="markers",
-                        marker={"size": 10, "symbol": "x"}, name=f"{f.method}: measured tok/s", row=1, col=2)
-    if base is not None:
-        fig.add_hline(y=_r(base.tok_s), line_dash="dash", line_color="#555", row=1, col=2,
-                      annotation_text="baseline")
-    fig.update_xaxes(title_text="k (drafted tokens per cycle)")
-    fig.update_yaxes(title_text="ms", row=1, col=1)
-    fig.update_yaxes(title_text="tokens / s", row=1, col=2)
-    fig.update_layout(title="Fitted cycle-cost model", template="plotly_white", height=440)
-    return fig
+                     + "; ".join(f"{e.median * 100:.1f} % (median), {e.max * 100:.1f} % at worst for **{name}** "
+                                 f"({e.n} arms)" for name, e in errs) + ".")
+    return Section(title, "\n".join(lines), table, "model")
 
 
 def _constant_model(cycle_ms: float, k: int) -> analysis.CycleModel:
@@ -585,8 +542,11 @@ def _constant_model(cycle_ms: float, k: int) -> analysis.CycleModel:
                                residuals_ms=(0.0,), r2=math.nan)
 
 
-def _needed_rows(fits: list[_Fit], spec: list[_Arm], targets: list[tuple[str, float]]) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+TableRow = dict[str, str | float | None]
+
+
+def _needed_rows(fits: list[CycleFit], spec: list[ArmView], targets: list[tuple[str, float]]) -> list[TableRow]:
+    rows: list[TableRow] = []
     plan: list[tuple[str, str, int, analysis.CycleModel]] = []
     for f in fits:
         kmax = max(MAX_MODEL_K, max(a.k for a in f.arms))  # type: ignore[type-var]
@@ -598,24 +558,30 @@ def _needed_rows(fits: list[_Fit], spec: list[_Arm], targets: list[tuple[str, fl
              if a.condition not in fitted and a.k is not None and a.model_cycle_ms]
     for who, basis, k, model in plan:
         cyc = model.cycle_ms(k)
-        row: dict[str, Any] = {"source": who, "basis": basis, "k": k, "cycle_ms": _r(cyc, 3),
-                               "max_tok_s": _r((k + 1) / cyc * 1000, 1)}
+        row: TableRow = {"source": who, "basis": basis, "k": k, "cycle_ms": rounded(cyc, 3),
+                               "max_tok_s": rounded((k + 1) / cyc * 1000, 1)}
         for label, tok_s in targets:
-            row[f"accept_len_{label}"] = _r(tok_s * cyc / 1000, 3)
-            row[f"alpha_{label}"] = _r(model.alpha_for(tok_s, k), 4)
+            row[f"accept_len_{label}"] = rounded(tok_s * cyc / 1000, 3)
+            row[f"alpha_{label}"] = rounded(model.alpha_for(tok_s, k), 4)
         rows.append(row)
     return rows
 
 
-def _needed_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, target: float | None,
-                    numbers: dict[str, Any]) -> Section:
-    title = "Acceptance needed"
+def _targets(base: ArmView | None, target: float | None) -> list[tuple[str, float]]:
+    """The throughputs aimed at, labelled: the baseline's (break-even), then the target where it differs."""
     targets: list[tuple[str, float]] = []
     base_ms = figures.base_ms_per_token(base.raw) if base is not None else None
     if base_ms is not None:
         targets.append(("break_even", 1000.0 / base_ms))
     if target is not None and (base_ms is None or abs(target - 1000.0 / base_ms) > 1e-9):
         targets.append((f"{target:g}_tok_s", target))
+    return targets
+
+
+def _needed_section(fits: list[CycleFit], spec: list[ArmView], base: ArmView | None, target: float | None,
+                    numbers: ExplainNumbers) -> Section:
+    title = "Acceptance needed"
+    targets = _targets(base, target)
     if not targets:
         return Section(title, "No baseline and no target throughput: nothing to aim at.")
     rows = _needed_rows(fits, spec, targets)
@@ -634,34 +600,20 @@ def _needed_section(fits: list[_Fit], spec: list[_Arm], base: _Arm | None, targe
         lines.append(f"\nThe least acceptance reaching **{tok_s:g} tok/s** among the depths considered "
                      f"(fitted models: k = 1 to {MAX_MODEL_K}) is alpha = **{best[col]:.3f}** at k={best['k']} "
                      f"({best['source']}, {best['basis']}, cycle {best['cycle_ms']:.2f} ms).")
-        numbers["min_alpha_for_target"] = float(best[col])
+        numbers.min_alpha_for_target = float(best[col])
     else:
         lines.append(f"\n**{tok_s:g} tok/s is out of reach at every depth considered**: even a draft that is always "
                      "accepted cannot commit enough tokens per cycle at these cycle costs.")
-        numbers["min_alpha_for_target"] = None
+        numbers.min_alpha_for_target = None
     measured = [a for a in spec if a.alpha is not None and a.k is not None]
     if measured:
         lines.append("Measured: " + "; ".join(f"{a.name} alpha = {a.alpha:.3f}"
                                               + (" (synthetic)" if a.synthetic else " (from its accept length)")
                                               for a in measured) + ".")
-    return Section(title, "\n".join(lines), table, _needed_figure(table, targets))
+    return Section(title, "\n".join(lines), table, "needed")
 
 
-def _needed_figure(table: pd.DataFrame, targets: list[tuple[str, float]]) -> go.Figure:
-    fig = go.Figure()
-    for src, g in table.groupby("source", sort=False):
-        for lbl, tok_s in targets:
-            col = f"alpha_{lbl}"
-            gg = g.dropna(subset=[col])
-            if len(gg):
-                fig.add_scatter(x=gg["k"].tolist(), y=gg[col].tolist(), mode="lines+markers",
-                                name=f"{src}: {tok_s:g} tok/s")
-    fig.update_layout(title="Per-token acceptance needed at each depth", xaxis_title="k (drafted tokens per cycle)",
-                      yaxis_title="alpha needed", yaxis_range=[0, 1.02], template="plotly_white", height=420)
-    return fig
-
-
-def _roofline_section(inp: RooflineInputs | None, base: _Arm | None, numbers: dict[str, Any]) -> Section:
+def _roofline_section(inp: RooflineInputs | None, base: ArmView | None, numbers: ExplainNumbers) -> Section:
     title = "Roofline"
     if inp is None:
         return Section(title, "Not computed: the record names no GPU model and model size (pass "
@@ -680,20 +632,21 @@ def _roofline_section(inp: RooflineInputs | None, base: _Arm | None, numbers: di
         roof = analysis.decode_roofline_tok_s(wb, bw, kv)
     except ConfigError as exc:
         return Section(title, f"Not computed: {exc}")
-    numbers.update(roofline_tok_s=roof, weight_bytes_per_token=wb, kv_bytes_per_token=kv, bandwidth_gb_s=bw)
+    numbers.roofline_tok_s, numbers.weight_bytes_per_token = roof, wb
+    numbers.kv_bytes_per_token, numbers.bandwidth_gb_s = kv, bw
     active = f"{inp.active_params_b:g}B active of {inp.params_b:g}B" if inp.active_params_b else f"{inp.params_b:g}B"
     text = (f"{inp.n_gpus} x {spec.name} ({spec.bandwidth_gb_s:g} GB/s each, {bw:g} GB/s together); {active} "
             f"parameters at {inp.bits_per_weight:g} bits = {wb / 1e9:.1f} GB read per token"
             + (f" (plus {kv / 1e9:.3f} GB of KV cache)" if kv else "") + ". Batch-1 decode "
             f"cannot beat {roof:.0f} tok/s ({1000 / roof:.2f} ms per token).")
-    rows = [{"quantity": "roofline tok/s", "value": _r(roof, 1)},
-            {"quantity": "roofline ms/token", "value": _r(1000 / roof, 3)}]
+    rows = [{"quantity": "roofline tok/s", "value": rounded(roof, 1)},
+            {"quantity": "roofline ms/token", "value": rounded(1000 / roof, 3)}]
     if base is not None:
         util = analysis.bandwidth_utilisation(base.tok_s, wb, bw, kv)  # type: ignore[arg-type]
-        numbers["baseline_roofline_fraction"] = util
+        numbers.baseline_roofline_fraction = util
         text += (f" The baseline's {base.tok_s:.1f} tok/s is **{util * 100:.1f} %** of that: each decode step "
                  f"takes {1 / util:.1f}x its memory-traffic floor")
         text += (", so something other than weight reads (communication, launch latency) sets its pace, and a "
                  "verify pass pays the same fixed costs again." if util < 0.5 else ".")
-        rows.append({"quantity": "baseline fraction of roofline", "value": _r(util, 4)})
+        rows.append({"quantity": "baseline fraction of roofline", "value": rounded(util, 4)})
     return Section(title, text, pd.DataFrame(rows))

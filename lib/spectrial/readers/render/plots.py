@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from spectrial.figures import base_ms_per_token, is_baseline, pick_baseline
-from spectrial.schema import ArmRecord, DecideRecord
+from spectrial.schema import ArmRecord, DecideRecord, RequestRecord
+from spectrial.serving import COLOURS, LATENCY_PANELS, latency_curves
 
 
 def _ok(arms: list[ArmRecord]) -> list[ArmRecord]:
@@ -105,4 +109,41 @@ def accept_len_figure(values: dict[str, list[float]], token_weighted: dict[str, 
                                                                       "color": "black"},
                             name="token-weighted", showlegend=name == next(iter(values)))
     fig.update_layout(title=title, yaxis_title="accept length (tokens per verify step)", template="plotly_white")
+    return fig
+
+def latency_figure(by_arm: Mapping[str, Sequence[RequestRecord]], *,
+                   expected_tokens_per_chunk: Mapping[str, float | None] | None = None,
+                   title: str = "Latency distributions per arm") -> go.Figure:
+    """Percentile curves (x: ms, y: percentile) of TTFT, TPOT, ITL per token and E2E latency, one colour per
+    arm (`spectrial.serving.latency_curves`: a figure the arm's stream granularity makes meaningless is left out)."""
+    fig = make_subplots(rows=1, cols=4, subplot_titles=LATENCY_PANELS, shared_yaxes=True, horizontal_spacing=0.04)
+    colour = {name: COLOURS[i % len(COLOURS)] for i, name in enumerate(by_arm)}
+    shown: set[str] = set()
+    for c in latency_curves(by_arm, expected_tokens_per_chunk=expected_tokens_per_chunk):
+        fig.add_scatter(x=c.x, y=c.y, mode="lines", name=c.arm, legendgroup=c.arm, showlegend=c.arm not in shown,
+                        line={"color": colour[c.arm]}, row=1, col=LATENCY_PANELS.index(c.panel) + 1)
+        shown.add(c.arm)
+    for col, label in enumerate(LATENCY_PANELS, start=1):
+        fig.update_xaxes(title_text=label, row=1, col=col)
+    fig.update_yaxes(title_text="percentile (requests; tokens for ITL)", row=1, col=1)
+    fig.update_layout(title=title, template="plotly_white", height=420, legend_title_text="arm")
+    return fig
+
+
+def nccl_latency_figure(summary: pd.DataFrame, title: str = "All-reduce latency per message size") -> go.Figure:
+    """p50 latency (slowest rank per call) per size, one line per set (and group), p10-p90 as error bars;
+    log-scale axes."""
+    fig = go.Figure()
+    mx = summary[summary["rank"] == "max"]
+    for (set_name, group), sub in mx.groupby(["set", "group"], sort=False):
+        sub = sub.sort_values("size_bytes")
+        label = set_name if group == "default" else f"{set_name} ({group} group)"
+        fig.add_trace(go.Scatter(
+            x=sub["size_bytes"], y=sub["p50_us"], mode="lines+markers", name=label,
+            error_y={"type": "data", "symmetric": False, "array": sub["p90_us"] - sub["p50_us"],
+                     "arrayminus": sub["p50_us"] - sub["p10_us"]},
+            text=sub["size"], hovertemplate="%{text}: p50 %{y:.1f} us<extra>" + label + "</extra>"))
+    fig.update_xaxes(type="log", title="message size (bytes)")
+    fig.update_yaxes(type="log", title="latency per call (us, slowest rank; bars p10-p90)")
+    fig.update_layout(title=title, template="plotly_white", legend_title="environment set")
     return fig

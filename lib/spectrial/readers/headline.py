@@ -22,7 +22,8 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from spectrial.figures import NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, pick_baseline, positive
-from spectrial.schema import ArmRecord, Manifest, as_manifest
+from spectrial.records import as_manifest
+from spectrial.schema import ArmRecord, Manifest, PointRecord
 from spectrial.validity import is_invalid, problems
 
 DETECT = 0.05  # the difference an undecided arm is told how to detect
@@ -245,7 +246,7 @@ def _needs(a: ArmRecord, starts: int, decided_run: bool = False) -> str | None:
 
 
 def arm_line(a: ArmRecord, base: ArmRecord | None, decided_run: bool = False) -> ArmLine:
-    starts = len([s for s in a.starts if s.status == "ok"]) or len(a.starts) or len(a.get("start_orders") or [])
+    starts = len([s for s in a.starts if s.status == "ok"]) or len(a.starts) or len(a.start_orders if isinstance(a, PointRecord) else [])
     sv = a.serving
     line = ArmLine(arm=a.name, method=a.method, k=a.steps, synthetic=bool(a.synthetic),
                    status=a.status, reason=a.reason, baseline=base is not None and a.name == base.name,
@@ -324,30 +325,29 @@ def sweep_headlines(source: Manifest | Any) -> list[Headline]:
     m = as_manifest(source)
     partial = sweep_status(m) == "partial"
     left = not_measured(m) if partial else []
-    b = m.budget or {}
+    stopped_by = m.budget.stopped_by if m.budget is not None else None
     out = []
     levels = sorted({p.concurrency for p in m.points})
     scenarios = list(dict.fromkeys(p.scenario for p in m.points if p.method != "none"))
     for sc in scenarios:
         for c in levels:
-            mine = [x for x in left if x.get("synthetic_accept") == sc]
-            names = {x["setting"] for x in mine}
+            mine = [x for x in left if x.synthetic_accept == sc]
+            names = {x.setting for x in mine}
             pts = [p for p in m.points if p.concurrency == c and (p.method == "none" or p.scenario == sc)
                    and (p.status != "not measured" or p.setting in names)]
             if not any(p.method != "none" and p.status != "not measured" for p in pts):
                 continue
             h = headline(None, arms=pts)
             where = f"concurrency {c}" + (f", forced acceptance {sc:g}" if sc is not None else "")
-            update: dict[str, Any] = {"title": f"{where}: {h.title}"}
+            title, note = f"{where}: {h.title}", h.partial
             if partial:
-                could = [x["setting"] for x in mine if c in (x.get("could_beat_at") or [])]
-                update["title"] += f" (partial sweep: {len(mine)} setting(s) not measured)" if mine else \
-                    " (partial sweep)"
-                update["partial"] = (f"Partial: stopped by the {b.get('stopped_by') or 'budget'}"
-                                     + (f"; not measured here: {', '.join(sorted(names))}" if names else "")
-                                     + (f"; {', '.join(could)} could be faster than the best measured, so the best "
-                                        "here is not confirmed" if could else ""))
-            out.append(h.model_copy(update=update))
+                could = [x.setting for x in mine if c in x.could_beat_at]
+                title += f" (partial sweep: {len(mine)} setting(s) not measured)" if mine else " (partial sweep)"
+                note = (f"Partial: stopped by the {stopped_by or 'budget'}"
+                        + (f"; not measured here: {', '.join(sorted(names))}" if names else "")
+                        + (f"; {', '.join(could)} could be faster than the best measured, so the best "
+                           "here is not confirmed" if could else ""))
+            out.append(h.model_copy(update={"title": title, "partial": note}))
     return out
 
 

@@ -20,72 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue
+
+from spectrial.drift import argv_changes, argv_options, dict_changes
 from spectrial.fingerprint import stable_view
 from spectrial.params import workload_identity
-from spectrial.schema import ArmRecord, Manifest, load_record
+from spectrial.records import load_record
+from spectrial.schema import ArmRecord, Manifest
 
 
 @dataclass(order=True)
 class Finding:
     severity: int
     text: str
-
-
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    if isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
-        out = {}
-        for i, v in enumerate(d):
-            out.update(_flat(v, f"{prefix}{i}."))
-        return out
-    return {prefix.rstrip("."): d}
-
-
-def dict_changes(a: dict[str, Any], b: dict[str, Any], label: str) -> list[str]:
-    """'label.KEY: a -> b' for every key that differs (added/removed included)."""
-    fa, fb = _flat(a), _flat(b)
-    out = []
-    for k in sorted(set(fa) | set(fb)):
-        if fa.get(k) != fb.get(k):
-            if k not in fa:
-                out.append(f"{label}.{k} added: {fb[k]!r}")
-            elif k not in fb:
-                out.append(f"{label}.{k} removed (was {fa[k]!r})")
-            else:
-                out.append(f"{label}.{k}: {fa[k]!r} -> {fb[k]!r}")
-    return out
-
-
-def _argv_options(argv: list[str]) -> dict[str, str]:
-    opts: dict[str, str] = {}
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            opts[a] = argv[i + 1]
-            i += 2
-        else:
-            opts[a] = ""
-            i += 1
-    return opts
-
-
-def argv_changes(a: list[str], b: list[str]) -> list[str]:
-    """Option-level differences between two launch commands."""
-    if a == b:
-        return []
-    out = []
-    if a[:1] != b[:1]:
-        out.append(f"executable: {a[:1]} -> {b[:1]}")
-    oa, ob = _argv_options(a), _argv_options(b)
-    for k in sorted(set(oa) | set(ob)):
-        if oa.get(k) != ob.get(k):
-            out.append(f"argv {k}: {oa.get(k, '(absent)')!r} -> {ob.get(k, '(absent)')!r}")
-    return out or ["argv order changed"]
 
 
 def _env_reach(arm: ArmRecord) -> dict[str, int]:
@@ -232,7 +179,10 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _gpus(host: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+GpuValue = str | list[str] | None  # a GPU fingerprint field (StableView's gpus)
+
+
+def _gpus(host: Mapping[str, Any]) -> list[dict[str, GpuValue]] | None:
     """The GPUs a run records (an empty list: recorded, none), as fingerprint fields; None: not recorded."""
     fp = host.get("fingerprint") or {}
     if fp.get("gpus") is not None:
@@ -244,26 +194,41 @@ def _gpus(host: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return None
 
 
-def _models(m: Manifest) -> dict[str, Any] | None:
-    """Model files by path (their identity), with the target's path under 'target'; None: not recorded."""
+@dataclass(frozen=True)
+class ModelIdentity:
+    """The models a run names: the target, and each model file's identity (head/tail hash, size) by path."""
+
+    target: str | None
+    files: dict[str, tuple[JsonValue, JsonValue]]
+
+    def same_as(self, other: ModelIdentity) -> bool:
+        """Same target, and the same identity for every file both runs name (a file only one run uses belongs
+        to an arm only that run has)."""
+        common = set(self.files) & set(other.files)
+        return self.target == other.target and all(self.files[p] == other.files[p] for p in common)
+
+    def __repr__(self) -> str:  # as the reasons of `comparability` print it
+        return repr({"target": self.target, "files": self.files})
+
+
+def _models(m: Manifest) -> ModelIdentity | None:
+    """Model files by path (their identity), with the target's path; None: not recorded."""
     files = {str(x.get("path")): (x.get("head_tail_sha256"), x.get("size")) for x in m.models}
     target = m.params.get("model") or (m.model_info or {}).get("name")
     if not files and not target:
         return None
-    return {"target": target, "files": files}
+    return ModelIdentity(target=target, files=files)
 
 
-def _same_models(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Same target, and the same identity for every file both runs name (a file only one run uses belongs to
-    an arm only that run has)."""
-    common = set(a["files"]) & set(b["files"])
-    return a["target"] == b["target"] and all(a["files"][p] == b["files"][p] for p in common)
+# what a run records of one category: GPU names, units, drivers, field tuples, host fields, models, ...
+Facet = (list[str] | list[tuple[GpuValue, ...]] | str | dict[str, str | None]
+         | dict[str, str | tuple[JsonValue, JsonValue]] | dict[str, JsonValue] | ModelIdentity | None)
 
 
-def _facets(m: Manifest) -> dict[str, Any]:
+def _facets(m: Manifest) -> dict[str, Facet]:
     """Per category, what a run records (None: not recorded)."""
     host, eng = m.host, m.engine
-    out: dict[str, Any] = {c: None for c in CATEGORIES}
+    out: dict[str, Facet] = {c: None for c in CATEGORIES}
     gpus = _gpus(host)
     if gpus is not None:
         out["GPU"] = sorted(str(g.get("name")) for g in gpus)
@@ -306,7 +271,7 @@ def _launch_differences(a: Manifest, b: Manifest) -> list[str]:
     pairs.append((a.params.get("env") or {}, b.params.get("env") or {}, [], []))
     for ea, eb, va, vb in pairs:
         names += [k for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)]
-        oa, ob = _argv_options(va) if va else {}, _argv_options(vb) if vb else {}
+        oa, ob = argv_options(va) if va else {}, argv_options(vb) if vb else {}
         names += [k for k in sorted(set(oa) | set(ob)) if oa.get(k) != ob.get(k)]
     if {x for x in arms_a} != {x for x in arms_b}:
         names.append("the set of arms")
@@ -325,7 +290,7 @@ def comparability(a: Manifest, b: Manifest) -> Comparability:
             if cat != "GPU unit":
                 unknown.append(cat)
                 reasons.append(f"{cat}: recorded in {'B' if va is None else 'A'} only")
-        elif (not _same_models(va, vb)) if cat == "model" else va != vb:
+        elif (not va.same_as(vb)) if isinstance(va, ModelIdentity) and isinstance(vb, ModelIdentity) else va != vb:
             if cat == "GPU unit" and "GPU" in differs:
                 continue
             differs.append("GPU (another unit of the same model)" if cat == "GPU unit" else cat)

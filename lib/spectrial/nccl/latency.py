@@ -1,13 +1,13 @@
-"""Tables, comparisons, the figure and the verdict of an NCCL check (pure functions of its data).
+"""The numbers of an NCCL check (pure functions of its latency data) and the verdict paragraph the check writes
+into its record.
 
 Latency data (`latency.csv`, one row per timed all-reduce): round, set, group, size_bytes, role, rank, iter,
 us. A collective's latency is its slowest rank's: rank "max" is the maximum over ranks of each call.
 Percentiles pool the rounds; comparisons resample rounds, then calls, when both sides have two or more.
+The tables read from the record are in `spectrial.readers.nccl`, its figure in `spectrial.readers.render.plots`.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -92,51 +92,8 @@ def compare_sets(latency: pd.DataFrame, baseline: str, *, level: float = 0.95, s
     return pd.DataFrame(rows, columns=cols)
 
 
-def visibility_table(manifest: Manifest) -> pd.DataFrame:
-    """One row per set and worker: pid, where the requested variables were seen, what was missing."""
-    rows = []
-    for s in manifest.get("sets", []):
-        for w in s.get("workers", []):
-            rows.append({"set": s["name"], "how": s["how"], "round": w.get("round"), "rank": w.get("rank"),
-                         "pid": w.get("pid"),
-                         "exit_code": w.get("exit_code"),
-                         "in_os_environ": len(w.get("seen_in_os_environ", [])),
-                         "in_proc": len(w.get("seen_in_proc", [])),
-                         "missing": ", ".join(w.get("missing", [])),
-                         "not_in_proc": ", ".join(w.get("not_in_proc", []))})
-    return pd.DataFrame(rows, columns=["set", "how", "round", "rank", "pid", "exit_code", "in_os_environ", "in_proc",
-                                       "missing", "not_in_proc"])
-
-
-def settings_table(manifest: Manifest) -> pd.DataFrame:
-    """What NCCL said it used, per set, rank and communicator phase (empty on gloo)."""
-    rows = [r for s in manifest.get("sets", []) for n in s.get("nccl", []) for r in n.get("settings", [])]
-    return pd.DataFrame(rows)
-
-
-def latency_figure(summary: pd.DataFrame, title: str = "All-reduce latency per message size") -> Any:
-    """p50 latency (slowest rank per call) per size, one line per set (and group), p10-p90 as error bars;
-    log-scale axes."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    mx = summary[summary["rank"] == "max"]
-    for (set_name, group), sub in mx.groupby(["set", "group"], sort=False):
-        sub = sub.sort_values("size_bytes")
-        label = set_name if group == "default" else f"{set_name} ({group} group)"
-        fig.add_trace(go.Scatter(
-            x=sub["size_bytes"], y=sub["p50_us"], mode="lines+markers", name=label,
-            error_y={"type": "data", "symmetric": False, "array": sub["p90_us"] - sub["p50_us"],
-                     "arrayminus": sub["p50_us"] - sub["p10_us"]},
-            text=sub["size"], hovertemplate="%{text}: p50 %{y:.1f} us<extra>" + label + "</extra>"))
-    fig.update_xaxes(type="log", title="message size (bytes)")
-    fig.update_yaxes(type="log", title="latency per call (us, slowest rank; bars p10-p90)")
-    fig.update_layout(title=title, template="plotly_white", legend_title="environment set")
-    return fig
-
-
-def _round(worker: dict[str, Any]) -> str:
-    r = worker.get("round")
+# --- the verdict paragraph (written into the record by the check) ---------------------------------------------
+def _round(r: int | None) -> str:
     return f" round {r}" if r is not None else ""
 
 
@@ -171,7 +128,7 @@ def verdict_text(manifest: Manifest, comparisons: pd.DataFrame) -> str:
             lines.append(f"- {head}: **failed**: {s.get('error')}")
             continue
         workers = s.get("workers", [])
-        miss = [f"rank {w['rank']}{_round(w)} (pid {w['pid']}): {', '.join(w['missing'])}" for w in workers
+        miss = [f"rank {w['rank']}{_round(w.get('round'))} (pid {w['pid']}): {', '.join(w['missing'])}" for w in workers
                 if w.get("missing")]
         noproc = sorted({n for w in workers for n in w.get("not_in_proc", [])})
         vis = ("every requested variable was in every worker's `os.environ`" if not miss else

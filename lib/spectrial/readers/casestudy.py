@@ -2,7 +2,7 @@
 
 The data is the run record ``outputs/examples/case-kimi-k25-pcie/manifest.json`` (``kind: "case"``; its
 README says where each figure comes from). Everything here reads it through the same code that reads a
-trial's record (``spectrial.history``, ``spectrial.explain``, ``spectrial.analysis``):
+trial's record (``spectrial.readers.history``, ``spectrial.readers.explain``, ``spectrial.analysis``):
 
 - ``key_numbers()``: the arithmetic that settled the case, at the seed's round figures (82 tok/s baseline,
   30 ms cycle, accept length 2.1, target 150 tok/s): break-even accept length, the throughput 2.1 gives,
@@ -18,15 +18,15 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from spectrial import analysis
 from spectrial.errors import ConfigError
-from spectrial.history import fill_derived, incomparability, record_rows
 from spectrial.params import repo_root
-from spectrial.schema import ArmRecord, Manifest, as_manifest
+from spectrial.readers.history import HistoryRow, incomparability, record_rows, rows_frame, with_derived
+from spectrial.records import as_manifest
+from spectrial.schema import ArmRecord, Manifest
 
 __all__ = ["CASE_NAME", "TRIAL_FIELDS", "KeyNumbers", "baseline_drift", "case_arms", "case_dir", "case_table",
            "coverage", "key_numbers", "load_case", "needed_table", "pair"]
@@ -75,9 +75,8 @@ def load_case(path: str | Path | None = None) -> Manifest:
 
 def case_arms(manifest: Manifest, session: str | None = None) -> list[ArmRecord]:
     """The arms (of one ``session`` if given) with cycle time and accept length derived where implied
-    (``history.fill_derived``; each derived field is named in the arm's ``derived``)."""
-    arms = [ArmRecord.model_validate(fill_derived(a.model_dump())) for a in manifest.arms
-            if session is None or a.session == session]
+    (``history.with_derived``; each derived field is named in the arm's ``derived``)."""
+    arms = [with_derived(a) for a in manifest.arms if session is None or a.session == session]
     if not arms:
         raise ConfigError(f"session={session!r}: no arm of the case has it; sessions: "
                           f"{sorted({str(a.session) for a in manifest.arms})}")
@@ -88,7 +87,7 @@ def case_table(manifest: Manifest) -> pd.DataFrame:
     """Every configuration, measured and derived figures side by side (columns CASE_COLUMNS); break-even and
     speed-up are against the baseline of the same session and NCCL state, when there is one."""
     rows, _ = record_rows(manifest, CASE_NAME)
-    return pd.DataFrame(rows)[CASE_COLUMNS]
+    return rows_frame(rows)[CASE_COLUMNS]
 
 
 @dataclass(frozen=True)
@@ -154,27 +153,41 @@ def needed_table(manifest: Manifest, target_tok_s: float = 150.0) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def _row(manifest: Manifest, arm: str) -> dict[str, Any]:
+def _row(manifest: Manifest, arm: str) -> HistoryRow:
     rows, _ = record_rows(manifest, CASE_NAME)
     for r in rows:
-        if r["arm"] == arm:
+        if r.arm == arm:
             return r
-    raise ConfigError(f"arm {arm!r} is not in the case; arms: {[r['arm'] for r in rows]}")
+    raise ConfigError(f"arm {arm!r} is not in the case; arms: {[r.arm for r in rows]}")
 
 
-def pair(manifest: Manifest, a: str, b: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Pair:
+    """Two configurations side by side (see :func:`pair`)."""
+
+    a: HistoryRow
+    b: HistoryRow
+    tok_s_ratio: float | None
+    cycle_ratio: float | None
+    reasons: list[str]
+
+
+def pair(manifest: Manifest, a: str, b: str) -> Pair:
     """Two configurations side by side: their figures, the ratio of their throughputs and cycles, and
     ``reasons`` (``history.incomparability``) why the ratio says nothing about the draft."""
     ra, rb = _row(manifest, a), _row(manifest, b)
-    ratio = ra["tok_s"] / rb["tok_s"] if ra["tok_s"] and rb["tok_s"] else None
-    cyc = ra["cycle_ms"] / rb["cycle_ms"] if ra["cycle_ms"] and rb["cycle_ms"] else None
-    return {"a": ra, "b": rb, "tok_s_ratio": ratio, "cycle_ratio": cyc, "reasons": incomparability(ra, rb)}
+    ratio = ra.tok_s / rb.tok_s if ra.tok_s and rb.tok_s else None
+    cyc = ra.cycle_ms / rb.cycle_ms if ra.cycle_ms and rb.cycle_ms else None
+    return Pair(a=ra, b=rb, tok_s_ratio=ratio, cycle_ratio=cyc, reasons=incomparability(ra, rb))
 
 
 def baseline_drift(manifest: Manifest, earlier: str = "baseline-tuned",
                    later: str = "baseline-restart") -> float:
     """Relative change of the baseline between sessions: later / earlier - 1 (e.g. -0.075)."""
-    return _row(manifest, later)["tok_s"] / _row(manifest, earlier)["tok_s"] - 1.0
+    later_tok_s, earlier_tok_s = _row(manifest, later).tok_s, _row(manifest, earlier).tok_s
+    if later_tok_s is None or not earlier_tok_s:
+        raise ConfigError(f"baseline arms {earlier!r} and {later!r} need a throughput each to compare")
+    return later_tok_s / earlier_tok_s - 1.0
 
 
 def coverage(manifest: Manifest) -> pd.DataFrame:
@@ -184,7 +197,7 @@ def coverage(manifest: Manifest) -> pd.DataFrame:
     engine_version = manifest.engine.get("version")
     out = []
     for raw, r in zip(manifest.arms, rows, strict=True):
-        same_session_base = r["method"] == "none" or r["baseline_arm"] is not None
+        same_session_base = r.method == "none" or r.baseline_arm is not None
         have = {
             "tok_s_values": len(raw.tok_s_values) >= 2, "accepted": raw.accepted is not None,
             "drafted": raw.drafted is not None, "verify_steps": bool(raw.verify_steps),
@@ -194,6 +207,6 @@ def coverage(manifest: Manifest) -> pd.DataFrame:
             "ready_s": raw.get("ready_s") is not None, "baseline_same_session": same_session_base,
             "engine_version": engine_version is not None, "started_at": manifest.started_at is not None,
         }
-        out.append({"arm": r["arm"], **have})
+        out.append({"arm": r.arm, **have})
     table = pd.DataFrame(out).set_index("arm")
     return table[list(TRIAL_FIELDS)]

@@ -25,29 +25,70 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 
+from spectrial.analysis.stats import finite
 from spectrial.errors import SpectrialError
 from spectrial.figures import fill_derived
 from spectrial.params import repo_root
-from spectrial.records import finite
-from spectrial.schema import Manifest, as_manifest, load_record
+from spectrial.records import as_manifest, load_record
+from spectrial.schema import ArmRecord, Manifest
 
-__all__ = ["HISTORY_COLUMNS", "History", "baseline_figure", "baseline_over_time", "fill_derived",
-           "incomparability", "load_history", "matrix", "matrix_figure", "resolve_dir"]
+__all__ = ["HISTORY_COLUMNS", "History", "HistoryRow", "baseline_over_time", "fill_derived", "incomparability",
+           "load_history", "matrix", "record_rows", "resolve_dir", "rows_frame", "with_derived"]
 
-HISTORY_COLUMNS = [
-    "source", "run", "kind", "run_status", "host", "gpu", "engine", "engine_version", "started_at", "session",
-    "order", "arm", "method", "status", "reason", "config", "k", "synthetic_accept", "launch", "nccl_env",
-    "tok_s", "tok_s_min", "tok_s_max", "n_values", "ms_per_token", "accept_len", "draft_accept_rate", "cycle_ms",
-    "verify_ms", "verify_share", "draft_ms_per_cycle", "verify_steps", "break_even_accept_len", "speedup",
-    "speedup_ci_low", "speedup_ci_high", "verdict", "pays", "derived",
-]
+
+@dataclass
+class HistoryRow:
+    """One row of the history table: an arm of a run record, or a log file (its medians)."""
+
+    source: str | None = None
+    run: str | None = None
+    kind: str | None = None
+    run_status: str | None = None
+    host: str | None = None
+    gpu: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    started_at: str | None = None
+    session: str | None = None
+    order: int | None = None
+    arm: str | None = None
+    method: str | None = None
+    status: str | None = None
+    reason: str | None = None
+    config: str | None = None
+    k: int | None = None
+    synthetic_accept: float | list[float] | None = None
+    launch: str | None = None
+    nccl_env: str | None = None
+    tok_s: float | None = None
+    tok_s_min: float | None = None
+    tok_s_max: float | None = None
+    n_values: int | None = None
+    ms_per_token: float | None = None
+    accept_len: float | None = None
+    draft_accept_rate: float | None = None
+    cycle_ms: float | None = None
+    verify_ms: float | None = None
+    verify_share: float | None = None
+    draft_ms_per_cycle: float | None = None
+    verify_steps: float | None = None
+    break_even_accept_len: float | None = None
+    speedup: float | None = None
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
+    verdict: str | None = None
+    pays: str | None = None
+    derived: str | None = None
+    baseline_arm: str | None = None  # the table's last column, after HISTORY_COLUMNS
+
+
+HISTORY_COLUMNS = [f.name for f in fields(HistoryRow)][:-1]
 LOG_METRICS = {"tok_s": ("gen_throughput", "output_throughput"), "accept_len": ("accept_len",),
                "draft_accept_rate": ("accept_rate",), "verify_ms": ("verify_ms",)}
 _VERSION = re.compile(r"version:?\s*([^|]+?)\s*(?:\||$)")
@@ -97,48 +138,51 @@ def _gpu(host: Mapping[str, Any]) -> str | None:
     return f"{len(names)}x {names[0]}" if len(names) > 1 else str(names[0])
 
 
-def _nccl_env(arm: Mapping[str, Any]) -> str:
-    if arm.get("nccl_env"):
-        return str(arm["nccl_env"])
-    env = arm.get("env")
-    if not isinstance(env, Mapping):
+def _nccl_env(arm: ArmRecord) -> str:
+    if arm.nccl_env:
+        return arm.nccl_env
+    if arm.env is None:
         return "unrecorded"
-    if not any(_NCCL.match(str(k)) for k in env):
+    if not any(_NCCL.match(k) for k in arm.env):
         return "none"
-    ok = (arm.get("env_check") or {}).get("ok")
+    ok = arm.env_check.ok if arm.env_check is not None else None
     return {True: "set, verified", False: "set, check failed"}.get(ok, "set, unverified")
 
 
-def _config(arm: Mapping[str, Any]) -> str:
-    method = str(arm.get("method") or "none")
-    if method == "none":
+def _config(arm: ArmRecord) -> str:
+    if not arm.speculative:
         return "baseline"
-    label = f"{method} k={arm.get('steps') if arm.get('steps') is not None else '?'}"
-    syn = finite(arm.get("synthetic_accept"))
+    label = f"{arm.method} k={arm.steps if arm.steps is not None else '?'}"
+    syn = finite(arm.synthetic_accept)
     return label + (f" (synthetic a={syn:g})" if syn is not None else "")
 
 
-def _arm_issues(run: str, arm: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    name = str(arm.get("name") or "?")
+def _arm_issues(run: str, arm: ArmRecord) -> list[tuple[str, str, str]]:
+    name = arm.name or "?"
     out = []
-    if arm.get("status") != "ok":
-        out.append((run, name, f"arm did not complete (status {arm.get('status')!r}): "
-                               f"{arm.get('reason') or 'no reason recorded'}"))
+    if arm.status != "ok":
+        out.append((run, name, f"arm did not complete (status {arm.status!r}): "
+                               f"{arm.reason or 'no reason recorded'}"))
         return out
-    speculative = str(arm.get("method") or "none") != "none"
-    steps = arm.get("verify_steps")
-    if speculative and steps is not None and not (finite(steps) or 0) > 0:
+    steps = arm.verify_steps
+    if arm.speculative and steps is not None and not (finite(steps) or 0) > 0:
         out.append((run, name, f"{float(steps):g} verify steps: no speculative cycle measured (cycle and accept length undefined)"))
-    al = finite(arm.get("accept_len"))
-    if speculative and al is not None and al < 1:
+    al = finite(arm.accept_len)
+    if arm.speculative and al is not None and al < 1:
         out.append((run, name, f"accept length {al:g} < 1: impossible (each cycle commits >= 1 token); counters wrong"))
-    if finite(arm.get("tok_s")) is None and finite(arm.get("verify_ms")) is None:
+    if finite(arm.tok_s) is None and finite(arm.verify_ms) is None:
         out.append((run, name, "no throughput and no verify time recorded"))
     return out
 
 
+def with_derived(arm: ArmRecord) -> ArmRecord:
+    """A copy of an arm with what its recorded figures imply filled in (``fill_derived``, each derived field named
+    in its ``derived``)."""
+    return type(arm).model_validate(fill_derived(arm.model_dump()))
+
+
 def record_rows(source: Manifest | Mapping[str, Any], run: str
-                ) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
+                ) -> tuple[list[HistoryRow], list[tuple[str, str, str]]]:
     """Rows (one per arm) and issues of one run record; ``run`` labels it (its folder, relative)."""
     manifest = as_manifest(source)
     issues: list[tuple[str, str, str]] = []
@@ -157,31 +201,31 @@ def record_rows(source: Manifest | Mapping[str, Any], run: str
         issues.append((run, "", "no arms recorded"))
     host, engine = manifest.host, manifest.engine
     rows = []
-    for i, raw in enumerate(a.model_dump() for a in manifest.arms):
-        issues += _arm_issues(run, raw)
-        arm = fill_derived(raw) if raw.get("status") == "ok" else dict(raw)
-        values = [v for v in (arm.get("tok_s_values") or []) if finite(v)]
-        rows.append({
-            "source": "record", "run": run, "kind": manifest.kind, "run_status": status,
-            "host": host.get("name"), "gpu": _gpu(host), "engine": engine.get("name"),
-            "engine_version": _engine_version(engine), "started_at": manifest.started_at,
-            "session": arm.get("session") or (manifest.run_id if manifest.run_id != "?" else None) or run,
-            "order": arm.get("order") or i + 1,
-            "arm": arm.get("name"), "method": arm.get("method") or "none", "status": arm.get("status"),
-            "reason": arm.get("reason"), "config": _config(arm), "k": arm.get("steps"),
-            "synthetic_accept": arm.get("synthetic_accept"),
-            "launch": arm.get("launch") or ("spectrial" if arm.get("argv") else None), "nccl_env": _nccl_env(arm),
-            "tok_s": finite(arm.get("tok_s")), "tok_s_min": finite(arm.get("tok_s_min")),
-            "tok_s_max": finite(arm.get("tok_s_max")),
-            "n_values": len(values) if values else (1 if finite(arm.get("tok_s")) else 0),
-            **{c: finite(arm.get(c)) for c in ("ms_per_token", "accept_len", "draft_accept_rate", "cycle_ms",
-                                              "verify_ms", "verify_share", "draft_ms_per_cycle", "verify_steps",
-                                              "break_even_accept_len", "speedup", "speedup_ci_low",
-                                              "speedup_ci_high")},
-            "verdict": arm.get("verdict"), "pays": arm.get("pays"),
-            "baseline_arm": arm.get("baseline_arm") if arm.get("method", "none") != "none" else None,
-            "derived": "; ".join(f"{k} = {v}" for k, v in (arm.get("derived") or {}).items()) or None,
-        })
+    for i, recorded in enumerate(manifest.arms):
+        issues += _arm_issues(run, recorded)
+        arm = with_derived(recorded) if recorded.status == "ok" else recorded
+        extra = arm.model_extra or {}  # hand-made records (the seed case) note their launch and order
+        values = [v for v in arm.tok_s_values if finite(v)]
+        rows.append(HistoryRow(
+            source="record", run=run, kind=manifest.kind, run_status=status,
+            host=host.get("name"), gpu=_gpu(host), engine=engine.get("name"),
+            engine_version=_engine_version(engine), started_at=manifest.started_at,
+            session=arm.session or (manifest.run_id if manifest.run_id != "?" else None) or run,
+            order=extra.get("order") or i + 1,
+            arm=arm.name, method=arm.method or "none", status=arm.status,
+            reason=arm.reason, config=_config(arm), k=arm.steps, synthetic_accept=arm.synthetic_accept,
+            launch=extra.get("launch") or ("spectrial" if arm.argv else None), nccl_env=_nccl_env(arm),
+            tok_s=finite(arm.tok_s), tok_s_min=finite(arm.tok_s_min), tok_s_max=finite(arm.tok_s_max),
+            n_values=len(values) if values else (1 if finite(arm.tok_s) else 0),
+            ms_per_token=finite(arm.ms_per_token), accept_len=finite(arm.accept_len),
+            draft_accept_rate=finite(arm.draft_accept_rate), cycle_ms=finite(arm.cycle_ms),
+            verify_ms=finite(arm.verify_ms), verify_share=finite(arm.verify_share),
+            draft_ms_per_cycle=finite(arm.draft_ms_per_cycle), verify_steps=finite(arm.verify_steps),
+            break_even_accept_len=finite(arm.break_even_accept_len), speedup=finite(arm.speedup),
+            speedup_ci_low=finite(arm.speedup_ci_low), speedup_ci_high=finite(arm.speedup_ci_high),
+            verdict=arm.verdict, pays=arm.pays, baseline_arm=arm.baseline_arm if arm.speculative else None,
+            derived="; ".join(f"{k} = {v}" for k, v in arm.derived.items()) or None,
+        ))
     return rows, issues
 
 
@@ -189,7 +233,7 @@ def record_rows(source: Manifest | Mapping[str, Any], run: str
 _DATE = re.compile(r"^\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}")
 
 
-def log_rows(logs_dir: str | Path) -> tuple[list[dict[str, Any]], pd.DataFrame, list[tuple[str, str, str]]]:
+def log_rows(logs_dir: str | Path) -> tuple[list[HistoryRow], pd.DataFrame, list[tuple[str, str, str]]]:
     """One row per parseable file under ``logs_dir`` (medians over the file), the per-file
     ``spectrial.logs.summary`` (long), and issues (unreadable files, files with nothing parseable)."""
     root = resolve_dir(logs_dir)
@@ -220,17 +264,16 @@ def log_rows(logs_dir: str | Path) -> tuple[list[dict[str, Any]], pd.DataFrame, 
         summaries.append(s)
         stamps = [t for t in df["timestamp"].dropna().astype(str) if _DATE.match(t)]
         engines = df["engine"].value_counts()
-        row: dict[str, Any] = {c: None for c in HISTORY_COLUMNS}
-        row.update(source="log", run=rel, kind="log", run_status="ok", engine=str(engines.index[0]),
-                   started_at=stamps[0].strip("[") if stamps else None, session=rel, order=1, arm=rel,
-                   method="unknown", status="ok", config="log", launch="unknown", nccl_env="unrecorded",
-                   derived="medians over the file; launch conditions unknown", baseline_arm=None)
+        row = HistoryRow(source="log", run=rel, kind="log", run_status="ok", engine=str(engines.index[0]),
+                         started_at=stamps[0].strip("[") if stamps else None, session=rel, order=1, arm=rel,
+                         method="unknown", status="ok", config="log", launch="unknown", nccl_env="unrecorded",
+                         derived="medians over the file; launch conditions unknown", baseline_arm=None)
         for col, names in LOG_METRICS.items():
             for n in names:
                 if n in df.columns and df[n].notna().any():
-                    row[col] = float(pd.to_numeric(df[n], errors="coerce").median())
+                    setattr(row, col, float(pd.to_numeric(df[n], errors="coerce").median()))
                     break
-        row["n_values"] = 0
+        row.n_values = 0
         rows.append(row)
     summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
     return rows, summary, issues
@@ -242,7 +285,7 @@ NOT_ARM_RECORDS = frozenset({"nccl_check"})  # run records without speculative a
 
 def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path | None = None) -> History:
     """Every run record under ``runs_dir`` (recursively) and every log file under ``logs_dir``, tidy."""
-    rows: list[dict[str, Any]] = []
+    rows: list[HistoryRow] = []
     issues: list[tuple[str, str, str]] = []
     if runs_dir is not None:
         root = resolve_dir(runs_dir)
@@ -269,7 +312,7 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
         r, summary, i = log_rows(logs_dir)
         rows += r
         issues += i
-    table = pd.DataFrame(rows, columns=[*HISTORY_COLUMNS, "baseline_arm"])
+    table = rows_frame(rows)
     stamps = table["started_at"].where(table["started_at"].astype(str).str.match(_DATE.pattern), None)
     table["started_at"] = pd.to_datetime(stamps, utc=True, errors="coerce", format="ISO8601")
     return History(table=table, issues=pd.DataFrame(issues, columns=["source", "item", "problem"]),
@@ -277,6 +320,11 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
 
 
 # ------------------------------------------------------------------ views
+def rows_frame(rows: Sequence[HistoryRow]) -> pd.DataFrame:
+    """History rows as a table: columns HISTORY_COLUMNS, then baseline_arm."""
+    return pd.DataFrame([asdict(r) for r in rows], columns=[*HISTORY_COLUMNS, "baseline_arm"])
+
+
 def _config_order(cols: Sequence[str]) -> list[str]:
     def key(c: str) -> tuple[int, str, int, str]:
         if c == "baseline":
@@ -320,47 +368,16 @@ def baseline_over_time(table: pd.DataFrame) -> pd.DataFrame:
     return t[cols].reset_index(drop=True)
 
 
-def baseline_figure(table: pd.DataFrame) -> go.Figure:
-    """Baseline tok/s over time, one line per host and NCCL state, min-max as error bars where recorded."""
-    b = baseline_over_time(table)
-    fig = go.Figure()
-    for (host, env), g in b.groupby(["host", "nccl_env"], sort=False):
-        lo = (g["tok_s"] - g["tok_s_min"]).fillna(0).round(4).tolist()
-        hi = (g["tok_s_max"] - g["tok_s"]).fillna(0).round(4).tolist()
-        fig.add_scatter(x=g["when"].tolist(), y=g["tok_s"].round(4).tolist(), mode="lines+markers",
-                        name=f"{host} · NCCL {env}", text=g["arm"].tolist(),
-                        error_y={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo})
-    fig.update_layout(title="Baseline throughput over time, per host", xaxis_title="run (time order)",
-                      yaxis_title="tokens / s", template="plotly_white", height=420,
-                      xaxis={"type": "category", "categoryorder": "array",
-                             "categoryarray": b["when"].drop_duplicates().tolist()})
-    return fig
-
-
-def matrix_figure(m: pd.DataFrame, title: str, fmt: str = ".1f") -> go.Figure:
-    """A heatmap of a :func:`matrix` (empty cells blank), values written in the cells."""
-    fig = go.Figure()
-    if m.empty:
-        fig.update_layout(title=title + " (no data)", template="plotly_white")
-        return fig
-    ylab = [" · ".join(str(x) for x in (i if isinstance(i, tuple) else (i,))) for i in m.index]
-    z = [[None if pd.isna(v) else round(float(v), 4) for v in row] for row in m.to_numpy()]
-    text = [["" if v is None else format(v, fmt) for v in row] for row in z]
-    fig.add_heatmap(z=z, x=[str(c) for c in m.columns], y=ylab, text=text, texttemplate="%{text}",
-                    colorscale="Viridis", hoverongaps=False)
-    fig.update_layout(title=title, template="plotly_white", height=max(300, 60 * len(ylab) + 160),
-                      yaxis={"autorange": "reversed"}, margin={"l": 360})
-    return fig
-
-
 def _k_text(k: Any) -> str:
     v = finite(k)
     return "none" if v is None else f"{v:g}"
 
 
-def incomparability(a: Mapping[str, Any] | pd.Series, b: Mapping[str, Any] | pd.Series) -> list[str]:
-    """Why two history rows (arms) cannot be compared as they stand; empty when nothing recorded says so."""
-    a, b = dict(a), dict(b)
+def incomparability(a: HistoryRow | Mapping[str, Any] | pd.Series,
+                    b: HistoryRow | Mapping[str, Any] | pd.Series) -> list[str]:
+    """Why two history rows (arms) cannot be compared as they stand; empty when nothing recorded says so.
+    The rows are :class:`HistoryRow` objects or rows of the history table (mappings, Series)."""
+    a, b = (asdict(r) if isinstance(r, HistoryRow) else dict(r) for r in (a, b))
     name_a, name_b = a.get("arm"), b.get("arm")
     why = []
     if a.get("run") != b.get("run") or a.get("session") != b.get("session"):

@@ -39,7 +39,7 @@ from pathlib import Path
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "public_logs.jsonl"
 CHILD = r"""
 import json, os, resource, sys, time
-from spectrial.logs import parse, parse_tables, markers, parallel
+from spectrial.logs import driver, parse, parse_tables, parallel
 def cpu(who=resource.RUSAGE_SELF):
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime, r.ru_stime
@@ -59,7 +59,7 @@ else:
              "lines": got.lines, "unparsed_lines": got.unparsed_lines, "errors": len(got.parser_errors),
              "table_bytes": got.memory_bytes()}
 print(json.dumps({"wall_s": wall, "cpu_s": c1 - c0 + cw, "sys_s": s1 - s0 + sw, "workers_cpu_s": cw, **shape,
-                  "automaton": markers.ahocorasick_rs is not None, "log_bytes": os.path.getsize(path),
+                  "automaton": driver.ahocorasick_rs is not None, "log_bytes": os.path.getsize(path),
                   "rss_after_import": rss_import, "peak_rss": peak,
                   **{f"parallel_{k}": v for k, v in stats.items()}}))
 """

@@ -157,9 +157,9 @@ def main() -> None:
         results[strategy] = run_sweep(load_sweep_params(a.params, {**base, "strategy": strategy, "budget_s": None}),
                                       progress=False, raise_on_failure=False)
         walls[strategy] = time.monotonic() - t0
-        fp = fp or results[strategy].manifest.host.get("fingerprint") or {}
+        fp = fp or results[strategy].manifest.host.fingerprint
     grid = results["grid"].manifest
-    print(f"machine: {fp.get('cpu_model')} x{fp.get('cpu_count')} (shared with other jobs: noisy), "
+    print(f"machine: {fp.cpu_model if fp else None} x{fp.cpu_count if fp else None} (shared with other jobs: noisy), "
           f"engine {sweep.trial.engine}, {len(sweep.settings())} settings x concurrency "
           f"{sweep.concurrency_levels()}, {sweep.trial.repeats} requests x {sweep.trial.max_tokens} tokens per level")
     print(f"grid: {_budget(grid).restarts} starts, {walls['grid']:.0f} s, record {results['grid'].run_dir.name}")

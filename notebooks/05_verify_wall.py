@@ -101,9 +101,9 @@ for record in records:
     roof = roofline_of(record, m)
     ex = explain(at_c, roofline=roof)
     analyses.append((record, m, roof, ex))
-    gpus = m.host.get("fingerprint", {}).get("gpus") or [{}]
-    display(Markdown(f"## `{record.name}`: {m.engine.get('name')} on {gpus[0].get('name', 'n/a')}\n\n"
-                     f"Status `{m.status}`, engine `{m.engine.get('version', 'n/a')}`; "
+    gpus = (m.host.fingerprint.gpus if m.host.fingerprint is not None else None) or [{}]
+    display(Markdown(f"## `{record.name}`: {m.engine.name} on {gpus[0].get('name', 'n/a')}\n\n"
+                     f"Status `{m.status}`, engine `{m.engine.version or 'n/a'}`; "
                      f"{m.params.get('repeats')} requests x {m.params.get('max_tokens')} tokens per start, "
                      f"{m.params.get('restarts', 1)} start(s) per setting, concurrency {concurrency}."))
     show_explanation(ex)
@@ -116,7 +116,7 @@ for record in records:
 
 # %%
 if analyses:
-    labelled = [(f"{m.engine.get('name')} ({record.name})", ex) for record, m, _roof, ex in analyses]
+    labelled = [(f"{m.engine.name} ({record.name})", ex) for record, m, _roof, ex in analyses]
     show_figure(cycle_lines_figure(labelled))
 
 # %% [markdown]

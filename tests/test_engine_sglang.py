@@ -29,11 +29,11 @@ from spectrial.engines.sglang import (
 )
 from spectrial.errors import ConfigError, ResourceBusyError
 from spectrial.host import LocalHost
+from spectrial.logs.api import ServerLog
 from spectrial.params import Arm, load_params
 from spectrial.records import manifest_json
 from spectrial.schema import RequestRecord
 from spectrial.server import LaunchSpec, Server
-from spectrial.serverlog import ServerLog
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standin"

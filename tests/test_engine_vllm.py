@@ -16,10 +16,10 @@ from spectrial.engines.vllm import probe
 from spectrial.errors import ConfigError
 from spectrial.figures import arm_figures
 from spectrial.host import LocalHost
+from spectrial.logs.api import ServerLog
 from spectrial.params import load_params
 from spectrial.plan import dry_run
 from spectrial.schema import RequestRecord
-from spectrial.serverlog import ServerLog
 
 
 def vdata(tmp_path: Path, **over: Any) -> dict[str, Any]:

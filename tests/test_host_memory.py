@@ -140,8 +140,8 @@ def test_a_fingerprint_is_read_from_the_commands_output() -> None:
     out = "kernel=6.8.0\nhostname=box\ncpu_count=16\n---gpus---\n" + ", ".join(gpu[f] for f in GPU_QUERY) + "\n"
     host = MemoryHost().on(re.compile(r'echo "kernel='), stdout=out)
     fp = host_fingerprint(host)
-    assert (fp["host"], fp["kernel"], fp["hostname"], fp["cpu_count"]) == ("memory", "6.8.0", "box", "16")
-    assert fp["gpus"][0]["name"] == "NVIDIA H200" and fp["gpus"][0]["throttle"] == ["sw_power_cap"]
+    assert (fp.host, fp.kernel, fp.hostname, fp.cpu_count) == ("memory", "6.8.0", "box", "16")
+    assert fp.gpus is not None and fp.gpus[0]["name"] == "NVIDIA H200" and fp.gpus[0]["throttle"] == ["sw_power_cap"]
     assert stable_view(fp)["gpus"][0]["uuid"] == "GPU-1" and stable_view(fp)["cuda_version"] is None
     assert compare(fp, fp) == ["GPU 1 throttling: sw_power_cap"]
     assert fingerprint_key(fp) == fingerprint_key(host_fingerprint(host)) and len(host.commands) == 2

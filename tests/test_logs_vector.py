@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from spectrial.logs import BlockFormat, LineFormat, Registry, Window, api, driver, markers, parse, registry
+from spectrial.logs import BlockFormat, LineFormat, Registry, Window, api, driver, parse, registry
 from spectrial.logs.chunks import Chunk
 from spectrial.logs.formats import DECLINE, MORE, Literals, required_literal
 
@@ -164,10 +164,10 @@ def test_marker_search_matches_a_python_search(monkeypatch: pytest.MonkeyPatch, 
     if automaton:
         pytest.importorskip("ahocorasick_rs")
     else:
-        monkeypatch.setattr(markers, "ahocorasick_rs", None)
+        monkeypatch.setattr(driver, "ahocorasick_rs", None)
     text = "\n".join(SNIPPETS) + "\nDecode batch Prefill batch\nms/cyc Decode batch\n-|- | x\n"
     ch = Chunk(text.encode(), 0)
-    found = markers.Markers(registry.formats)
+    found = driver.Markers(registry.formats)
     idx, fmt = found.find(ch)
     union = re.compile("|".join(re.escape(m) for m in found.strings))  # longest first: ties go to the longest
     owner = {m: i for i, f in enumerate(registry.formats) for m in f.markers}
@@ -183,7 +183,7 @@ def test_marker_search_matches_a_python_search(monkeypatch: pytest.MonkeyPatch, 
 def test_parse_without_the_automaton_gives_the_same_table(monkeypatch: pytest.MonkeyPatch) -> None:
     text = "\n".join(SNIPPETS)
     ref = parse(text)
-    monkeypatch.setattr(markers, "ahocorasick_rs", None)
+    monkeypatch.setattr(driver, "ahocorasick_rs", None)
     pd.testing.assert_frame_equal(parse(text), ref)
 
 

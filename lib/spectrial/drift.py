@@ -30,7 +30,7 @@ def _baseline(manifest: Manifest) -> ArmRecord | None:
 
 def _workload(manifest: Manifest) -> tuple[Any, ...]:
     p = manifest.params
-    models = tuple(sorted((m.get("size"), m.get("head_tail_sha256")) for m in manifest.models))
+    models = tuple(sorted((m.size, m.head_tail_sha256) for m in manifest.models))
     return p.get("engine"), p.get("model"), json.dumps(workload_identity(p), sort_keys=True), models
 
 

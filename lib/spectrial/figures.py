@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spectrial import analysis, validity
+from spectrial import validity
+from spectrial.analysis import formulas
+from spectrial.analysis import stats as stat
 from spectrial.analysis.stats import finite
 from spectrial.errors import SpectrialError
 from spectrial.schema import (
@@ -53,7 +55,7 @@ from spectrial.schema import (
 )
 from spectrial.serving import request_cycles
 
-NOT_DISTINGUISHABLE = analysis.stats.NOT_DISTINGUISHABLE
+NOT_DISTINGUISHABLE = stat.NOT_DISTINGUISHABLE
 NO_SPREAD = "single value: no spread"
 TOO_FEW = "not enough requests for a confidence interval"
 NO_BASELINE = "no comparable baseline (none of its session and NCCL state)"
@@ -131,7 +133,7 @@ def alpha_of(accept_len: float | None, k: int | None, synthetic: Any = None) -> 
     al = finite(accept_len)
     if al is None or k is None or k < 1 or not 1.0 <= al <= k + 1:
         return None, None
-    return analysis.required_alpha(al, k), "from accept length"
+    return formulas.required_alpha(al, k), "from accept length"
 
 
 def derived_figures(f: ArmFigures, speculative: bool, k: int | None = None, synthetic: Any = None) -> ArmFigures:
@@ -139,7 +141,7 @@ def derived_figures(f: ArmFigures, speculative: bool, k: int | None = None, synt
     accept_len / tok_s x 1000, the engine's clock (decode time / tokens, / verify steps), draft_accept_rate =
     accepted / drafted, alpha; a baseline's accept length is 1 and its cycle one token."""
     tok_s = positive(f.tok_s)
-    upd: dict[str, Any] = {"ms_per_token": analysis.ms_per_token(tok_s) if tok_s else None}
+    upd: dict[str, Any] = {"ms_per_token": formulas.ms_per_token(tok_s) if tok_s else None}
     decode, tokens, steps = positive(f.decode_ms), positive(f.tokens), positive(f.verify_steps)
     upd["engine_ms_per_token"] = decode / tokens if decode and tokens else None
     if not speculative:
@@ -148,7 +150,7 @@ def derived_figures(f: ArmFigures, speculative: bool, k: int | None = None, synt
         return f.model_copy(update=upd)
     al = finite(f.accept_len)
     upd["cycle_ms"] = al / tok_s * 1000.0 if al and tok_s else None
-    upd["engine_cycle_ms"] = analysis.cycle_ms_from(decode, steps) if decode and steps else None
+    upd["engine_cycle_ms"] = formulas.cycle_ms_from(decode, steps) if decode and steps else None
     drafted = positive(f.drafted)
     upd["draft_accept_rate"] = f.accepted / drafted if drafted and f.accepted is not None else None
     upd["alpha"], upd["alpha_source"] = alpha_of(al, k, synthetic)
@@ -181,7 +183,7 @@ def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculati
                    tok_s_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
                    client_tok_s=median(r.client_tok_s for r in ok))
     if rates:
-        s = analysis.summarize(rates)
+        s = stat.summarize(rates)
         f = f.model_copy(update={"tok_s": s["median"], "tok_s_q1": s["q1"], "tok_s_q3": s["q3"],
                                  "tok_s_iqr": s["iqr"], "tok_s_min": s["min"], "tok_s_max": s["max"],
                                  "tok_s_cv": s["cv"]})
@@ -189,13 +191,13 @@ def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculati
         ci = None
         if len(starts) > 1:
             df = pd.DataFrame({"restart": [r.restart for r, _ in rated], "tok_s": rates})
-            ci = analysis.bootstrap_ci_two_level(df, "restart", "tok_s", level=level, seed=seed)
-            spread = analysis.two_level_spread(df, "restart", "tok_s")
+            ci = stat.bootstrap_ci_two_level(df, "restart", "tok_s", level=level, seed=seed)
+            spread = stat.two_level_spread(df, "restart", "tok_s")
             f = f.model_copy(update={"cv_within_start": spread.within_cv, "cv_between_starts": spread.between_cv,
                                      "cv_between_expected": spread.expected_between_cv,
                                      "start_medians": [float(x) for x in spread.group_medians]})
         elif len(rates) >= 2:
-            ci = analysis.bootstrap_ci(rates, level=level, seed=seed)
+            ci = stat.bootstrap_ci(rates, level=level, seed=seed)
             f = f.model_copy(update={"cv_within_start": s["cv"], "cv_between_starts": None})
         if ci is not None:
             f = f.model_copy(update={"tok_s_ci_low": ci.low, "tok_s_ci_high": ci.high})
@@ -206,7 +208,7 @@ def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculati
     steps = stats.verify_steps
     accept_len = None
     if speculative:
-        accept_len = analysis.accept_len_from_counts(accepted, steps) if steps and accepted is not None \
+        accept_len = formulas.accept_len_from_counts(accepted, steps) if steps and accepted is not None \
             else stats.accept_len
     f = f.model_copy(update={
         "drafted": drafted, "accepted": accepted, "tokens": tokens, "decode_ms": decode_ms, "verify_steps": steps,
@@ -278,7 +280,7 @@ def reference(arm: ArmRecord, arms: Sequence[ArmRecord]) -> ArmRecord | None:
 def base_ms_per_token(base: ArmRecord) -> float | None:
     """The baseline's time per token on the decode rate's clock: 1000 / tok_s."""
     tok_s = positive(base.tok_s)
-    return analysis.ms_per_token(tok_s) if tok_s else None
+    return formulas.ms_per_token(tok_s) if tok_s else None
 
 
 def speedup(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord) -> float | None:
@@ -346,15 +348,15 @@ def _frame(requests: Sequence[RequestRecord]) -> pd.DataFrame:
 
 
 def compare_requests(a: Sequence[RequestRecord], b: Sequence[RequestRecord], level: float = 0.95,
-                     seed: int = 0) -> analysis.Comparison | None:
+                     seed: int = 0) -> stat.Comparison | None:
     """Ratio of `a`'s to `b`'s median decode rate with its bootstrap CI (two-level over starts when both have
     several), or None with fewer than two rated requests on a side."""
     fa, fb = _frame(a), _frame(b)
     if len(fa) < 2 or len(fb) < 2:
         return None
     if fa["restart"].nunique() > 1 and fb["restart"].nunique() > 1:
-        return analysis.compare_arms(fa, fb, level=level, seed=seed, group_col="restart", value_col="tok_s")
-    return analysis.compare_arms(fa["tok_s"].to_numpy(), fb["tok_s"].to_numpy(), level=level, seed=seed)
+        return stat.compare_arms(fa, fb, level=level, seed=seed, group_col="restart", value_col="tok_s")
+    return stat.compare_arms(fa["tok_s"].to_numpy(), fb["tok_s"].to_numpy(), level=level, seed=seed)
 
 
 def compare(arm: ArmRecord, base: ArmRecord, requests: Mapping[str, Sequence[RequestRecord]] | None = None,
@@ -386,7 +388,7 @@ def compare(arm: ArmRecord, base: ArmRecord, requests: Mapping[str, Sequence[Req
     if len(va) < 2 or len(vb) < 2:
         return judged(arm, base, None, None, NO_SPREAD if positive(arm.tok_s) and positive(base.tok_s) else None)
     try:
-        cmp = analysis.compare_arms(va, vb, level=level, seed=seed)
+        cmp = stat.compare_arms(va, vb, level=level, seed=seed)
     except SpectrialError as exc:  # pragma: no cover - inputs are filtered above
         return judged(arm, base, None, None, f"n/a ({exc})")
     return judged(arm, base, cmp.ci_low, cmp.ci_high, cmp.verdict, min_detectable_ratio=cmp.min_detectable_ratio,
@@ -441,7 +443,7 @@ def category_figures(requests: Sequence[RequestRecord], speculative: bool, level
                            requests_ok=len(mine), tokens=float(sum(r.tokens for r in mine)), tok_s_values=rates,
                            tok_s=median(rates))
         if len(rates) >= 2:
-            ci = analysis.bootstrap_ci(rates, level=level, seed=seed)
+            ci = stat.bootstrap_ci(rates, level=level, seed=seed)
             c.tok_s_ci_low, c.tok_s_ci_high = ci.low, ci.high
         if not speculative:
             c.accept_len = 1.0
@@ -454,7 +456,7 @@ def category_figures(requests: Sequence[RequestRecord], speculative: bool, level
                 lens = [1.0 + x[0] / x[1] for x in counts if x and x[1] > 0]  # type: ignore[index]
                 c.accept_len_request_mean = float(np.mean(lens)) if lens else None
                 if c.verify_steps:
-                    c.accept_len = analysis.accept_len_from_counts(c.accepted, c.verify_steps)
+                    c.accept_len = formulas.accept_len_from_counts(c.accepted, c.verify_steps)
                     ms = [r.server_predicted_ms for r in mine]
                     if all(x is not None and x > 0 for x in ms):
                         c.engine_cycle_ms = sum(x for x in ms if x is not None) / c.verify_steps
@@ -532,7 +534,7 @@ def fill_derived(arm: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(arm)
     notes: dict[str, str] = dict(arm.get("derived") or {})
     tok_s = positive(arm.get("tok_s"))
-    out["ms_per_token"] = analysis.ms_per_token(tok_s) if tok_s else None
+    out["ms_per_token"] = formulas.ms_per_token(tok_s) if tok_s else None
     if str(arm.get("method") or "none") == "none":
         out["cycle_ms"] = out["ms_per_token"]
         if out.get("accept_len") is None:

@@ -15,6 +15,7 @@ import shlex
 from typing import TypedDict
 
 from spectrial.host import Host
+from spectrial.schema import EngineInfo, FileIdentity, GpuRow, HostFingerprint
 
 GPU_QUERY = ("index", "name", "uuid", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem",
              "clocks.max.mem", "pcie.link.gen.current", "pcie.link.width.current", "pcie.link.gen.max",
@@ -30,33 +31,6 @@ SAMPLE_QUERY = ("timestamp", "index", "clocks.sm", "clocks.mem", "temperature.gp
 THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown",
                  0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 
-GpuRow = dict[str, str | list[str]]  # GPU_QUERY field -> value, plus `throttle` (names of the bits set)
-
-
-class FileIdentity(TypedDict, total=False):
-    """A file on a host: size, mtime and a hash of its head and tail; or why it could not be read."""
-
-    path: str
-    size: int
-    mtime: int  # s since the epoch
-    head_tail_sha256: str  # first 16 hex digits
-    error: str
-
-
-class HostFingerprint(TypedDict, total=False):
-    """A machine's state (`host_fingerprint`): the facts `_SCRIPT` prints, and one row per GPU."""
-
-    host: str
-    kernel: str
-    arch: str
-    hostname: str
-    cpu_model: str
-    cpu_count: str
-    cpu_governor: str
-    mem_total_kb: str
-    cuda_version: str
-    gpus: list[GpuRow]
-
 
 class StableView(TypedDict):
     """The parts of a fingerprint that define 'the same machine state' (None: not recorded)."""
@@ -68,16 +42,6 @@ class StableView(TypedDict):
     cpu_count: str | None
     cpu_governor: str | None
     cuda_version: str | None
-
-
-class EngineIdentity(TypedDict, total=False):
-    """The engine parts of `fingerprint_key` (a manifest's `engine` holds more)."""
-
-    name: str
-    version: str
-    binary_identity: FileIdentity
-    commit: str
-    diff_hash: str
 
 
 _SCRIPT = r"""
@@ -133,8 +97,7 @@ def host_fingerprint(host: Host) -> HostFingerprint:
     kv, lines = _parse_kv(res.stdout)
     gpus: list[GpuRow] = [{**g, "throttle": throttle_reasons(g.get("clocks_event_reasons.active"))}
                           for g in gpu_rows(lines)]
-    fp: HostFingerprint = {"host": host.name, **kv, "gpus": gpus}  # kv: the keys _SCRIPT prints
-    return fp
+    return HostFingerprint.model_validate({"host": host.name, **kv, "gpus": gpus})  # kv: the keys _SCRIPT prints
 
 
 def file_identity(host: Host, path: str, chunk: int = 1 << 20) -> FileIdentity:
@@ -144,32 +107,32 @@ def file_identity(host: Host, path: str, chunk: int = 1 << 20) -> FileIdentity:
     res = host.run(script, check=False, timeout=120)
     lines = res.stdout.split("\n")
     if not res.ok or len(lines) < 2:
-        return {"path": path, "error": (res.stderr or res.stdout).strip()[:200]}
+        return FileIdentity(path=path, error=(res.stderr or res.stdout).strip()[:200])
     size, mtime = lines[0].split()
-    return {"path": path, "size": int(size), "mtime": int(mtime), "head_tail_sha256": lines[1].split()[0][:16]}
+    return FileIdentity(path=path, size=int(size), mtime=int(mtime), head_tail_sha256=lines[1].split()[0][:16])
 
 
-def engine_identity(host: Host, binary: str | None) -> EngineIdentity:
-    """Engine binary identity (path, size, mtime, head/tail hash) for a manifest's `engine`; empty for a Python
-    engine (its version says what runs)."""
+def engine_identity(host: Host, binary: str | None) -> FileIdentity | None:
+    """Engine binary identity (path, size, mtime, head/tail hash) for a manifest's `engine.binary_identity`;
+    None for a Python engine (its version says what runs)."""
     if binary and not binary.startswith(("python", "vllm")):
-        return {"binary_identity": file_identity(host, binary)}
-    return {}
+        return file_identity(host, binary)
+    return None
 
 
 def stable_view(fp: HostFingerprint) -> StableView:
     """The parts of a fingerprint that define 'the same machine state' (for drift grouping)."""
-    gpus = [{k: g.get(k) for k in STABLE_GPU_FIELDS} for g in fp.get("gpus", [])]
-    keys = ("hostname", "kernel", "cpu_model", "cpu_count", "cpu_governor", "cuda_version")
-    view: StableView = {"gpus": gpus, **{k: fp.get(k) for k in keys}}
-    return view
+    gpus = [{k: g.get(k) for k in STABLE_GPU_FIELDS} for g in fp.gpus or []]
+    return {"gpus": gpus, "hostname": fp.hostname, "kernel": fp.kernel, "cpu_model": fp.cpu_model,
+            "cpu_count": fp.cpu_count, "cpu_governor": fp.cpu_governor, "cuda_version": fp.cuda_version}
 
 
-def fingerprint_key(fp: HostFingerprint, engine: EngineIdentity | None = None) -> str:
+def fingerprint_key(fp: HostFingerprint, engine: EngineInfo | None = None) -> str:
     """Short hash of the stable host view plus engine version and binary identity."""
-    eng = engine or {}
-    ident = {"host": stable_view(fp), "engine": {k: eng.get(k) for k in ("name", "version", "binary_identity",
-                                                                           "commit", "diff_hash")}}
+    eng = engine or EngineInfo()
+    binary = eng.binary_identity.model_dump(mode="json") if eng.binary_identity is not None else None
+    ident = {"host": stable_view(fp), "engine": {"name": eng.name, "version": eng.version, "binary_identity": binary,
+                                                 "commit": eng.commit, "diff_hash": eng.diff_hash}}
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -186,7 +149,7 @@ def compare(before: HostFingerprint, after: HostFingerprint) -> list[str]:
                 changes.append(f"GPU {ga.get('uuid') or '?'} {k}: {ga.get(k)} -> {gb.get(k)}")
     if len(a["gpus"]) != len(b["gpus"]):
         changes.append(f"GPU count: {len(a['gpus'])} -> {len(b['gpus'])}")
-    for g in after.get("gpus", []):
+    for g in after.gpus or []:
         if g.get("throttle"):
             changes.append(f"GPU {g.get('index')} throttling: {', '.join(g['throttle'])}")
     return changes

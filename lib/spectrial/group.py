@@ -32,6 +32,7 @@ from spectrial.fingerprint import host_fingerprint
 from spectrial.gpu import GpuStatus, wait_gpus_free
 from spectrial.host import Host
 from spectrial.params import Arm, TrialParams
+from spectrial.schema import HostFingerprint
 from spectrial.server import Companion, KillReport, Server, on_each, stop_previous
 
 T = TypeVar("T")
@@ -116,7 +117,7 @@ class HostGroup:
         return st[0], [{"node": n.name, "rank": n.rank, **s.as_dict()} for n, s in zip(self.workers, st[1:],
                                                                                         strict=True)]
 
-    def fingerprints(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def fingerprints(self) -> tuple[HostFingerprint, list[dict[str, Any]]]:
         """Fingerprints of every node at once: the head's, and one entry per other node."""
         fps = self.map(lambda n: host_fingerprint(n.host))
         return fps[0], [{"node": n.name, "rank": n.rank, "addr": n.addr, "fingerprint": fp}

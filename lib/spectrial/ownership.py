@@ -21,24 +21,17 @@ import functools
 import json
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Literal
 
 import psutil
+
+from spectrial.schema import Controller
 
 OWNER_VAR = "SPECTRIAL_OWNER"
 State = Literal["alive", "gone", "self", "unknown"]
 _TIME_SLACK_S = 0.05  # psutil's create_time is rounded to clock ticks
-
-
-class Controller(TypedDict, total=False):
-    """A run's controller as records and state files keep it (`SPECTRIAL_OWNER` leaves out the command)."""
-
-    host: str
-    boot_id: str
-    pid: int
-    create_time: float  # s since the epoch
-    command: str
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,14 +45,15 @@ def boot_id() -> str:
 def controller() -> Controller:
     """This process as a run's controller: host name, boot id, pid, start time (s since the epoch), command."""
     p = psutil.Process()
-    return {"host": socket.gethostname(), "boot_id": boot_id(), "pid": os.getpid(),
-            "create_time": round(p.create_time(), 2), "command": " ".join(p.cmdline())[:300]}
+    return Controller(host=socket.gethostname(), boot_id=boot_id(), pid=os.getpid(),
+                      create_time=round(p.create_time(), 2), command=" ".join(p.cmdline())[:300])
 
 
 def owner_env(c: Controller | None = None) -> str:
     """The controller as one environment value (JSON without the command)."""
     c = c or controller()
-    return json.dumps({k: c.get(k) for k in ("host", "boot_id", "pid", "create_time")}, separators=(",", ":"))
+    return json.dumps({"host": c.host, "boot_id": c.boot_id, "pid": c.pid, "create_time": c.create_time},
+                      separators=(",", ":"))
 
 
 def parse_owner(value: str | None) -> Controller | None:
@@ -70,20 +64,26 @@ def parse_owner(value: str | None) -> Controller | None:
         out = json.loads(value)
     except ValueError:
         return None
-    return out if isinstance(out, dict) and "pid" in out else None
+    return Controller.model_validate(out) if isinstance(out, dict) and "pid" in out else None
 
 
-def owner_state(owner: Controller | None) -> State:
+def _as_controller(owner: Controller | Mapping[str, str | int | float] | None) -> Controller | None:
+    """A controller as a record or a server's state file keeps it (a mapping there), as the model."""
+    return Controller.model_validate(dict(owner)) if isinstance(owner, Mapping) else owner
+
+
+def owner_state(owner: Controller | Mapping[str, str | int | float] | None) -> State:
     """alive: the controller runs (on this machine, this boot); gone: it does not; self: it is this process;
     unknown: no controller recorded, or one on another machine (or before a reboot of this one: gone)."""
-    if not owner or not owner.get("pid"):
+    owner = _as_controller(owner)
+    if owner is None or not owner.pid:
         return "unknown"
-    if owner.get("host") != socket.gethostname():
+    if owner.host != socket.gethostname():
         return "unknown"
-    if owner.get("boot_id") and boot_id() and owner["boot_id"] != boot_id():
+    if owner.boot_id and boot_id() and owner.boot_id != boot_id():
         return "gone"
-    pid = int(owner["pid"])
-    created = float(owner.get("create_time") or 0)
+    pid = owner.pid
+    created = owner.create_time or 0.0
     if pid == os.getpid() and abs(psutil.Process().create_time() - created) <= _TIME_SLACK_S + 0.01:
         return "self"
     try:
@@ -95,10 +95,11 @@ def owner_state(owner: Controller | None) -> State:
     return "alive"
 
 
-def describe(owner: Controller | None) -> str:
-    if not owner:
+def describe(owner: Controller | Mapping[str, str | int | float] | None) -> str:
+    owner = _as_controller(owner)
+    if owner is None or not owner.model_fields_set:
         return "an unrecorded controller"
-    return f"pid {owner.get('pid')} on {owner.get('host')}"
+    return f"pid {owner.pid} on {owner.host}"
 
 
 def papermill_output_path() -> Path | None:

@@ -25,11 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from spectrial.errors import ConfigError
-from spectrial.fingerprint import FileIdentity, file_identity
+from spectrial.fingerprint import file_identity
 from spectrial.host import Host, LocalHost
+from spectrial.schema import FileIdentity, Upload
 
 MAX_IDENTITY_CHUNK = 64 * 2**20
 UPLOAD_MARGIN_BYTES = 4 * 2**20
@@ -84,22 +83,8 @@ def identity_chunk(size: int) -> int:
     return min(MAX_IDENTITY_CHUNK, max(1 << 20, math.ceil(size / 2)))
 
 
-class Upload(BaseModel):
-    """A file spectrial mirrored to a host (`sync_file`): uploaded, or found identical there."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    host: str = Field(description="The host's name")
-    local: str = Field(description="The file on this machine")
-    path: str = Field(description="Its path on the host")
-    bytes: int = Field(description="Its size")
-    uploaded: bool = Field(description="False: an identical file was there already")
-    seconds: float = Field(description="Time the upload took (0 when none was needed)")
-
-
 def _same(a: FileIdentity, b: FileIdentity) -> bool:
-    return "error" not in a and "error" not in b and a["size"] == b["size"] and \
-        a["head_tail_sha256"] == b["head_tail_sha256"]
+    return a.error is None and b.error is None and a.size == b.size and a.head_tail_sha256 == b.head_tail_sha256
 
 
 def sync_file(host: Host, local: Path, remote: str, mode: int = 0o600, what: str = "ssh.cache_dir"

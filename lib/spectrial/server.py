@@ -299,7 +299,7 @@ def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15, ta
     actions = []
     if st and not st.corrupt:
         report.previous = PreviousServer.model_validate(st.model_dump(include=set(PreviousServer.model_fields)))
-        who = owner_state(st.owner)  # type: ignore[arg-type]  # the controller as the state file keeps it
+        who = owner_state(st.owner)  # the controller as the state file keeps it
         procs = host.processes()
         ours, others = server_processes(host, st) if st.pgid else ([], [])
         mine = tagged(host, st.tag, procs) if st.tag else []
@@ -334,7 +334,7 @@ def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15, ta
             who = owner_state(owner)
             tag = env[TAG_VAR]
             if who == "alive" or who == "unknown" and owner and not takeover:
-                raise _busy(port, host, ServerState(tag=tag, run_id=tag.split(":")[0], owner=dict(owner or {}),
+                raise _busy(port, host, ServerState(tag=tag, run_id=tag.split(":")[0], owner=owner.model_dump() if owner else {},
                                                     arm=(tag.split(":")[1:2] or [None])[0]), who, group)
             actions.append(f"stopped a spectrial server of run {tag.split(':')[0]} that no state file named "
                            f"({stop_groups(host, group, grace_s)})")
@@ -425,7 +425,7 @@ class Server:
         self.started_at = utc_now()
         # the state file names the start before its process exists: whatever happens next (this process
         # killed, the launching shell killed with it), the next kill step finds the server by its tag
-        self.state = ServerState(status="launching", tag=self.tag, owner=dict(self.owner), run_id=self.run_id,
+        self.state = ServerState(status="launching", tag=self.tag, owner=self.owner.model_dump(), run_id=self.run_id,
                                  arm=self.arm, name=self.spec.name, record=self.record_dir, port=self.spec.port,
                                  argv=self.shown.argv, env=self.shown.env, log=self.log_path,
                                  started_at=self.started_at)

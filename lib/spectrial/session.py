@@ -39,12 +39,22 @@ from spectrial.fingerprint import engine_identity, file_identity, fingerprint_ke
 from spectrial.gpu import GpuSampler, GpuStatus
 from spectrial.group import HostGroup
 from spectrial.host import Host
+from spectrial.logs.api import ServerLog
 from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
-from spectrial.schema import LaunchRecord, RequestRecord, StartRecord, StepRecord, WindowRecord, WindowStats
+from spectrial.schema import (
+    EngineInfo,
+    GpusSeen,
+    HostInfo,
+    LaunchRecord,
+    RequestRecord,
+    StartRecord,
+    StepRecord,
+    WindowRecord,
+    WindowStats,
+)
 from spectrial.secrets import mask_launch, secret_values
 from spectrial.server import Abandoned, KillReport, LaunchSpec, Server, stop_previous
-from spectrial.serverlog import ServerLog
 from spectrial.validity import Setting
 from spectrial.workloads import (
     WorkItem,
@@ -184,7 +194,7 @@ class Session:
         p = self.params
         self.host = get_host(p.host, **p.ssh.connect_options())
         self.group = HostGroup.from_params(p, self.host)
-        self.record.manifest.host = {"name": self.host.name}
+        self.record.manifest.host = HostInfo(name=self.host.name)
         self.engine = get_engine(p.engine, p, self.host)
 
     def prepare(self) -> dict[str, LaunchSpec]:
@@ -196,11 +206,11 @@ class Session:
         m = self.record.manifest
         with self.record.step("prepare"):
             found = self.engine.prepare()  # the adapter's identity: only the fields it set go into the record
-            m.engine = {"name": self.params.engine, **found.model_dump(mode="json", exclude_unset=True)}
+            m.engine = EngineInfo(name=self.params.engine).add(found)
             if self.group.workers:
                 self.workers = self.group.prepare(self.engine)
                 m.nodes = self.group.node_entries(self.workers)
-            m.engine.update(self.engine.version().model_dump(mode="json", exclude_unset=True))
+            m.engine.add(self.engine.version())
             self.specs = {a.name: self.engine.launch_spec(a, self.workers) for a in self.params.arms}
             shown = {name: mask_launch(s.argv, s.env) for name, s in self.specs.items()}
             m.launch = [LaunchRecord(arm=a.name, method=a.method, argv=shown[a.name].argv, env=shown[a.name].env,
@@ -230,7 +240,7 @@ class Session:
             lengths, unit = estimate_lengths(chat), "estimated tokens (UTF-8 bytes / 3: no tokenizer of the target)"
         self.workload = build_workload(p, lengths=lengths, unit=unit, context=engine.context_tokens(),
                                        chat_template=note)
-        self.workload.description["endpoint"] = engine.request_target(p.request_format)[0]
+        self.workload.description.endpoint = engine.request_target(p.request_format)[0]
         self.record.manifest.workload = self.workload.description
         return self.workload.items
 
@@ -317,10 +327,12 @@ class Session:
             fp, node_fps = self.group.fingerprints()
             if node_fps:
                 m.node_fingerprints = node_fps
-            m.engine.update(engine_identity(self.host, m.engine.get("binary")))
-            models = (m.engine.get("models") or {}).values()
+            if (binary := engine_identity(self.host, m.engine.binary)) is not None:
+                m.engine.binary_identity = binary
+            models = (m.engine.models or {}).values()
             m.models = [file_identity(self.host, x) for x in dict.fromkeys(models) if x.startswith("/")]
-            m.host.update(fingerprint=fp, gpus=self.gpus.as_dict())
+            m.host.fingerprint = fp
+            m.host.gpus = GpusSeen.model_validate(self.gpus.as_dict())
             self.fp_key = m.fingerprint_key = fingerprint_key(fp, m.engine)
         self.done.add("fingerprint")
         return self.fp_key

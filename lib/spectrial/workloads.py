@@ -89,6 +89,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from spectrial.errors import ConfigError, HostError
 from spectrial.params import WORKLOAD_NAMES, TrialParams, WorkloadSource
+from spectrial.schema import PriorInfo, SourceInfo, WorkloadDescription
 
 if TYPE_CHECKING:
     from spectrial.host import Host
@@ -241,66 +242,6 @@ class Limits:
                 "max_total_tokens": self.max_total, "context_tokens": self.context}
 
 
-class PriorInfo(TypedDict, total=False):
-    """What MT-Bench's turn 2 carries as the assistant's answer to turn 1 (`sources[].turn_2` of the record)."""
-
-    prior: str  # 'reference' or the answer file
-    answers_of: list[str]  # the model(s) that wrote those answers
-    file: str
-    sha256: str
-    what: str
-    questions_with_prior: int
-    left_out: str
-
-
-class SourceInfo(TypedDict, total=False):
-    """What the record says about one workload source (`workload.sources[]`): where its items come from, how
-    they were sampled, and what the length filter kept."""
-
-    source: str
-    package: str  # the pinned distribution a dataset comes from
-    file: str
-    format: str  # jsonl | json (a file of prompts)
-    in_file: int
-    read_from: str
-    sha256: str
-    conversations: int  # sharegpt
-    with_two_turns: int
-    truncated_file: str
-    problems: int  # humaneval
-    questions: int  # mtbench
-    turns: list[int]
-    by_category: dict[str, dict[str, int]]
-    system: str | None
-    turn_2: PriorInfo
-    sampling: str
-    filter: dict[str, int | None]  # Limits.as_dict()
-    examined: int
-    dropped_by_filter: int
-    items: int
-    short: str
-
-
-class WorkloadDescription(TypedDict, total=False):
-    """The record's `workload`: the sources, sizes, categories, format, sampling and output lengths."""
-
-    sources: list[SourceInfo]
-    seed: int
-    request_format: str
-    endpoint: str
-    sampling: dict[str, float | int | bool | list[str] | None]  # SamplingParams, plus greedy
-    output_len: str
-    max_tokens: int
-    context_tokens: int | None
-    length_unit: str
-    order: str
-    read_s: float
-    chat_template: str
-    items: int
-    categories: dict[str, int]
-    count_s: float
-
-
 @dataclass
 class Candidates:
     """A source's items in sampling order, waiting for their lengths: the first `n` that pass `limits` are kept
@@ -332,9 +273,10 @@ def select(c: Candidates, lengths: Lengths, max_tokens: int, dataset: bool) -> l
                 dropped += 1
         if c.n is not None and len(kept) >= c.n:
             break
-    c.info.update(filter=c.limits.as_dict(), examined=examined, dropped_by_filter=dropped, items=len(kept))
+    c.info.filter, c.info.examined, c.info.dropped_by_filter = c.limits.as_dict(), examined, dropped
+    c.info.items = len(kept)
     if c.n is not None and len(kept) < c.n:
-        c.info["short"] = f"only {len(kept)} of {c.n} items pass the length filter"
+        c.info.short = f"only {len(kept)} of {c.n} items pass the length filter"
     if not kept:
         raise ConfigError(f"workload: no item of {c.spec.source!r} passes the length filter ({c.limits.as_dict()}, "
                           f"max_tokens {max_tokens})", parameter="workload",
@@ -536,9 +478,9 @@ def candidates(spec: WorkloadSource, *, seed: int, context: int | None) -> Candi
             items, info = _from_lines(text, str(path), spec, path.stem, str(path))
     if spec.n is not None:
         random.Random(seed).shuffle(items)
-        info["sampling"] = "items shuffled with random.Random(seed), the first n that fit"
+        info.sampling = "items shuffled with random.Random(seed), the first n that fit"
     else:
-        info["sampling"] = "every item that fits"
+        info.sampling = "every item that fits"
     return Candidates(spec, items, spec.n, ctx_only, info)
 
 
@@ -550,15 +492,15 @@ def _sharegpt(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
     items = [WorkItem(f"sharegpt:{i}", prompt, spec.category or "chat", "sharegpt", reference=reply)
              for i, prompt, reply in order]
     pkg = DATASETS["sharegpt"]
-    info: SourceInfo = {
-        "source": "sharegpt", "package": f"{pkg.dist} {pkg.version}", "file": "/".join(pkg.resource),
-        "conversations": total, "with_two_turns": len(pairs),
-        "sampling": "conversations with >= 2 turns shuffled with random.Random(seed) (vLLM bench serve: "
-                    "random.seed(seed); random.shuffle); first turn = prompt, second = reference output; the first "
-                    "n that pass vLLM's length filter and the server's context"}
+    info = SourceInfo(
+        source="sharegpt", package=f"{pkg.dist} {pkg.version}", file="/".join(pkg.resource),
+        conversations=total, with_two_turns=len(pairs),
+        sampling="conversations with >= 2 turns shuffled with random.Random(seed) (vLLM bench serve: "
+                 "random.seed(seed); random.shuffle); first turn = prompt, second = reference output; the first "
+                 "n that pass vLLM's length filter and the server's context")
     if cut:
-        info["truncated_file"] = (f"the packaged file is cut inside a conversation: {total} complete "
-                                  "conversations read, the rest of the file ignored")
+        info.truncated_file = (f"the packaged file is cut inside a conversation: {total} complete "
+                               "conversations read, the rest of the file ignored")
     return Candidates(spec, items, spec.n or DEFAULT_N["sharegpt"], limits, info)
 
 
@@ -571,10 +513,11 @@ def _humaneval(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
                       [{"role": "user", "content": HUMANEVAL_INSTRUCTION.format(prompt=r["prompt"])}],
                       reference=r["canonical_solution"]) for r in rows]
     pkg = DATASETS["humaneval"]
-    info: SourceInfo = {"source": "humaneval", "package": f"{pkg.dist} {pkg.version}", "file": "/".join(pkg.resource),
-            "problems": total, "sampling": "problems shuffled with random.Random(seed), the first n that fit; "
-            "completion: the function head + docstring; chat: one user message "
-            f"{HUMANEVAL_INSTRUCTION.splitlines()[0]!r} + the code; reference output: the canonical solution"}
+    info = SourceInfo(source="humaneval", package=f"{pkg.dist} {pkg.version}", file="/".join(pkg.resource),
+                      problems=total, sampling="problems shuffled with random.Random(seed), the first n that fit; "
+                      "completion: the function head + docstring; chat: one user message "
+                      f"{HUMANEVAL_INSTRUCTION.splitlines()[0]!r} + the code; reference output: the canonical "
+                      "solution")
     return Candidates(spec, items, spec.n, limits, info)
 
 
@@ -585,7 +528,7 @@ def _mtbench(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
     questions = _mtbench_questions()
     turns = sorted(set(spec.turns or (1, 2)))
     prior = spec.prior or "reference"
-    priors, info_prior = _mtbench_priors(prior, questions) if 2 in turns else ({}, {})
+    priors, info_prior = _mtbench_priors(prior, questions) if 2 in turns else ({}, PriorInfo())
     system = EAGLE_SYSTEM_PROMPT if spec.system == "eagle" else spec.system
     head = [{"role": "system", "content": system}] if system else []
     items: list[WorkItem] = []
@@ -605,20 +548,20 @@ def _mtbench(spec: WorkloadSource, seed: int, limits: Limits) -> Candidates:
     if spec.n is not None:
         random.Random(seed).shuffle(items)
     f = dataset_file("mtbench")
-    info: SourceInfo = {
-        "source": "mtbench", "package": f"{pkg.dist} {pkg.version}", "file": "/".join(pkg.resource),
-        "read_from": str(f), "sha256": pkg.sha256["/".join(pkg.resource)], "questions": len(questions),
-        "turns": turns, "by_category": per_cat,
-        "system": None if not system else "eagle (EAGLE's gen_ea_answer_llama3chat.py)" if spec.system == "eagle"
+    info = SourceInfo(
+        source="mtbench", package=f"{pkg.dist} {pkg.version}", file="/".join(pkg.resource),
+        read_from=str(f), sha256=pkg.sha256["/".join(pkg.resource)], questions=len(questions),
+        turns=turns, by_category=per_cat,
+        system=None if not system else "eagle (EAGLE's gen_ea_answer_llama3chat.py)" if spec.system == "eagle"
         else "given in params",
-        "sampling": "every question and turn in file order" if spec.n is None else
-                    "items (question, turn) shuffled with random.Random(seed), the first n that fit"}
+        sampling="every question and turn in file order" if spec.n is None else
+                 "items (question, turn) shuffled with random.Random(seed), the first n that fit")
     if 2 in turns:
         missing = len(questions) - len(priors)
         if missing:
-            info_prior["left_out"] = (f"turn 2 of {missing} of {len(questions)} questions: no prior answer "
-                                      f"to turn 1 in {info_prior['prior']}")
-        info["turn_2"] = info_prior
+            info_prior.left_out = (f"turn 2 of {missing} of {len(questions)} questions: no prior answer "
+                                   f"to turn 1 in {info_prior.prior}")
+        info.turn_2 = info_prior
     return Candidates(spec, items, spec.n, limits, info)
 
 
@@ -649,9 +592,9 @@ def _mtbench_priors(prior: str, questions: Sequence[MtBenchQuestion]) -> tuple[d
     if prior == "reference":
         text = _read_pinned("mtbench", MTBENCH_REFERENCE)
         answers, models = _answer_lines(text, "/".join(MTBENCH_REFERENCE), ids)
-        return answers, {"prior": "reference", "answers_of": sorted(models), "file": "/".join(MTBENCH_REFERENCE),
-                         "what": "GPT-4's answer to turn 1 (FastChat's reference answers): not the target's own",
-                         "questions_with_prior": len(answers)}
+        return answers, PriorInfo(prior="reference", answers_of=sorted(models), file="/".join(MTBENCH_REFERENCE),
+                                  what="GPT-4's answer to turn 1 (FastChat's reference answers): not the target's "
+                                       "own", questions_with_prior=len(answers))
     path = Path(prior).expanduser()
     if not path.is_file():
         raise ConfigError(f"workload: mtbench prior {prior!r} is neither 'reference' nor a file",
@@ -661,10 +604,10 @@ def _mtbench_priors(prior: str, questions: Sequence[MtBenchQuestion]) -> tuple[d
     answers, models = _answer_lines(path.read_text(encoding="utf-8"), str(path), ids)
     if not answers:
         raise ConfigError(f"workload: mtbench prior {path} holds no answers", parameter="workload")
-    return answers, {"prior": str(path), "answers_of": sorted(models),
-                     "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                     "what": "the first turn of each answer in the file (the target's own, when the file was "
-                             "generated with it)", "questions_with_prior": len(answers)}
+    return answers, PriorInfo(prior=str(path), answers_of=sorted(models),
+                              sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                              what="the first turn of each answer in the file (the target's own, when the file was "
+                                   "generated with it)", questions_with_prior=len(answers))
 
 
 def _answer_lines(text: str, where: str, ids: set[int]) -> tuple[dict[int, str], set[str]]:
@@ -799,7 +742,7 @@ def _from_lines(text: str, where: str, spec: WorkloadSource, default_cat: str, s
     items = [_item_from(rec, where, i, spec, default_cat, source) for i, rec in jsonl(text, where)]
     if not items:
         raise ConfigError(f"workload: {where} holds no items", parameter="workload")
-    return items, {"source": source, "file": where, "format": "jsonl", "in_file": len(items)}
+    return items, SourceInfo(source=source, file=where, format="jsonl", in_file=len(items))
 
 
 def _from_json(text: str, where: str, spec: WorkloadSource, default_cat: str
@@ -807,7 +750,7 @@ def _from_json(text: str, where: str, spec: WorkloadSource, default_cat: str
     items = [_item_from(rec, where, line, spec, default_cat, where) for line, rec in iter_json_array(text, where)]
     if not items:
         raise ConfigError(f"workload: {where} holds no items", parameter="workload")
-    return items, {"source": where, "file": where, "format": "json", "in_file": len(items)}
+    return items, SourceInfo(source=where, file=where, format="json", in_file=len(items))
 
 
 # --- the workload of a trial ----------------------------------------------------------------------------
@@ -840,8 +783,8 @@ class Workload:
             self.items += select(c, lengths, self.max_tokens, self.dataset_lengths)
         self.pending = []
         d = self.description
-        d.update(items=len(self.items), categories=self.categories(), length_unit=unit,
-                 count_s=round(time.monotonic() - t0, 3))
+        d.items, d.categories, d.length_unit = len(self.items), self.categories(), unit
+        d.count_s = round(time.monotonic() - t0, 3)
         return self
 
 
@@ -854,17 +797,17 @@ def build_workload(params: TrialParams, *, lengths: Lengths | None = None, unit:
     pending = [candidates(spec, seed=params.seed, context=context) for spec in params.workload]
     s = params.sampling
     wl = Workload(pending=pending, max_tokens=params.max_tokens, dataset_lengths=params.output_len == "dataset")
-    wl.description = {
-        "sources": [c.info for c in pending], "seed": params.seed, "request_format": params.request_format,
-        "endpoint": "/v1/chat/completions" if params.request_format == "chat" else "/v1/completions",
-        "sampling": {**s.model_dump(mode="json"), "greedy": s.greedy},
-        "output_len": params.output_len if params.output_len == "fixed" else
-                      f"dataset (each item's reference length, capped at max_tokens={params.max_tokens})",
-        "max_tokens": params.max_tokens, "context_tokens": context, "length_unit": "not counted yet",
-        "order": "per start: categories take turns, each category's items in an order seeded by seed + restart",
-        "read_s": round(time.monotonic() - t0, 3)}
+    wl.description = WorkloadDescription(
+        sources=[c.info for c in pending], seed=params.seed, request_format=params.request_format,
+        endpoint="/v1/chat/completions" if params.request_format == "chat" else "/v1/completions",
+        sampling={**s.model_dump(mode="json"), "greedy": s.greedy},
+        output_len=params.output_len if params.output_len == "fixed" else
+                   f"dataset (each item's reference length, capped at max_tokens={params.max_tokens})",
+        max_tokens=params.max_tokens, context_tokens=context, length_unit="not counted yet",
+        order="per start: categories take turns, each category's items in an order seeded by seed + restart",
+        read_s=round(time.monotonic() - t0, 3))
     if chat_template:
-        wl.description["chat_template"] = chat_template
+        wl.description.chat_template = chat_template
     return wl.finalize(lengths, unit) if lengths is not None else wl
 
 

@@ -7,7 +7,7 @@
 
 Each detector reads the run record (manifest: arms, starts, argv and environment, env checks, NCCL evidence,
 fingerprint changes, drift), the server logs (``RUN_DIR/logs/`` and any LOG given, parsed by
-``spectrial.logs`` through ``spectrial.serverlog.ServerLog``), the GPU samples (``RUN_DIR/gpu/*.csv``) and,
+``spectrial.logs`` through ``spectrial.logs.api.ServerLog``), the GPU samples (``RUN_DIR/gpu/*.csv``) and,
 for drift, earlier records of the same folder. A finding says what was found and how bad it is (critical:
 makes speculation lose by itself; warning: distorts or invalidates the measurement; info: worth knowing, not
 the cause here), the evidence (a record field path with its value, or ``file:line`` with the line), the fix,

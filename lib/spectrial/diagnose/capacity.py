@@ -329,8 +329,8 @@ def _tp(ctx: Context, la: Launch) -> tuple[int, Evidence] | None:
     if o and number(o[1]):
         return int(float(o[1])), rec(la.where(o[0]), o[1])
     m = ctx.manifest
-    if m is not None and number(m.engine.get("tensor_parallel")):
-        return int(m.engine["tensor_parallel"]), rec("engine.tensor_parallel", m.engine["tensor_parallel"])
+    if m is not None and (tp := m.engine.tensor_parallel) is not None and number(tp):
+        return tp, rec("engine.tensor_parallel", tp)
     for lf in ctx.logs:
         t = limits(lf).tp
         if t:
@@ -356,8 +356,7 @@ def _draft_tp(la: Launch) -> int | None:
 
 def interconnect(ctx: Context) -> tuple[str | None, Evidence | None]:
     """'pcie' (no NVLink between the GPUs), 'nvlink', or None (not recorded), with the evidence."""
-    host = ctx.manifest.host if ctx.manifest is not None else {}
-    text = str(host.get("interconnect") or "")
+    text = (ctx.manifest.host.interconnect if ctx.manifest is not None else None) or ""
     if text:
         kind = "nvlink" if re.search(r"nvlink", text, re.I) and not re.search(r"no nvlink", text, re.I) else \
             "pcie" if re.search(r"pcie", text, re.I) else None

@@ -327,8 +327,7 @@ def throttling(ctx: Context) -> Iterator[Finding]:
                                                                                None else ""))],
                       fix="Restore the power limit (nvidia-smi -pl), improve cooling, or lock clocks for benchmarking; "
                           "re-run the affected arms.")
-    host = m.host if m is not None else {}
-    for j, c in enumerate(host.get("checks") or []):
+    for j, c in enumerate(m.host.checks if m is not None else []):
         mm = _CLOCK_CHECK.search(str(c))
         if mm and int(mm.group(1)) < 0.9 * int(mm.group(2)):
             yield Finding(kind="throttling", severity="warning",

@@ -1,4 +1,4 @@
-"""What the detectors read: the run record, its server logs (parsed once, through `spectrial.serverlog`), its GPU
+"""What the detectors read: the run record, its server logs (parsed once, through `spectrial.logs.api.ServerLog`), its GPU
 samples, and the launch of each arm (argv and environment), with the record path of every value so that a
 finding can name its evidence."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import gzip
 import re
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -16,8 +16,8 @@ from typing import Any
 import pandas as pd
 
 from spectrial.analysis.stats import finite
+from spectrial.logs.api import ServerLog
 from spectrial.schema import ArmRecord, Manifest
-from spectrial.serverlog import ServerLog
 
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _WRAPPERS = frozenset({"nohup", "env", "exec", "sudo", "setsid", "numactl", "taskset"})
@@ -209,7 +209,7 @@ class Context:
     def engine(self) -> str | None:
         """The engine's name: the record's, else the engine most log rows come from."""
         if self.manifest is not None:
-            name = self.manifest.engine.get("name") or self.params.get("engine")
+            name = self.manifest.engine.name or self.params.get("engine")
             if name:
                 return str(name)
         counts: dict[str, int] = {}
@@ -259,12 +259,12 @@ class Context:
         return None, ""
 
     def gpu_count(self) -> int | None:
-        host = self.manifest.host if self.manifest is not None else {}
-        n = number(host.get("gpu_count"))
-        if n:
-            return int(n)
-        gpus = (host.get("gpus") or {}).get("gpus") if isinstance(host.get("gpus"), Mapping) else None
-        return len(gpus) if gpus else None
+        if self.manifest is None:
+            return None
+        host = self.manifest.host
+        if host.gpu_count:
+            return host.gpu_count
+        return len(host.gpus.gpus) if host.gpus is not None and host.gpus.gpus else None
 
     def log_rows(self, kind: str | None = None, engine: str | None = None
                  ) -> Iterator[tuple[LogFile, dict[str, Any]]]:

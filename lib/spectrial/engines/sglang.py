@@ -34,7 +34,6 @@ from spectrial.bench import ChatMessage, Payload, RequestBody, Sampling
 from spectrial.engines.base import (
     Engine,
     EngineIdentity,
-    GitSource,
     HostProbe,
     Window,
     Worker,
@@ -47,7 +46,7 @@ from spectrial.engines.flags import Flag, Version, general, render
 from spectrial.engines.nccl_evidence import DEBUG_ENV
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
-from spectrial.schema import ServerRequestStats, WindowStats
+from spectrial.schema import GitSource, ServerRequestStats, WindowStats
 from spectrial.secrets import mask_launch
 from spectrial.server import LaunchSpec, Probe
 from spectrial.workloads import ChatTemplate, hf_chat_template

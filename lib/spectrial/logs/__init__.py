@@ -12,10 +12,10 @@ kinds and columns. A new format is data (:class:`LineFormat`, with a :class:`Fin
 a block reader (:class:`BlockFormat`) or one small function (:func:`register`): see :mod:`spectrial.logs.formats`
 and docs/LOGS.md.
 
-Modules: ``api`` (parse_tables, parse, summary, schema), ``result`` (LogTables: the tables per kind,
+Modules: ``api`` (parse_tables, parse, summary, schema; ``ServerLog``: one server's log, parsed once), ``result`` (LogTables: the tables per kind,
 ``wide()``), ``formats`` (LineFormat, BlockFormat: the extension point), ``vector`` (the toolkit of vectorised block readers), ``registry``, ``source`` (paths, gzip, text,
-iterables), ``chunks`` (lines as arrow arrays, Window), ``markers`` (the marker search), ``driver`` (per-chunk
-dispatch), ``parallel`` (a large file in segments, read by worker processes), ``table`` (the tables per kind),
+iterables), ``chunks`` (lines as arrow arrays, Window, ANSI), ``driver`` (the marker search, per-chunk
+dispatch, a format's records as columns), ``parallel`` (a large file in segments, read by worker processes), ``table`` (the tables per kind),
 ``columns``, ``text`` and ``pyrepr`` (types and conversions, regex
 fragments, Python-repr dumps); one module per engine (``sglang``, ``vllm``, ``llamacpp``, ``nccl``,
 ``nvidia_smi``, ``profile``, ``tables``, ``http``).

@@ -16,7 +16,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spectrial.logs.text import NOT_PLAIN, strip_ansi
+# ANSI colour sequences, also the ``?[32m`` form a terminal paste leaves
+ANSI = r"(?:\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\n]*\x07|\?\[[0-9;]+m|\^\[\[[0-9;]*m)"
+# ASCII bytes on which bytes and str methods differ (str.strip() strips \x1c-\x1f), or that a Window drops
+# (a line's \r, ANSI's ESC): "plain" text has none of them; vectorised block readers read plain text only
+NOT_PLAIN = b"\r\x1b\x1c\x1d\x1e\x1f"
+_ANSI_PY = re.compile(ANSI)
+
+
+def strip_ansi(text: str) -> str:
+    """`text` without ANSI colour sequences (also the `?[32m` form a terminal paste leaves)."""
+    return _ANSI_PY.sub("", text) if ("\x1b" in text or "?[" in text or "^[[" in text) else text
+
 
 CONTEXT = 64  # lines above a marker line a block may read (Window: w[-1] .. w[-64])
 MAX_BLOCK_LINES = 20000  # lines from a marker line on a block may read (Window: w[0] .. w[19999])

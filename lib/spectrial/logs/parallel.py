@@ -21,6 +21,7 @@ children) the parse is sequential.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -38,9 +39,8 @@ import pyarrow as pa
 
 from spectrial.errors import ConfigError
 from spectrial.logs.chunks import CONTEXT, line_offsets, nonblank_lines
-from spectrial.logs.driver import MAX_ERRORS, Batch, Plan
+from spectrial.logs.driver import MAX_ERRORS, Batch, Plan, cpus, line_rows, numpy_part, rows_frame
 from spectrial.logs.formats import Finalizer, Format, LineFormat, finalizer
-from spectrial.logs.table import cpus, line_rows, numpy_part, rows_frame
 
 MIN_BYTES = 64 << 20  # smaller files are read by one process (starting workers would cost more than it gains)
 SEGMENT_MIN = 8 << 20
@@ -414,6 +414,7 @@ def _worker(conn: multiprocessing.connection.Connection) -> None:
     """A worker process: read the segments the parent names until it sends None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it stops the workers)
     assert _JOB is not None
+    keep_freed_memory()
     formats, path, segments, block_bytes, size = _JOB
     while True:
         try:
@@ -431,6 +432,25 @@ def _worker(conn: multiprocessing.connection.Connection) -> None:
             conn.send(msg)
         except (OSError, ValueError):
             return
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep the memory it frees for the next allocations (a worker process's only: it
+    allocates the same large arrays chunk after chunk, and ends when the parse does). By default arrays over
+    a threshold are mmap'ed and given back on free, so each chunk's arrays fault in fresh pages, which costs
+    much on a VM that backs guest memory lazily (measured, 100 MB in one process: 25 % fewer page faults,
+    0.1-0.2 s less system time). Returns whether glibc took the settings."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    return all([mallopt(m_mmap_threshold, 32 << 20) == 1,  # glibc's maximum (arrays below it: from the heap)
+                mallopt(m_trim_threshold, 1 << 30) == 1,  # freed heap goes back only past 1 GiB free
+                mallopt(m_top_pad, 64 << 20) == 1])  # it grows in 64 MiB steps
 
 
 def read(plan: Plan, path: Path, workers: int, block_bytes: int) -> Stats:

@@ -332,7 +332,8 @@ def _bench_classify(text: pa.Array, block: np.ndarray, offset: np.ndarray) -> np
 
 def bench_serving_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
     """:func:`bench_serving` of all the chunk's blocks at once."""
-    sc = scan(chunk, at, _bench_classify, first=32)
+    # a whole result block, its latency sections included, is ~35 lines: one window reads most blocks entire
+    sc = scan(chunk, at, _bench_classify, first=40)
     nb = len(at)
     rows = sc.rows(ROW)
     label, rest = split_once(sc.text.take(pa.array(rows)), ":")

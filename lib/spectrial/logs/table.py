@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from spectrial.logs.columns import const, to_numpy
-from spectrial.logs.driver import THREAD_ROWS, Batch, Columns, Plan, pool
+from spectrial.logs.columns import const
+from spectrial.logs.driver import THREAD_ROWS, Batch, Plan, line_rows, pool, rows_frame
 from spectrial.logs.formats import Format, LineFormat, finalizer
 from spectrial.logs.registry import Registry, wants
 from spectrial.logs.result import KindTable, LogTables, ParserError, typed_column
@@ -39,43 +38,6 @@ class Frame:
     def per_row(self, value: np.ndarray | str) -> np.ndarray:
         """Engine or kind as one value per row."""
         return const(len(self.lines), value) if isinstance(value, str) else value
-
-
-def numpy_part(fmt: LineFormat, part: tuple[np.ndarray, Columns]) -> tuple[np.ndarray, Columns]:
-    """A line format's records from one chunk as numpy columns, as the tables hold them; text columns of a format
-    without finalize stay arrow (a kind's table keeps them so: no Python string per cell)."""
-    lines, cols = part
-    types = fmt.pattern_columns
-    keep = fmt.finalize is None
-    return lines, {c: v if not isinstance(v, pa.Array) or (keep and types[c] == "str") else to_numpy(v, types[c])
-                   for c, v in cols.items()}
-
-
-def line_rows(fmt: LineFormat, parts: list[tuple[np.ndarray, Columns]]
-              ) -> tuple[np.ndarray, dict[str, np.ndarray | pa.ChunkedArray]]:
-    """The records of `parts` together: line numbers and a column for each pattern column one of them holds
-    (NaN / None in the parts without it); text columns of a format without finalize as one arrow column."""
-    parts = [numpy_part(fmt, p) for p in parts]
-    lines = np.concatenate([p[0] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
-    cols: dict[str, np.ndarray | pa.ChunkedArray] = {}
-    for c, typ in fmt.pattern_columns.items():
-        if not any(c in p[1] for p in parts):
-            continue
-        pieces = [p[1].get(c) for p in parts]
-        if fmt.finalize is None and typ == "str":
-            cols[c] = pa.chunked_array([v if v is not None else pa.nulls(len(p[0]), pa.string())
-                                        for v, p in zip(pieces, parts, strict=True)], type=pa.string())
-            continue
-        cols[c] = np.concatenate([v if v is not None else  # a chunk without the column contributes NaN / None
-                                  (np.full(len(p[0]), np.nan) if typ == "float" else const(len(p[0]), None))
-                                  for v, p in zip(pieces, parts, strict=True)])
-    return lines, cols
-
-
-def rows_frame(lines: np.ndarray, cols: dict[str, np.ndarray]) -> pd.DataFrame:
-    """Line numbers and columns as the DataFrame a finalize reads."""
-    return pd.DataFrame({"line": lines, **{c: pd.Series(v, dtype=object if v.dtype == object else None, copy=False)
-                                          for c, v in cols.items()}})
 
 
 def frame(plan: Plan, i: int) -> Frame | None:
@@ -208,7 +170,10 @@ def _frames(plan: Plan, wanted: set[str] | None) -> list[tuple[Format, Frame]]:
     later = {i: pool().submit(frame, plan, i) for i, f in enumerate(plan.formats)
              if isinstance(f, LineFormat) and f.finalize is not None and i not in plan.finalizers
              and sum(len(p[0]) for p in plan.line_parts[i]) >= THREAD_ROWS}
-    done = {i: frame(plan, i) for i in range(len(plan.formats)) if i not in later}
+    # formats fed to a finalizer part by part come last: a parallel parse's helper process may still be merging
+    # (its finish waits for it), and the other formats' frames are built meanwhile
+    here = sorted((i for i in range(len(plan.formats)) if i not in later), key=lambda i: i in plan.finalizers)
+    done = {i: frame(plan, i) for i in here}
     done.update({i: f.result() for i, f in later.items()})
     out: list[tuple[Format, Frame]] = []
     for i, fmt in enumerate(plan.formats):
@@ -262,14 +227,6 @@ def _kind_table(engine: str, kind: str, parts: list[Part]) -> KindTable:
     index = pd.Index(pos if order is None else pos[order], name="record")
     return KindTable(engine, kind, pd.DataFrame(cols, index=index, copy=False), types,
                      keeps_nan=all(p.frame.clean for p in parts))
-
-
-def cpus() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 SUMMARY_COLUMNS = ["engine", "kind", "dp_rank", "count", "metric", "n", "median"]

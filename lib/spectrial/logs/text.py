@@ -2,7 +2,7 @@
 
 Fragments: :data:`NUM` (a number as logs print it, ``inf``/``nan`` included), :data:`LIST` (comma-separated
 numbers), :data:`TS_ISO` (an ISO-8601 timestamp at the start of a line, optionally in ``[...]``; the group
-is named ``timestamp``), :data:`ANSI` (colour sequences, also the ``?[32m`` form a terminal paste leaves).
+is named ``timestamp``), (ANSI colour sequences: `spectrial.logs.chunks.ANSI`).
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ NUM = r"(?:[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:inf
 LIST = rf"{NUM}(?:\s*,\s*{NUM})*"
 TS_ISO = (r"^\[?(?P<timestamp>[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?"
           r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?)")
-ANSI = r"(?:\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\n]*\x07|\?\[[0-9;]+m|\^\[\[[0-9;]*m)"
 WS = r"[ \t\n\r\f\v]"  # Python's ASCII whitespace (RE2's \s lacks \v): for patterns that must agree with str.strip()
 
-# ASCII bytes on which bytes and str methods differ (str.strip() strips \x1c-\x1f), or that a Window drops
-# (a line's \r, ANSI's ESC): "plain" text has none of them; vectorised block readers read plain text only
-NOT_PLAIN = b"\r\x1b\x1c\x1d\x1e\x1f"
 
-_ANSI_PY = re.compile(ANSI)
 _NUM_PY = re.compile(rf"^\s*({NUM})")
 
 
@@ -57,9 +52,6 @@ def bnum(text: bytes) -> float | None:
     return num(text.decode())
 
 
-def strip_ansi(text: str) -> str:
-    """`text` without ANSI colour sequences (also the `?[32m` form a terminal paste leaves)."""
-    return _ANSI_PY.sub("", text) if ("\x1b" in text or "?[" in text or "^[[" in text) else text
 
 
 def re2(pattern: str) -> str:

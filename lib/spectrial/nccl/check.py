@@ -38,7 +38,7 @@ from spectrial.nccl.evidence import SettingsRow, Visibility
 from spectrial.nccl.params import EnvSet, NcclCheckParams
 from spectrial.nccl.worker import Versions, WorkerResult, WorkerSpec, run_worker
 from spectrial.records import RunRecord, load_record
-from spectrial.schema import Manifest
+from spectrial.schema import GpusSeen, HostInfo, Manifest
 from spectrial.secrets import mask_env
 
 _INHERITED_PREFIXES = ("NCCL_", "TORCH_", "NVSHMEM_", "CUDA_VISIBLE_DEVICES", "GLOO_")
@@ -89,18 +89,6 @@ class LatencyRow(TypedDict):
     rank: int
     iter: int
     us: float
-
-
-class HostInfo(TypedDict, total=False):
-    """manifest `host` of a check: this machine, and its GPUs and topology on nccl."""
-
-    name: str
-    platform: str
-    cpus: int | None
-    python: str
-    inherited_env: dict[str, str]
-    gpus: dict  # as `spectrial.gpu.query(host).as_dict()` gives it
-    topology: str
 
 
 class SetEntry(TypedDict, total=False):
@@ -349,20 +337,19 @@ def nccl_effect(params: NcclCheckParams, es: EnvSet, nccl: list[NcclRow]) -> Eff
 
 
 def _host_info(params: NcclCheckParams) -> HostInfo:
-    info: HostInfo = {"name": socket.gethostname(), "platform": platform.platform(),
-                            "cpus": os.cpu_count(), "python": platform.python_version(),
-                            "inherited_env": mask_env({k: v for k, v in os.environ.items()
-                                                       if k.startswith(_INHERITED_PREFIXES)})}
+    info = HostInfo(name=socket.gethostname(), platform=platform.platform(), cpus=os.cpu_count(),
+                    python=platform.python_version(),
+                    inherited_env=mask_env({k: v for k, v in os.environ.items() if k.startswith(_INHERITED_PREFIXES)}))
     if params.backend == "nccl" and shutil.which("nvidia-smi"):
         from spectrial.gpu import query
         from spectrial.host import LocalHost
 
-        info["gpus"] = query(LocalHost()).as_dict()
+        info.gpus = GpusSeen.model_validate(query(LocalHost()).as_dict())
         try:
-            info["topology"] = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
-                                              timeout=30).stdout
+            info.topology = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                                           timeout=30).stdout
         except (OSError, subprocess.SubprocessError) as exc:
-            info["topology"] = f"nvidia-smi topo -m failed: {exc}"
+            info.topology = f"nvidia-smi topo -m failed: {exc}"
     return info
 
 

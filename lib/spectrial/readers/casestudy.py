@@ -194,7 +194,7 @@ def coverage(manifest: Manifest) -> pd.DataFrame:
     """One row per configuration, one column per field a spectrial trial records (TRIAL_FIELDS):
     True where the case recorded it, False where it did not."""
     rows, _ = record_rows(manifest, CASE_NAME)
-    engine_version = manifest.engine.get("version")
+    engine_version = manifest.engine.version
     out = []
     for raw, r in zip(manifest.arms, rows, strict=True):
         same_session_base = r.method == "none" or r.baseline_arm is not None

@@ -15,10 +15,8 @@ Order of consequence of the detailed lines (what most often explains a different
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pydantic import JsonValue
 
@@ -26,7 +24,7 @@ from spectrial.drift import argv_changes, argv_options, dict_changes
 from spectrial.fingerprint import stable_view
 from spectrial.params import workload_identity
 from spectrial.records import load_record
-from spectrial.schema import ArmRecord, Manifest
+from spectrial.schema import ArmRecord, HostFingerprint, HostInfo, Manifest
 
 
 @dataclass(order=True)
@@ -73,22 +71,22 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> DiffResult:
         for t in argv_changes(xa.argv or [], xb.argv or []):
             f.append(Finding(3, f"arm {n}: {t}"))
     ea, eb = a.engine, b.engine
-    for k in ("version", "commit", "diff_hash", "binary"):
-        if ea.get(k) != eb.get(k):
-            f.append(Finding(1, f"engine {k}: {ea.get(k)!r} -> {eb.get(k)!r}"))
-    ia, ib = ea.get("binary_identity") or {}, eb.get("binary_identity") or {}
-    if ia and ib and (ia.get("head_tail_sha256"), ia.get("size")) != (ib.get("head_tail_sha256"), ib.get("size")):
-        f.append(Finding(1, f"engine binary changed: {ia.get('path')} size {ia.get('size')} -> {ib.get('size')}, "
-                            f"hash {ia.get('head_tail_sha256')} -> {ib.get('head_tail_sha256')}"))
-    ma = {m.get("path"): m for m in a.models}
-    mb = {m.get("path"): m for m in b.models}
-    for p in sorted(set(ma) | set(mb)):
-        if (ma.get(p) or {}).get("head_tail_sha256") != (mb.get(p) or {}).get("head_tail_sha256"):
+    for k, va, vb in (("version", ea.version, eb.version), ("commit", ea.commit, eb.commit),
+                      ("diff_hash", ea.diff_hash, eb.diff_hash), ("binary", ea.binary, eb.binary)):
+        if va != vb:
+            f.append(Finding(1, f"engine {k}: {va!r} -> {vb!r}"))
+    ia, ib = ea.binary_identity, eb.binary_identity
+    if ia is not None and ib is not None and (ia.head_tail_sha256, ia.size) != (ib.head_tail_sha256, ib.size):
+        f.append(Finding(1, f"engine binary changed: {ia.path} size {ia.size} -> {ib.size}, "
+                            f"hash {ia.head_tail_sha256} -> {ib.head_tail_sha256}"))
+    ha = {m.path: m.head_tail_sha256 for m in a.models}
+    hb = {m.path: m.head_tail_sha256 for m in b.models}
+    for p in sorted(set(ha) | set(hb)):
+        if ha.get(p) != hb.get(p):
             f.append(Finding(1, f"model file {p} changed or absent in one run"))
-    fa = a.host.get("fingerprint") or {}
-    fb = b.host.get("fingerprint") or {}
-    if fa or fb:
-        for t in dict_changes(stable_view(fa), stable_view(fb), "host"):
+    fa, fb = a.host.fingerprint, b.host.fingerprint
+    if fa is not None or fb is not None:
+        for t in dict_changes(stable_view(fa or HostFingerprint()), stable_view(fb or HostFingerprint()), "host"):
             f.append(Finding(2, t.replace("host.gpus.", "GPU ")))
     for n in common:
         ta, tb = arms_a[n].throttled_samples, arms_b[n].throttled_samples
@@ -182,15 +180,14 @@ def _and(items: list[str]) -> str:
 GpuValue = str | list[str] | None  # a GPU fingerprint field (StableView's gpus)
 
 
-def _gpus(host: Mapping[str, Any]) -> list[dict[str, GpuValue]] | None:
+def _gpus(host: HostInfo) -> list[dict[str, GpuValue]] | None:
     """The GPUs a run records (an empty list: recorded, none), as fingerprint fields; None: not recorded."""
-    fp = host.get("fingerprint") or {}
-    if fp.get("gpus") is not None:
-        return stable_view(fp)["gpus"]
-    if isinstance(host.get("gpus"), Mapping):
-        return [{"name": g.get("name"), "uuid": g.get("uuid")} for g in host["gpus"].get("gpus") or []]
-    if host.get("gpu_key"):
-        return [{"name": host["gpu_key"], "driver_version": host.get("driver")}] * int(host.get("gpu_count") or 1)
+    if host.fingerprint is not None and host.fingerprint.gpus is not None:
+        return stable_view(host.fingerprint)["gpus"]
+    if host.gpus is not None:
+        return [{"name": g.name, "uuid": g.uuid} for g in host.gpus.gpus]
+    if host.gpu_key:
+        return [{"name": host.gpu_key, "driver_version": host.driver}] * (host.gpu_count or 1)
     return None
 
 
@@ -213,8 +210,8 @@ class ModelIdentity:
 
 def _models(m: Manifest) -> ModelIdentity | None:
     """Model files by path (their identity), with the target's path; None: not recorded."""
-    files = {str(x.get("path")): (x.get("head_tail_sha256"), x.get("size")) for x in m.models}
-    target = m.params.get("model") or (m.model_info or {}).get("name")
+    files = {x.path: (x.head_tail_sha256, x.size) for x in m.models}
+    target = m.params.get("model") or (m.model_info.name if m.model_info is not None else None)
     if not files and not target:
         return None
     return ModelIdentity(target=target, files=files)
@@ -240,21 +237,21 @@ def _facets(m: Manifest) -> dict[str, Facet]:
             keys = [k for k, c in _GPU_FIELDS.items() if c == cat]
             vals = [tuple(g.get(k) for k in keys) for g in gpus if any(g.get(k) is not None for k in keys)]
             out[cat] = vals or None
-    if host.get("driver") and out["driver"] is None:
-        out["driver"] = [str(host["driver"])]
-    if host.get("interconnect"):
-        out["topology"] = [str(host["interconnect"])]
-    fp = host.get("fingerprint") or {}
-    view = stable_view(fp) if fp else {}
-    cuda = view.get("cuda_version") or host.get("cuda")
+    if host.driver and out["driver"] is None:
+        out["driver"] = [host.driver]
+    if host.interconnect:
+        out["topology"] = [host.interconnect]
+    view = stable_view(host.fingerprint) if host.fingerprint is not None else None
+    cuda = (view["cuda_version"] if view is not None else None) or host.cuda
     out["CUDA"] = str(cuda) if cuda else None
-    hostv = {k: view[k] for k, c in _HOST_FIELDS.items() if c == "host" and view.get(k) is not None}
+    hostv = {k: str(v) for k, c in _HOST_FIELDS.items()
+             if c == "host" and view is not None and (v := view.get(k)) is not None}
     out["host"] = hostv or None
     out["model"] = _models(m)
-    build = {k: eng.get(k) for k in ("name", "version", "commit", "diff_hash") if eng.get(k)}
-    ident = eng.get("binary_identity") or {}
-    if ident:
-        build["binary"] = (ident.get("head_tail_sha256"), ident.get("size"))
+    named = {"name": eng.name, "version": eng.version, "commit": eng.commit, "diff_hash": eng.diff_hash}
+    build: dict[str, str | tuple[JsonValue, JsonValue]] = {k: v for k, v in named.items() if v}
+    if eng.binary_identity is not None:
+        build["binary"] = (eng.binary_identity.head_tail_sha256, eng.binary_identity.size)
     out["engine build"] = build if {"version", "commit", "binary"} & set(build) else None
     work = {**workload_identity(m.params), "concurrency": m.params.get("concurrency", 1)} if m.params else {}
     out["workload"] = work or None

@@ -169,13 +169,11 @@ class RooflineInputs:
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> RooflineInputs | None:
         """From ``host.gpu_key``/``host.gpu_count`` and ``model_info`` of a record; None if either is missing."""
-        host = manifest.host
-        info = manifest.model_info or {}
-        if not host.get("gpu_key") or not info.get("params_b") or not info.get("bits_per_weight"):
+        host, info = manifest.host, manifest.model_info
+        if not host.gpu_key or info is None or not info.params_b or not info.bits_per_weight:
             return None
-        return cls(gpu=str(host["gpu_key"]), n_gpus=int(host.get("gpu_count") or 1),
-                   params_b=float(info["params_b"]), bits_per_weight=float(info["bits_per_weight"]),
-                   active_params_b=info.get("active_params_b"))
+        return cls(gpu=host.gpu_key, n_gpus=host.gpu_count or 1, params_b=info.params_b,
+                   bits_per_weight=info.bits_per_weight, active_params_b=info.active_params_b)
 
 
 # ------------------------------------------------------------------ small helpers
@@ -409,15 +407,15 @@ def _workload_sections(base: ArmView | None, spec: list[ArmView], manifest: Mani
     if not arms:
         return []
     title = "Per workload: which categories cross the break-even line"
-    wl = (manifest.workload if manifest is not None else None) or {}
+    wl = manifest.workload if manifest is not None else None
     head = ("What a speculative cycle costs hardly depends on what is asked, only on how long the context is; what "
             "the prompt changes is how many tokens a cycle commits. Each category's accept length against its own "
             "break-even line: its accept length / its speed-up over the baseline's requests of the same category "
             "(longer prompts slow both)")
-    if wl:
-        srcs = ", ".join(str(x.get("source")) for x in wl.get("sources") or [])
-        samp = wl.get("sampling") or {}
-        head += (f" ({wl.get('request_format', 'completion')} requests to {wl.get('endpoint', '?')}; sources: "
+    if wl is not None:
+        srcs = ", ".join(str(x.source) for x in wl.sources)
+        samp = wl.sampling
+        head += (f" ({wl.request_format or 'completion'} requests to {wl.endpoint or '?'}; sources: "
                  f"{srcs}; {'greedy' if samp.get('greedy', True) else 'temperature ' + str(samp.get('temperature'))})")
     lines, rows, split = [], [], []
     for a in arms:

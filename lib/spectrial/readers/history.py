@@ -36,7 +36,7 @@ from spectrial.errors import SpectrialError
 from spectrial.figures import fill_derived
 from spectrial.params import repo_root
 from spectrial.records import as_manifest, load_record
-from spectrial.schema import ArmRecord, Manifest
+from spectrial.schema import ArmRecord, EngineInfo, HostInfo, Manifest
 
 __all__ = ["HISTORY_COLUMNS", "History", "HistoryRow", "baseline_over_time", "fill_derived", "incomparability",
            "load_history", "matrix", "record_rows", "resolve_dir", "rows_frame", "with_derived"]
@@ -119,22 +119,21 @@ def resolve_dir(path: str | Path) -> Path:
 
 
 # ------------------------------------------------------------------ run records
-def _engine_version(engine: Mapping[str, Any]) -> str | None:
-    v = engine.get("version")
+def _engine_version(engine: EngineInfo) -> str | None:
+    v = engine.version
     if not v:
         return None
     m = _VERSION.search(str(v))
     return (m.group(1) if m else str(v)).strip()[:60] or None
 
 
-def _gpu(host: Mapping[str, Any]) -> str | None:
-    if host.get("gpu_key"):
-        n = host.get("gpu_count")
-        return f"{n}x {host['gpu_key']}" if n else str(host["gpu_key"])
-    gpus = ((host.get("gpus") or {}).get("gpus") or []) if isinstance(host.get("gpus"), Mapping) else []
-    names = [g.get("name") for g in gpus if isinstance(g, Mapping) and g.get("name")]
+def _gpu(host: HostInfo) -> str | None:
+    if host.gpu_key:
+        n = host.gpu_count
+        return f"{n}x {host.gpu_key}" if n else host.gpu_key
+    names = [g.name for g in host.gpus.gpus if g.name] if host.gpus is not None else []
     if not names:
-        return "none" if isinstance(host.get("gpus"), Mapping) else None
+        return "none" if host.gpus is not None else None
     return f"{len(names)}x {names[0]}" if len(names) > 1 else str(names[0])
 
 
@@ -208,7 +207,7 @@ def record_rows(source: Manifest | Mapping[str, Any], run: str
         values = [v for v in arm.tok_s_values if finite(v)]
         rows.append(HistoryRow(
             source="record", run=run, kind=manifest.kind, run_status=status,
-            host=host.get("name"), gpu=_gpu(host), engine=engine.get("name"),
+            host=host.name, gpu=_gpu(host), engine=engine.name,
             engine_version=_engine_version(engine), started_at=manifest.started_at,
             session=arm.session or (manifest.run_id if manifest.run_id != "?" else None) or run,
             order=extra.get("order") or i + 1,

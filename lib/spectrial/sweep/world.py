@@ -27,7 +27,7 @@ import numpy as np
 
 from spectrial.params import Arm
 from spectrial.records import RunRecord
-from spectrial.schema import RequestRecord, StartRecord, WindowRecord, WindowStats
+from spectrial.schema import EngineInfo, HostInfo, RequestRecord, StartRecord, WindowRecord, WindowStats
 from spectrial.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
 from spectrial.sweep.params import Setting, SweepParams
 from spectrial.sweep.result import SweepResult
@@ -100,7 +100,7 @@ class WorldSource(OfflineSource):
 
     def open(self) -> None:
         m = self.record.manifest
-        m.engine, m.host, m.models = {"name": self.params.engine}, {"name": "world"}, []
+        m.engine, m.host, m.models = EngineInfo(name=self.params.engine), HostInfo(name="world"), []
         m.fingerprint_key, m.world = self.fp_key, dataclasses.asdict(self.world)
         self.record.save()
 

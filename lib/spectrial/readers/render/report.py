@@ -31,7 +31,7 @@ from spectrial.errors import ConfigError
 from spectrial.figures import category_table
 from spectrial.readers.render import figures as render
 from spectrial.records import as_manifest, list_runs, load_record, update_manifest
-from spectrial.schema import Manifest
+from spectrial.schema import Manifest, WorkloadDescription
 
 __all__ = ["REPORT_NAME", "build_notebook", "diagnosis_cell", "headline_cells", "latest_run", "prepare_notebook",
            "render_html", "serving_cells", "write_report"]
@@ -252,10 +252,10 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
     head = [f"# Run `{manifest.run_id}`: {manifest.name}", "",
             f"- kind: {manifest.kind}; status: **{manifest.status}**"
             + (f" ({manifest.reason})" if manifest.reason else ""),
-            f"- host: {host.get('name', 'n/a')}; engine: {engine.get('name', 'n/a')} {engine.get('version') or ''}",
+            f"- host: {host.name or 'n/a'}; engine: {engine.name or 'n/a'} {engine.version or ''}",
             f"- started: {manifest.started_at or 'not recorded'}; finished: "
             f"{manifest.finished_at or 'not recorded'}"]
-    if manifest.workload:
+    if manifest.workload is not None:
         head.append(f"- workload: {workload_line(manifest.workload)}")
     if manifest.get("description"):
         head += ["", str(manifest.get("description"))]
@@ -293,14 +293,14 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
     return nb
 
 
-def workload_line(wl: Mapping[str, Any]) -> str:
+def workload_line(wl: WorkloadDescription) -> str:
     """One line of what a run's requests asked: sources and sizes, categories, format, sampling, lengths."""
-    srcs = ", ".join(f"{x.get('source')} ({x.get('items')} items)" for x in wl.get("sources") or [])
-    cats = ", ".join(f"{k} {v}" for k, v in (wl.get("categories") or {}).items())
-    samp = wl.get("sampling") or {}
+    srcs = ", ".join(f"{x.source} ({x.items} items)" for x in wl.sources)
+    cats = ", ".join(f"{k} {v}" for k, v in wl.categories.items())
+    samp = wl.sampling
     how = "greedy" if samp.get("greedy", True) else f"temperature {samp.get('temperature')}, top_p {samp.get('top_p')}"
-    return (f"{srcs}; categories: {cats}; {wl.get('request_format', 'completion')} requests to "
-            f"{wl.get('endpoint', '?')}; {how}; output length {wl.get('output_len')}; seed {wl.get('seed')}")
+    return (f"{srcs}; categories: {cats}; {wl.request_format or 'completion'} requests to "
+            f"{wl.endpoint or '?'}; {how}; output length {wl.output_len}; seed {wl.seed}")
 
 
 def latest_run(output_dir: str | Path = "outputs") -> Path:

@@ -868,7 +868,7 @@ class Found(Record):
     out of the JSON, as the mappings these models replaced left it out; undeclared fields are kept)."""
 
     @model_serializer(mode="wrap")
-    def _as_found(self, handler: SerializerFunctionWrapHandler):  # noqa: ANN202 (the dump's own shape)
+    def _as_found(self, handler: SerializerFunctionWrapHandler):  # returns the dump's own shape
         data = handler(self)
         if not isinstance(data, dict):
             return data

@@ -126,7 +126,7 @@ class HelperRef(BaseModel):
     pgid: int
 
 
-Owner = dict[str, str | int | float]  # the controller (`spectrial.ownership.Controller`: host, boot_id, pid, ...)
+Owner = dict[str, str | int | float]  # the controller (`spectrial.schema.Controller`: host, boot_id, pid, ...)
 
 
 class ServerState(BaseModel):

@@ -17,6 +17,7 @@ import argparse
 import ast
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -171,6 +172,7 @@ def summary(root: Path = ROOT) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the whole graph as JSON")
     parser.add_argument("--levels", action="store_true", help="print every module with its level")

@@ -135,3 +135,32 @@ def test_dict_str_any_at_least_halved() -> None:
     assert count <= DICT_ANY_BEFORE // 2, f"{count} dict[str, Any] in lib/ (was {DICT_ANY_BEFORE}; at most half)"
     loose = import_graph.dict_any_count(pattern=import_graph.LOOSE_MAPS)
     assert loose <= LOOSE_BEFORE // 2, f"{loose} maps of untyped values in lib/ (was {LOOSE_BEFORE}; at most half)"
+
+
+# what a notebook may import: the readers wing, the doctor, the notebook plumbing, and the protocol's doors (the
+# trial, the sweep, the NCCL check, params and records, the figures' one computation, pure analysis, model shapes)
+NOTEBOOK_IMPORTS = ("spectrial.readers", "spectrial.diagnose", "spectrial.notebooks", "spectrial.trial",
+                    "spectrial.sweep", "spectrial.nccl", "spectrial.params", "spectrial.records", "spectrial.schema",
+                    "spectrial.figures", "spectrial.serving", "spectrial.validity", "spectrial.errors",
+                    "spectrial.analysis", "spectrial.models")
+
+
+def _spectrial_imports(source: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("spectrial"):
+            found |= {f"{node.module}.{a.name}" if node.module == "spectrial" else node.module for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("spectrial")}
+    return found
+
+
+def test_notebooks_import_only_the_readers_and_the_protocol() -> None:
+    stray = {}
+    for path in sorted((ROOT / "notebooks").glob("*.py")):
+        bad = sorted(m for m in _spectrial_imports(path.read_text()) if not _is(m, NOTEBOOK_IMPORTS))
+        if bad:
+            stray[path.name] = bad
+    assert not stray, f"notebooks reach past the readers and the protocol: {stray}"
+    assert _spectrial_imports("from spectrial import engines\nimport spectrial.logs.driver\n") == {
+        "spectrial.engines", "spectrial.logs.driver"}  # the check can see what it must refuse

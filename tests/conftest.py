@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_is_delivered() -> Any:
+    """Tests deliver Ctrl-C (SIGINT) to this process: a shell that starts pytest in the background (`cmd &`, nohup)
+    hands it SIGINT ignored, which would turn those tests into waits for what never comes. Python's own handler
+    while the tests run, the inherited one after."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture(scope="session")

@@ -36,10 +36,12 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
 def kill_sshd(server: SshdServer) -> None:
-    """SIGKILL the sshd listener and every per-connection sshd process under it (not what they started)."""
+    """SIGKILL the sshd listener and every per-connection sshd process under it (not what they started). The
+    listener first: killed after its sessions, it could take a reconnect in between (a loaded machine showed it),
+    and the host would look up again for a moment, which is not what a dead sshd does."""
     listener = psutil.Process(server.proc.pid)
     sessions = [c for c in listener.children(recursive=True) if c.name().startswith("sshd")]
-    for p in [*sessions, listener]:
+    for p in [listener, *sessions]:
         try:
             p.kill()
         except psutil.NoSuchProcess:

@@ -27,7 +27,7 @@ import psutil
 import pytest
 import yaml
 
-from spectrial.errors import ConfigError, ResourceBusyError
+from spectrial.errors import ConfigError, MeasurementRejected, ResourceBusyError
 from spectrial.host import LocalHost
 from spectrial.params import load_params
 from spectrial.records import manifest_json
@@ -163,8 +163,9 @@ def test_a_variable_removed_in_a_worker_is_caught(vllm_cpu, tmp_path, port):
         "    os.environ.pop('SPECTRIAL_PLANTED', None)\n")
     data = vparams(tmp_path, port, arms=[{"name": "baseline"}], repeats=1)
     data["env"] = {**data["env"], "SPECTRIAL_PLANTED": "41", "PYTHONPATH": str(site)}
-    with pytest.raises(ConfigError, match=r"SPECTRIAL_PLANTED missing from pid \d+ \(VLLM::EngineCore"):
+    with pytest.raises(MeasurementRejected, match=r"SPECTRIAL_PLANTED missing from pid \d+ \(VLLM::EngineCore") as exc:
         run_trial(load_params(data=data), progress=False)
+    assert exc.value.check == "env_check" and exc.value.result.ok is False  # the typed check rides with it
     m = manifest_json(only_run(tmp_path / "out"))
     assert m["status"] == "failed"
     procs = m["starts"][0]["env_check"]["processes"]
@@ -241,14 +242,15 @@ def _start_and_wait(cmd: list[str], state: Path, port: int, env: dict[str, str] 
     raise AssertionError("the server never came up")
 
 
-def _kill_step_stops_everything(state: Path, port: int, st: ServerState) -> KillReport:
+def _kill_step_stops_everything(state: Path, port: int, st: ServerState) -> tuple[KillReport, set[str]]:
+    """The next run's kill step stops every process of the leftover tree: its report, and the names it had."""
     members = [m.pid for m in st.members]
     names = {psutil.Process(p).name() for p in members if psutil.pid_exists(p)}
     report = stop_previous(LocalHost(), port, str(state), 20)
     assert report.action.startswith("stopped previous spectrial server"), report
     assert tree_gone(members) and not LocalHost().port_holders(port)
     assert read_state(LocalHost(), str(state), port) is None
-    return {"names": names, **report}
+    return report, names
 
 
 @pytest.mark.parametrize("scenario", ["trial killed", "launched process killed alone", "kernel died"])
@@ -270,9 +272,9 @@ def test_orphans_of_a_real_vllm_are_found_and_stopped(vllm_cpu, tmp_path, port, 
         engine = next(pid for pid, c in cmds.items() if c and c[0] != "sh" and "api_server" in " ".join(c))
         os.kill(engine, signal.SIGKILL)  # the API server alone: EngineCore and Worker stay, orphaned
         time.sleep(1.0)
-    out = _kill_step_stops_everything(state, port, st)
-    print(scenario, out["action"], sorted(out["names"]))
-    assert len(out["stopped"]) >= 2
+    report, names = _kill_step_stops_everything(state, port, st)
+    print(scenario, report.action, sorted(names))
+    assert len(report.stopped) >= 2
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])

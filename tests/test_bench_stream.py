@@ -159,7 +159,9 @@ def test_events_whose_text_is_empty_are_counted_and_timed(sse):
     r = get(sse, "empty")
     assert r.tokens == 16 and r.chunks == 16 and r.ttft_ms is not None and 3 <= r.ttft_ms <= 40
     f = serving_figures([r], expected_tokens_per_chunk=1.0, n_boot=0)
-    assert f.itl_ms is not None and f.itl_ms.n == 15 and 3 <= f.itl_ms.p50 <= 12
+    ch = chunks(r)  # 16 chunks of one token; on a loaded machine two events may arrive as one burst (merged)
+    assert len(ch) >= 12 and sum(n for _, n in ch) == 16
+    assert f.itl_ms is not None and f.itl_ms.n == sum(n for _, n in ch[1:]) and 3 <= f.itl_ms.p50 <= 12
 
 
 def test_per_chunk_usage_gives_exact_counts(sse):

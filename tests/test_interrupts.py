@@ -123,3 +123,69 @@ def test_an_interrupt_before_invoke_starts_the_command_reaches_the_caller(monkey
     monkeypatch.setattr(Runner, "_run_body", interrupted)
     with pytest.raises(KeyboardInterrupt):
         LocalHost().run("true")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("moment", ["record written", "session made"])
+def test_an_interrupt_while_the_run_is_created_leaves_it_failed(sig, moment, tmp_path, monkeypatch):
+    """The aimed moments of the random test (CI once caught it there: the record said `running` after exit 130):
+    a real signal right after the first `running` manifest is written, and right after the session is made,
+    before the run's own guard. The record must say failed and why, every arm failed, nothing started."""
+    from spectrial.records import RunRecord
+    from spectrial.session import Session
+    from spectrial.trial import run_trial
+
+    target = RunRecord.save if moment == "record written" else Session.__init__
+    sent = []
+
+    def aimed(self, *a, **kw):
+        target(self, *a, **kw)
+        if not sent:
+            sent.append(1)
+            os.kill(os.getpid(), sig)
+            time.sleep(0.05)  # it has arrived: the step goes on or the handler already ran
+
+    monkeypatch.setattr(RunRecord if moment == "record written" else Session,
+                        "save" if moment == "record written" else "__init__", aimed)
+    old = {s: signal.getsignal(s) for s in interrupts.HELD}
+    interrupts.install()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, interrupts._once(KeyboardInterrupt, "Ctrl-C"))
+    params = {"name": "t", "host": "local", "engine": "llamacpp", "engine_bin": "/nonexistent/llama-server",
+              "model": "m.gguf", "output_dir": str(tmp_path), "port": 1, "arms": [{"name": "baseline"}]}
+    try:
+        from spectrial.params import load_params
+
+        with pytest.raises(KeyboardInterrupt):
+            run_trial(load_params(data=params), progress=False)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    (run,) = [p for p in tmp_path.iterdir() if (p / "manifest.json").is_file()]
+    m = json.loads((run / "manifest.json").read_text())
+    said = "interrupted by Ctrl-C" if sig == signal.SIGINT else "interrupted by SIGTERM"
+    assert m["status"] == "failed" and said in (m["reason"] or ""), (m["status"], m["reason"])
+    assert all(a["status"] == "failed" for a in m["arms"]) and not m["starts"]
+
+
+def test_an_interrupt_while_the_final_status_is_written_waits_for_it(tmp_path, monkeypatch):
+    """The other aimed moment: a signal while `finish` writes the final status. The interrupt must wait for the
+    write; it once landed between the status set in memory and the file, and the file said `running` for good."""
+    from spectrial.records import RunRecord
+
+    rec = RunRecord(tmp_path, "t")
+    real = RunRecord.save
+
+    def save(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        real(self)
+
+    monkeypatch.setattr(RunRecord, "save", save)
+    old = signal.signal(signal.SIGTERM, interrupts.on_sigterm)
+    try:
+        with pytest.raises(interrupts.Terminated):
+            rec.finish("ok")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert json.loads(rec.manifest_path.read_text())["status"] == "ok"

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from spectrial import __version__
+from spectrial import __version__, interrupts
 from spectrial.errors import RecordWriteError
 from spectrial.figures import rederive
 from spectrial.ownership import controller, describe, owner_state
@@ -190,16 +190,42 @@ class RunRecord:
 
     def finish(self, status: str, reason: str | None = None, best_effort: bool = False) -> None:
         """Set the run's final status and reason and write the record; with `best_effort` (a run already stopping
-        on another error) a record that cannot be written is reported on stderr instead of raised."""
-        self.manifest.status = status
-        self.manifest.reason = redact(reason, self.secrets) if reason else None
-        self.manifest.finished_at = utc_now()
-        try:
-            self.save()
-        except RecordWriteError as exc:
-            if not best_effort:
-                raise
-            print(f"spectrial: the record could not be completed: {exc}", file=sys.stderr)
+        on another error) a record that cannot be written is reported on stderr instead of raised. Interrupts wait
+        for the write: a final status set in memory but not yet on disk would leave the record `running` there."""
+        with interrupts.deferred():
+            self.manifest.status = status
+            self.manifest.reason = redact(reason, self.secrets) if reason else None
+            self.manifest.finished_at = utc_now()
+            try:
+                self.save()
+            except RecordWriteError as exc:
+                if not best_effort:
+                    raise
+                print(f"spectrial: the record could not be completed: {exc}", file=sys.stderr)
+
+
+    def abandon(self, exc: BaseException) -> None:
+        """The run stopped on `exc` (an interrupt, an error) before its own step marked it: a record still running
+        (or pending) says failed and why; a final one is left as it is."""
+        if self.manifest.status in ("pending", "running"):
+            self.finish("failed", interrupts.describe(exc), best_effort=True)
+
+
+@contextlib.contextmanager
+def opened(make: Callable[[], Any]) -> Iterator[Any]:
+    """Create a run's record, or what drives it (`make()` returns a RunRecord, a Trial, a sweep: anything with
+    `abandon(exc)`), with SIGINT / SIGTERM / SIGHUP held, so that no interrupt lands between the first write of a
+    `running` manifest and the guard; anything that escapes the block, that held interrupt included, leaves the
+    record failed and why (`abandon`: a record already final is left as it is)."""
+    made: list[Any] = []
+    try:
+        with interrupts.deferred():
+            made.append(make())
+        yield made[0]
+    except BaseException as exc:
+        if made:
+            made[0].abandon(exc)
+        raise
 
 
 def settle_record(run_dir: str | Path, reason: str | None = None) -> str | None:

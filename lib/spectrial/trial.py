@@ -46,7 +46,7 @@ from spectrial.figures import (
 )
 from spectrial.gpu import GpuStatus
 from spectrial.params import Arm, TrialParams, load_params
-from spectrial.records import RunRecord, RunResult
+from spectrial.records import RunRecord, RunResult, opened
 from spectrial.schema import ArmRecord, Manifest, RequestRecord, StartSummary
 from spectrial.secrets import mask_launch
 from spectrial.server import KillReport
@@ -343,6 +343,14 @@ class Trial:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def abandon(self, exc: BaseException) -> None:
+        """The run stopped on `exc` outside a step that marked it: the arms not finished and the run say failed
+        and why (a record already final is left as it is); the host connections are closed."""
+        if self.manifest.status in ("pending", "running"):
+            self._fail("trial", f"{self._where()}{describe_exc(exc)}")
+            self._stopped(exc)
+        self.close()
+
     # --- internals -----------------------------------------------------------------------------------------
     def requests(self) -> list[RequestRecord]:
         """Every measured request of the starts that count."""
@@ -448,9 +456,7 @@ class Trial:
             self.run_arms()
             self.compare()
         except BaseException as exc:  # between the steps too (a Ctrl-C lands anywhere): never left "running"
-            if self.manifest.status in ("pending", "running"):
-                self._fail("trial", f"{self._where()}{describe_exc(exc)}")
-                self._stopped(exc)
+            self.abandon(exc)
             raise
         finally:
             self.close()
@@ -483,4 +489,5 @@ def _sequence_verdict(status: str, margin: float | None) -> str:
 def run_trial(params: TrialParams | str | Path, overrides: dict[str, Any] | None = None, *,
               run_id: str | None = None, progress: bool = True, raise_on_failure: bool = True) -> TrialResult:
     """Run the whole protocol for `params` (a TrialParams or a YAML path plus dotted overrides)."""
-    return Trial(params, overrides, run_id=run_id, progress=progress).run(raise_on_failure)
+    with opened(lambda: Trial(params, overrides, run_id=run_id, progress=progress)) as trial:
+        return trial.run(raise_on_failure)

@@ -37,7 +37,7 @@ from spectrial.nccl import latency as nccl_latency
 from spectrial.nccl.evidence import SettingsRow, Visibility
 from spectrial.nccl.params import EnvSet, NcclCheckParams
 from spectrial.nccl.worker import Versions, WorkerResult, WorkerSpec, run_worker
-from spectrial.records import RunRecord, load_record
+from spectrial.records import RunRecord, load_record, opened
 from spectrial.schema import GpusSeen, HostInfo, Manifest
 from spectrial.secrets import mask_env
 
@@ -400,7 +400,14 @@ def run_nccl_check(params: NcclCheckParams, *, run_id: str | None = None, progre
         if any(r >= world for r in es.drop_in_rank):
             raise ConfigError(f"env_sets.{name}.drop_in_rank: ranks {sorted(es.drop_in_rank)} but only "
                               f"{world} ranks run (0..{world - 1})")
-    rec = RunRecord(params.output_dir, params.name, kind="nccl_check", run_id=run_id, params=params)
+    with opened(lambda: RunRecord(params.output_dir, params.name, kind="nccl_check", run_id=run_id,
+                                  params=params)) as rec:
+        return _check(params, rec, world, progress)
+
+
+def _check(params: NcclCheckParams, rec: RunRecord, world: int, progress: bool) -> NcclCheckResult:
+    """Every set, every round, into `rec` (run_nccl_check's body; its guard marks the record failed on an
+    interrupt)."""
     roles = dict(params.sizes())
     tested = {k for es in params.env_sets.values() for k in es.env}
     rec.set(host=_host_info(params), world_size=world, enforced_env=params.launch_extras(),

@@ -19,7 +19,7 @@ import pandas as pd
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
 from spectrial.params import validate as validate_trial
-from spectrial.records import RunRecord, load_record
+from spectrial.records import RunRecord, load_record, opened
 from spectrial.schema import Manifest, RequestRecord, StartRecord, WindowRecord
 from spectrial.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
 from spectrial.sweep.params import Setting, load_sweep_params
@@ -134,8 +134,12 @@ def replay(run_dir: str | Path, overrides: dict[str, Any] | None = None, *, outp
         raise ConfigError(f"{run_dir}: a replay needs a sweep, sweep-world or trial record, this one is "
                           f"{src.kind!r}")
     params = load_sweep_params(data=data, overrides={"strategy": "guided", **(overrides or {})})
-    record = new_record(params, kind="sweep-replay", output_dir=output_dir or run_dir / "replays")
-    return execute(Sweep(params, record, ReplaySource(record, src, requests)), raise_on_failure, drift=False)
+    def make() -> Sweep:
+        record = new_record(params, kind="sweep-replay", output_dir=output_dir or run_dir / "replays")
+        return Sweep(params, record, ReplaySource(record, src, requests))
+
+    with opened(make) as sw:
+        return execute(sw, raise_on_failure, drift=False)
 
 
 @dataclass(frozen=True)

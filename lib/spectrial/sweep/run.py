@@ -45,7 +45,7 @@ from spectrial.errors import (
 )
 from spectrial.figures import add_comparisons, arm_figures, compare_requests, merge_stats
 from spectrial.params import Arm, TrialParams
-from spectrial.records import RunRecord
+from spectrial.records import RunRecord, opened
 from spectrial.schema import (
     ArmFigures,
     BestRecord,
@@ -125,6 +125,10 @@ class Sweep:
         self.durations: list[float] = []
         self.stopped_by: str | None = None
         self.failures: list[str] = []
+
+    def abandon(self, exc: BaseException) -> None:
+        """Stopped on `exc` before `execute` took over: the record says failed and why (see records.opened)."""
+        self.record.abandon(exc)
 
     @property
     def fp_key(self) -> str:
@@ -516,8 +520,12 @@ def run_sweep(params: SweepParams | str | Path, overrides: dict[str, Any] | None
         params = load_sweep_params(params, overrides)
     elif overrides:
         params = load_sweep_params(data=params.model_dump(mode="json"), overrides=overrides)
-    record = new_record(params, run_id)
-    return execute(Sweep(params, record, Session(params.trial_params(), record, progress)), raise_on_failure)
+    def make() -> Sweep:
+        record = new_record(params, run_id)
+        return Sweep(params, record, Session(params.trial_params(), record, progress))
+
+    with opened(make) as sw:
+        return execute(sw, raise_on_failure)
 
 
 def new_record(params: SweepParams, run_id: str | None = None, kind: str = "sweep",

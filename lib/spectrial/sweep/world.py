@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from spectrial.params import Arm
-from spectrial.records import RunRecord
+from spectrial.records import RunRecord, opened
 from spectrial.schema import EngineInfo, HostInfo, RequestRecord, StartRecord, WindowRecord, WindowStats
 from spectrial.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
 from spectrial.sweep.params import Setting, SweepParams
@@ -151,8 +151,12 @@ class WorldSource(OfflineSource):
 
 def simulate(sweep: SweepParams, world: World, *, seed: int = 0, output_dir: str | Path) -> SweepResult:
     """Run `sweep` (its strategy and budget) on `world`; the record (kind "sweep-world") goes to output_dir."""
-    record = new_record(sweep, kind="sweep-world", output_dir=output_dir)
-    return execute(Sweep(sweep, record, WorldSource(record, sweep, world, seed)), raise_on_failure=True, drift=False)
+    def make() -> Sweep:
+        record = new_record(sweep, kind="sweep-world", output_dir=output_dir)
+        return Sweep(sweep, record, WorldSource(record, sweep, world, seed))
+
+    with opened(make) as sw:
+        return execute(sw, raise_on_failure=True, drift=False)
 
 
 __all__ = ["World", "WorldSource", "simulate"]

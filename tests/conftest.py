@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-pytest_plugins = ["sshd_plugin"]
+pytest_plugins = ["sshd_plugin", "slurm_plugin"]
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -67,6 +67,11 @@ def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. pa
                 for a in arms:
                     typer.echo(a.display)
             return
+        if params.cluster is not None:
+            from spectrial.cluster.cli import cluster_command
+
+            cluster_command("trial", params, run_id, quiet)
+            return
         with interrupts.interruptible():
             result = run_trial(params, run_id=run_id, progress=not quiet)
     except RunFailed as exc:

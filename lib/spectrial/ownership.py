@@ -27,7 +27,7 @@ from typing import Literal
 
 import psutil
 
-from spectrial.schema import Controller
+from spectrial.schema import Controller, SchedulerJob
 
 OWNER_VAR = "SPECTRIAL_OWNER"
 State = Literal["alive", "gone", "self", "unknown"]
@@ -46,7 +46,20 @@ def controller() -> Controller:
     """This process as a run's controller: host name, boot id, pid, start time (s since the epoch), command."""
     p = psutil.Process()
     return Controller(host=socket.gethostname(), boot_id=boot_id(), pid=os.getpid(),
-                      create_time=round(p.create_time(), 2), command=" ".join(p.cmdline())[:300])
+                      create_time=round(p.create_time(), 2), command=" ".join(p.cmdline())[:300],
+                      job=scheduler_job())
+
+
+def scheduler_job(env: Mapping[str, str] | None = None) -> SchedulerJob | None:
+    """The Slurm job this process runs in, from the variables Slurm sets on the node (None outside a job)."""
+    env = os.environ if env is None else env
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    return SchedulerJob(job_id=env.get("SLURM_JOB_ID"), node=env.get("SLURMD_NODENAME"),
+                        nodelist=env.get("SLURM_JOB_NODELIST"), partition=env.get("SLURM_JOB_PARTITION"),
+                        gpus=env.get("CUDA_VISIBLE_DEVICES"),
+                        cpus=env.get("SLURM_CPUS_PER_TASK") or env.get("SLURM_CPUS_ON_NODE"),
+                        unit=env.get("SPECTRIAL_UNIT"))
 
 
 def owner_env(c: Controller | None = None) -> str:

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from spectrial.cluster.params import ClusterParams
 from spectrial.errors import ConfigError
 
 Method = Literal["none", "draft", "eagle3", "eagle", "nextn", "ngram"]
@@ -344,6 +345,9 @@ class TrialParams(BaseModel):
     state_dir: str = Field("~/.cache/spectrial/state", description="Host folder of server state files.")
     work_dir: str = Field("~/.cache/spectrial/runs", description="Host folder of server logs per run.")
     seed: int = Field(0, description="Seed for prompt order and bootstrap.")
+    cluster: ClusterParams | None = Field(None, description="Run the arms (a sweep: the settings) as parallel "
+                                                            "units on a Slurm cluster or a pool of hosts, each "
+                                                            "with its own baseline (spectrial.cluster).")
 
     @field_validator("bind")
     @classmethod

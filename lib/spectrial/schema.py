@@ -618,6 +618,8 @@ class PointRecord(ArmRecord):
     final_prediction: Prediction | None = None  # the final model's value, measured or not
     prediction_error: float | None = None
     baseline: str | None = None
+    unit: str | None = None  # a cluster sweep's unit that measured it (its baseline is the unit's own)
+    unit_host: str | None = None  # the host (node) of that unit
 
 
 class GridSetting(Record):
@@ -736,6 +738,9 @@ class BestRecord(Record):
     ratio_ci_high: float | None = None
     confirm_level: float | None = None
     vs_runner_up: str | None = None
+    fingerprint_key: str | None = None  # a cluster sweep: each fingerprint key has its own best
+    unit: str | None = None  # a cluster sweep: the unit that measured the best
+    note: str | None = None
 
 
 class PredictedLevel(Record):
@@ -876,6 +881,20 @@ class Found(Record):
         return {k: v for k, v in data.items() if k in keep}
 
 
+class SchedulerJob(Record):
+    """The scheduler job a run ran in (Slurm's SLURM_* variables on the node; None outside a job): the host
+    factor of a cluster unit, never part of the fingerprint key."""
+
+    scheduler: str = "slurm"
+    job_id: str | None = None
+    node: str | None = None
+    nodelist: str | None = None
+    partition: str | None = None
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES as the job got it
+    cpus: str | None = None
+    unit: str | None = None  # the cluster unit (SPECTRIAL_UNIT)
+
+
 class Controller(Found):
     """The spectrial process driving a run (`spectrial.ownership`): records and state files keep it
     (`SPECTRIAL_OWNER` leaves out the command)."""
@@ -885,6 +904,7 @@ class Controller(Found):
     pid: int | None = None
     create_time: float | None = None  # s since the epoch
     command: str | None = None
+    job: SchedulerJob | None = None  # the Slurm job it runs in, if any
 
 
 class FileIdentity(Found):
@@ -1112,6 +1132,83 @@ class WorkloadDescription(Found):
     count_s: float | None = None
 
 
+class UnitRecord(Record):
+    """One cluster unit: a block of arms (a sweep: settings) with its own baseline, run as an ordinary trial or
+    sweep on one host; its own record is `units/<run_id>/` below the merged run."""
+
+    name: str
+    run_id: str
+    kind: str = "trial"
+    arms: list[str] = Field(default_factory=list)  # what it measures (a sweep's: the settings' arm names)
+    round: int = 0  # a guided cluster sweep's round
+    executor: str = ""
+    host: str | None = None  # the pool's host, or the Slurm node it ran on
+    job_id: str | None = None
+    partition: str | None = None
+    port: int | None = None
+    state: str = "pending"  # pending, running, ok, failed, cancelled, timeout, node_fail, pending_timeout, not run
+    scheduler_state: str | None = None  # Slurm's job state (COMPLETED, CANCELLED, TIMEOUT, NODE_FAIL, ...)
+    scheduler_reason: str | None = None  # Slurm's pending or end reason
+    exit_code: int | None = None
+    record_status: str | None = None  # what the unit's own record says
+    reason: str | None = None
+    fingerprint_key: str | None = None
+    submitted_at: str | None = None
+    finished_at: str | None = None
+    elapsed_s: float | None = None
+
+
+class UnitComparison(Record):
+    """A speculative arm (a sweep: a point) measured in one unit, against that unit's own baseline."""
+
+    arm: str
+    unit: str
+    host: str | None = None
+    fingerprint_key: str | None = None
+    concurrency: int | None = None
+    scenario: float | None = None
+    status: str = ""
+    tok_s: float | None = None
+    tok_s_ci_low: float | None = None
+    tok_s_ci_high: float | None = None
+    speedup: float | None = None
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
+    accept_len: float | None = None
+    verdict: str | None = None
+
+
+class PooledComparison(Record):
+    """An arm's speed-up over the units of one fingerprint key: one unit's as it is, several pooled on the log
+    scale by inverse variance (spectrial.cluster.merge.pool_speedups); never across fingerprint keys."""
+
+    arm: str
+    fingerprint_key: str | None = None
+    units: list[str] = Field(default_factory=list)
+    concurrency: int | None = None
+    scenario: float | None = None
+    speedup: float | None = None
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
+    verdict: str | None = None
+    note: str | None = None
+
+
+class ClusterRecord(Record):
+    """How a trial or sweep ran as parallel units, and what their merge says (the host a factor)."""
+
+    executor: str = ""
+    max_parallel: int = 1
+    units: list[UnitRecord] = Field(default_factory=list)
+    comparisons: list[UnitComparison] = Field(default_factory=list)
+    pooled: list[PooledComparison] = Field(default_factory=list)
+    fingerprint_groups: dict[str, list[str]] = Field(default_factory=dict)  # fingerprint key -> units
+    comparable: bool = True  # every unit on one fingerprint key
+    missing: list[str] = Field(default_factory=list)  # what was planned and not measured, and why
+    wall_s: float | None = None
+    unit_s: float | None = None  # the units' own time added up (what one host would have taken, roughly)
+
+
 class Manifest(Record):
     """A run record's manifest.json."""
 
@@ -1149,6 +1246,8 @@ class Manifest(Record):
     decisions: list[SweepDecision] = Field(default_factory=list)
     baselines: dict[str, str] = Field(default_factory=dict)
     budget: SweepBudget | None = None
+    # clusters (kind cluster-trial / cluster-sweep)
+    cluster: ClusterRecord | None = None
 
     def arm(self, name: str) -> ArmRecord | None:
         return next((a for a in self.arms if a.name == name), None)

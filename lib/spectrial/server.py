@@ -334,7 +334,8 @@ def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15, ta
             who = owner_state(owner)
             tag = env[TAG_VAR]
             if who == "alive" or who == "unknown" and owner and not takeover:
-                raise _busy(port, host, ServerState(tag=tag, run_id=tag.split(":")[0], owner=owner.model_dump() if owner else {},
+                raise _busy(port, host, ServerState(tag=tag, run_id=tag.split(":")[0],
+                                                    owner=owner.model_dump(exclude={"job"}) if owner else {},
                                                     arm=(tag.split(":")[1:2] or [None])[0]), who, group)
             actions.append(f"stopped a spectrial server of run {tag.split(':')[0]} that no state file named "
                            f"({stop_groups(host, group, grace_s)})")
@@ -425,7 +426,8 @@ class Server:
         self.started_at = utc_now()
         # the state file names the start before its process exists: whatever happens next (this process
         # killed, the launching shell killed with it), the next kill step finds the server by its tag
-        self.state = ServerState(status="launching", tag=self.tag, owner=self.owner.model_dump(), run_id=self.run_id,
+        self.state = ServerState(status="launching", tag=self.tag, owner=self.owner.model_dump(exclude={"job"}),
+                                 run_id=self.run_id,
                                  arm=self.arm, name=self.spec.name, record=self.record_dir, port=self.spec.port,
                                  argv=self.shown.argv, env=self.shown.env, log=self.log_path,
                                  started_at=self.started_at)

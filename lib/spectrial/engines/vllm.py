@@ -90,7 +90,9 @@ class VLLMConfig(BaseModel):
     tiny: dict[str, Any] = Field(default_factory=dict, description="Knobs of spectrial's HF-format tiny models "
                                  "(`model: tiny:target`, drafts `tiny:draft`, `tiny:eagle3`): kind counting|random, "
                                  "shape, n_layers, vocab_size, seed.")
-    tensor_parallel_size: int = Field(1, ge=1, description="--tensor-parallel-size: one GPU per rank.")
+    tensor_parallel_size: int = Field(1, ge=1, description="--tensor-parallel-size: one GPU per rank (vLLM's CPU "
+                                      "build: one rank per NUMA node unless env VLLM_CPU_OMP_THREADS_BIND gives "
+                                      "each rank its cores, e.g. '0|1').")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="--gpu-memory-utilization.")
     max_model_len: int | None = Field(None, ge=16, description="--max-model-len.")
     max_num_seqs: int | None = Field(None, ge=1, description="--max-num-seqs: sequences decoded at once (None: "
@@ -220,6 +222,8 @@ class VLLM(Engine):
             self.cpu_build = p.env.get("VLLM_TARGET_DEVICE") == "cpu"
             self.identity = EngineIdentity(binary=self.launcher[0], vllm_version=res.stdout.strip().splitlines()[-1])
         self.binary = self.launcher[0]
+        if self.cpu_build:
+            self._check_cpu_binding()
         self.paths["model"] = self._resolve_path(p.model, "model")
         for arm in p.arms:
             draft = p.arm_draft(arm)
@@ -242,6 +246,23 @@ class VLLM(Engine):
         for arm in p.arms:
             self.launch_spec(arm)
         return EngineIdentity(binary=self.binary, models=dict(self.paths), notes=list(self.notes))
+
+    def _check_cpu_binding(self) -> None:
+        """Refuse before launching what vLLM's CPU build refuses deep in its start-up log: more TP ranks than the
+        host's allowed NUMA nodes under the default binding (VLLM_CPU_OMP_THREADS_BIND=auto: a node per rank)."""
+        tp, envs = self.config.tensor_parallel_size, [self._env(a) for a in self.params.arms]
+        if tp < 2 or all(e.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto"
+                         or e.get("VLLM_CPU_SIM_MULTI_NUMA", "0") != "0" for e in envs):
+            return
+        res = self.host.run(["cat", "/proc/self/status"], check=False, timeout=30)
+        nodes = numa_nodes(res.stdout) if res.ok else []
+        if nodes and len(nodes) < tp:
+            raise ConfigError(f"engine_config.tensor_parallel_size: {tp} ranks of vLLM's CPU build bind a NUMA node "
+                              f"each by default and host {self.host.name} allows {len(nodes)} ({nodes}), so vLLM "
+                              f"would refuse at start-up ('Not enough allowed NUMA nodes to bind threads of {tp} "
+                              "local CPUWorkers'); give each rank its cores in env VLLM_CPU_OMP_THREADS_BIND (ranks "
+                              "separated by '|', e.g. '0|1'), or lower tensor_parallel_size",
+                              parameter="engine_config.tensor_parallel_size")
 
     def resolve_dry(self) -> None:
         p = self.params
@@ -335,6 +356,17 @@ def probe(client: httpx.Client, base_url: str) -> Probe:
     """vLLM is ready when `/health` answers 200 (connection refused while the model loads)."""
     r = client.get(f"{base_url}/health")
     return Probe(r.status_code == 200, f"{r.status_code}")
+
+
+def numa_nodes(status: str) -> list[int]:
+    """The memory nodes a process may use, from its /proc/<pid>/status `Mems_allowed_list` ("0-1,3" -> [0, 1, 3]):
+    what vLLM's CPU build counts when it binds ranks to NUMA nodes."""
+    line = next((x for x in status.splitlines() if x.startswith("Mems_allowed_list:")), "")
+    out: list[int] = []
+    for part in filter(None, line.partition(":")[2].strip().split(",")):
+        first, _, last = part.partition("-")
+        out += range(int(first), int(last or first) + 1)
+    return out
 
 
 def synthetic_rates(value: float | list[float], steps: int) -> list[float]:

@@ -34,9 +34,14 @@ def sweep_command(
     from spectrial.sweep.run import run_sweep
 
     try:
+        params = load_sweep_params(params_file, parse_overrides(param))
+        if params.trial.cluster is not None:
+            from spectrial.cluster.cli import cluster_command
+
+            cluster_command("sweep", params, run_id, quiet, require_complete)
+            return
         with interruptible():
-            result = run_sweep(load_sweep_params(params_file, parse_overrides(param)), run_id=run_id,
-                               progress=not quiet)
+            result = run_sweep(params, run_id=run_id, progress=not quiet)
     except RunFailed as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None

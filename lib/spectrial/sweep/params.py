@@ -116,7 +116,7 @@ class SweepParams(BaseModel):
         spec = [a for a in self.trial.arms if a.speculative]
         if not spec:
             return self
-        if self.grid.model_dump(exclude_none=True):
+        if self.grid.model_dump(exclude_none=True, exclude={"concurrency"}):
             raise ValueError("arms and grid: give the settings either as a grid (grid.steps, ...) or as a list of "
                              "speculative arms, not both")
         methods = sorted({a.method for a in spec})
@@ -259,3 +259,9 @@ def load_sweep_params(path: str | os.PathLike[str] | None = None, overrides: dic
         return SweepParams.model_validate(norm)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source).replace("  - trial.", "  - ")) from None
+
+
+def flat_params(params: SweepParams) -> dict[str, Any]:
+    """The params as one flat mapping (trial keys and sweep keys side by side), as records and tools read them."""
+    data = params.model_dump(mode="json")
+    return {**data.pop("trial"), **data}

@@ -76,7 +76,7 @@ from spectrial.sweep.model import (
     relative_errors,
     setting_error,
 )
-from spectrial.sweep.params import Setting, SweepParams, load_sweep_params
+from spectrial.sweep.params import Setting, SweepParams, flat_params, load_sweep_params
 from spectrial.sweep.result import SweepResult, budget_text, prediction_text
 
 
@@ -595,12 +595,6 @@ def execute(sw: Sweep, raise_on_failure: bool = True, drift: bool = True) -> Swe
     if problems and raise_on_failure:
         raise RunFailed(f"sweep {record.run_id} failed (record: {record.dir}):\n" + "\n".join(problems), result)
     return result
-
-
-def flat_params(params: SweepParams) -> dict[str, Any]:
-    """The params as one flat mapping (trial keys and sweep keys side by side), as records and tools read them."""
-    data = params.model_dump(mode="json")
-    return {**data.pop("trial"), **data}
 
 
 def _write_requests(record: RunRecord, sw: Sweep) -> None:

@@ -96,7 +96,8 @@ def _sweep(tiny_params: dict[str, Any], units: int, strategy: str = "grid") -> d
     p = {k: v for k, v in tiny_params.items() if k not in ("arms", "draft")}
     return {**p, "draft": "tiny:eagle3", "method": "eagle3", "repeats": 4, "max_tokens": 32,
             "engine_config": {"threads": 1, "ctx_size": 1024},
-            "grid": {"steps": [1, 2, 4], "synthetic_accept": [0.9]}, "strategy": strategy,
+            "grid": {"steps": [1, 4] if strategy == "grid" else [1, 2, 4], "synthetic_accept": [0.9]},
+            "strategy": strategy,
             "cluster": {"executor": "slurm", "units": units, "max_parallel": units,
                         "slurm": {"time_limit": "10", "poll_s": 0.5}}}
 
@@ -111,14 +112,14 @@ def test_a_grid_sweep_over_two_units_finds_the_same_best_as_over_one(slurm, tiny
         assert proc.returncode == 0, stdout + stderr
         m, _ = merged(out)
         assert m.kind == "cluster-sweep" and m.status == "ok" and len(m.cluster.units) == units
-        assert sorted(a for u in m.cluster.units for a in u.arms) == \
-            ["eagle3-s1-a0.9", "eagle3-s2-a0.9", "eagle3-s4-a0.9"]
+        assert sorted(a for u in m.cluster.units for a in u.arms) == ["eagle3-s1-a0.9", "eagle3-s4-a0.9"]
         (b,) = [b for b in m.best if b.scenario == 0.9]
         best[units] = b.best
         pt = next(p for p in m.points if p.arm == b.best)
         assert b.tok_s == pt.tok_s and b.speedup == pt.speedup and b.unit == pt.unit  # one number, one place
         print(f"{units} unit(s): best {b.best} x{b.speedup}, wall {m.cluster.wall_s} s")
-    # synthetic acceptance 0.9 per token: depth 4 accepts ~3.1 tokens a cycle, far ahead of 1 and 2 here
+    # synthetic acceptance 0.9 per token: depth 4 accepts ~3.1 tokens a cycle, depth 1 at most 2 (x1.4-1.8 against
+    # x0.9-1.1 here); the wall times and a finer grid: benchmarks/bench_cluster.py
     assert best[1] == best[2] == "eagle3-s4-a0.9"
 
 
@@ -172,18 +173,44 @@ def test_a_unit_over_its_time_limit_is_stopped_by_slurm_and_says_so(slurm, tiny_
 
 
 def test_a_unit_that_cannot_start_fails_with_slurms_reason_not_a_hang(slurm, tiny_params, write_params, tmp_path):
-    # each unit wants both GPUs: the second pends (Resources) while the first runs, past pending_timeout_s
-    p = cluster_params({**tiny_params, "repeats": 30, "max_tokens": 48},
-                       slurm={"gpus_per_unit": 2, "pending_timeout_s": 4})
+    # somebody else's job holds both GPUs for 12 s: the units pend (Resources) past pending_timeout_s. It ends
+    # by itself (on this one-node cluster a running batch job cancelled by scancel sometimes leaves the node
+    # `mixed`: slurmctld never hears that its epilog completed)
+    other = slurm.run("sbatch", "--parsable", "--gres=gpu:2", "-c", "1", "-o", str(tmp_path / "other.out"),
+                      "--wrap", "exec sleep 12", check=True)
+    other_id = other.stdout.strip().split(";")[0]
+    wait_running(slurm, 1)
+    p = cluster_params(tiny_params, slurm={"pending_timeout_s": 4})
     proc = start(write_params(p), slurm)
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=120)
+    deadline = time.monotonic() + 30
+    while other_id in slurm.job_ids() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    while "IDLE" not in slurm.run("scontrol", "show", "node", "--oneliner").stdout and time.monotonic() < deadline:
+        time.sleep(0.5)
     m, _ = merged(tmp_path / "outputs")
-    states = sorted(u.state for u in m.cluster.units)
-    assert states == ["ok", "pending_timeout"], (states, out, err)
-    u = next(u for u in m.cluster.units if u.state == "pending_timeout")
-    assert "Resources" in (u.reason or "") and "pending" in u.reason, u.reason
-    assert any(u.arms[0] in x and "Resources" in x for x in m.cluster.missing), m.cluster.missing
-    assert proc.returncode == 1 and not slurm.job_ids()
+    assert [u.state for u in m.cluster.units] == ["pending_timeout", "pending_timeout"], (out, err)
+    for u in m.cluster.units:  # the first waits for the GPUs, the second behind it
+        assert "pending" in (u.reason or "") and ("Resources" in u.reason or "Priority" in u.reason), u.reason
+    assert "Resources" in (m.cluster.units[0].reason or "")
+    assert m.status == "failed" and len(m.cluster.missing) == 2 and "Resources" in m.cluster.missing[0]
+    assert proc.returncode == 1 and "Resources" in err
+
+
+
+def test_on_unit_failure_stop_cancels_the_rest(slurm, tiny_params, write_params, tmp_path):
+    arms = [{"name": "baseline"}, {"name": "draft", "method": "draft", "extra_args": ["--no-such-flag"]},
+            {"name": "eagle3", "method": "eagle3", "draft": "tiny:eagle3", "synthetic_accept": 0.8}]
+    p = cluster_params({**tiny_params, "arms": arms}, max_parallel=1, on_unit_failure="stop")
+    proc = start(write_params(p), slurm)
+    out, err = proc.communicate(timeout=200)
+    assert proc.returncode == 1, out + err
+    m, _ = merged(tmp_path / "outputs")
+    u0, u1 = m.cluster.units
+    assert u0.state == "failed" and "--no-such-flag" in (u0.reason or "") or "draft" in (u0.reason or ""), u0
+    assert u1.state == "not run" and "on_unit_failure: stop" in (u1.reason or ""), u1
+    assert u1.job_id is None, "the unit after the failure was never submitted"
+    assert [x.split(" (")[0] for x in m.cluster.missing] == ["draft", "eagle3"]
 
 
 @pytest.mark.parametrize(("slurm_opts", "param", "said"), [
@@ -191,6 +218,7 @@ def test_a_unit_that_cannot_start_fails_with_slurms_reason_not_a_hang(slurm, tin
     ({"gpus_per_unit": 9}, "cluster.slurm.gpus_per_unit", "Requested node configuration is not available"),
     ({"nodes_per_unit": 2}, "cluster.slurm.nodes_per_unit", "node"),
     ({"time_limit": "5", "partition": "tiny"}, "cluster.slurm.time_limit", "time limit"),
+    ({"gpus_per_unit": 2}, "cluster.max_parallel", "holds at most 1"),
 ])
 def test_bad_slurm_input_is_refused_before_anything_is_submitted(slurm, tiny_params, write_params, tmp_path,
                                                                   slurm_opts, param, said):

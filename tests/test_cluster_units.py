@@ -108,5 +108,32 @@ def test_sweep_best_per_fingerprint_key_with_runner_up():
     rows = sweep_best([pt("baseline", 100, method="none"), pt("s1", 120), pt("s4", 150), pt("s2", 130, key="k2")])
     by_key = {r.fingerprint_key: r for r in rows}
     assert by_key["k"].best == "s4" and by_key["k"].runner_up == "s1" and by_key["k"].ratio_to_runner_up == 1.25
+    # across units the speed-up ranks, not tok/s: s6 ran on a faster host (its baseline 300 tok/s), s3 gained more
+    fast = pt("s6", 330)
+    fast.speedup = 1.1
+    slow = pt("s3", 200)
+    slow.speedup = 1.6
+    (row,) = sweep_best([fast, slow])
+    assert row.best == "s3" and row.runner_up == "s6" and row.ratio_to_runner_up == round(1.6 / 1.1, 4)
     assert by_key["k2"].best == "s2" and by_key["k2"].runner_up is None
     assert all("fingerprint keys" in (r.note or "") for r in rows)
+
+
+def test_a_job_judges_only_its_own_gpus():
+    """CUDA_VISIBLE_DEVICES (Slurm's, or env:) narrows the GPU-free check to the run's GPUs: a neighbour's busy GPU
+    on a shared node is not ours. The status is nvidia-smi's, parsed (spectrial.gpu.query) — built here by hand."""
+    from spectrial.gpu import Gpu, GpuApp, GpuStatus, within
+
+    st = GpuStatus(True, [Gpu(0, "H200", "GPU-a", 70000, 143000, 90), Gpu(1, "H200", "GPU-b", 3, 143000, 0)],
+                   [GpuApp(4242, 70000, "GPU-a", "python other_job.py")])
+    assert st.busy(1024)
+    mine = within(st, "1")
+    assert [g.index for g in mine.gpus] == [1] and not mine.apps and not mine.busy(1024)
+    assert [g.index for g in within(st, "GPU-a").gpus] == [0] and within(st, "GPU-a").busy(1024)
+    assert within(st, None) is st and within(st, "7") is st  # renumbered by a device cgroup: judge all it sees
+
+
+def test_a_cluster_section_can_be_given_on_the_command_line():
+    p = load_params("params/local.yaml", {"cluster.executor": "pool", "cluster.pool.hosts": ["local", "ssh:gpu2"]})
+    assert p.cluster is not None and p.cluster.executor == "pool" and p.cluster.pool.hosts == ["local", "ssh:gpu2"]
+    assert load_params("params/cluster-slurm.yaml").cluster.n_units() == 2

@@ -26,7 +26,8 @@ LOOSE_BEFORE = 373  # with Mapping[str, Any], dict[str, object], dict[str, JsonV
 # the protocol: what runs a trial; no reader (the readers wing, the doctor, the notebook plumbing) below it
 PROTOCOL = ("spectrial.progress", "spectrial.server", "spectrial.bench", "spectrial.session", "spectrial.trial",
             "spectrial.group", "spectrial.engines", "spectrial.host", "spectrial.ssh", "spectrial.records",
-            "spectrial.figures", "spectrial.serving", "spectrial.schema", "spectrial.params")
+            "spectrial.figures", "spectrial.serving", "spectrial.schema", "spectrial.params",
+            "spectrial.cluster.fanout", "spectrial.srun")
 READERS = ("spectrial.readers", "spectrial.diagnose", "spectrial.notebooks")
 RENDERING = ("plotly", "IPython", "nbformat", "ipywidgets")
 

@@ -14,5 +14,10 @@ def get_host(spec: str, **ssh_options: object) -> Host:
         from spectrial.ssh import SSHHost  # fabric/paramiko only when a remote host is asked for
 
         return SSHHost.from_spec(spec, **ssh_options)
-    raise ConfigError(f"host: {spec!r} is not a host spec; use 'local', 'ssh://user@host:port' or 'ssh:ALIAS'",
+    if spec.startswith("srun:"):
+        from spectrial.srun import SrunHost  # a node of the Slurm job this runs in
+
+        return SrunHost(spec.removeprefix("srun:"))
+    raise ConfigError(f"host: {spec!r} is not a host spec; use 'local', 'ssh://user@host:port', 'ssh:ALIAS' or "
+                      "'srun:NODE' (a node of this Slurm job)",
                       parameter="host")

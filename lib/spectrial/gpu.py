@@ -87,16 +87,32 @@ def query(host: Host) -> GpuStatus:
     return GpuStatus(True, gpus, apps)
 
 
+def within(st: GpuStatus, visible: str | None) -> GpuStatus:
+    """The GPUs of `st` that CUDA_VISIBLE_DEVICES (`visible`: indexes or UUIDs, comma-separated) gives this run,
+    and the processes on them: a Slurm job (or a shared host) judges only its own GPUs, not its neighbours'.
+    Entries that match no GPU by index or UUID (a device cgroup renumbers from 0, and nvidia-smi inside it sees
+    only the job's GPUs) leave the status whole."""
+    if not st.available or not visible or not visible.strip():
+        return st
+    wanted = {v.strip() for v in visible.split(",") if v.strip()}
+    mine = [g for g in st.gpus if str(g.index) in wanted or g.uuid in wanted]
+    if not mine or len(mine) < len(wanted):
+        return st
+    uuids = {g.uuid for g in mine}
+    return GpuStatus(True, mine, [a for a in st.apps if a.gpu_uuid in uuids], st.reason)
+
+
 def wait_gpus_free(host: Host, *, max_used_mib: float = 1024, timeout_s: float = 60, require_gpu: bool = False,
-                   poll_s: float = 0.5) -> GpuStatus:
-    """Wait until every GPU is below `max_used_mib` and no compute process runs.
+                   poll_s: float = 0.5, visible: str | None = None) -> GpuStatus:
+    """Wait until every GPU (of `visible`: CUDA_VISIBLE_DEVICES, see `within`) is below `max_used_mib` and no
+    compute process runs on it.
 
     No GPU: returns the status when `require_gpu` is False, else raises ConfigError.
     Timeout: raises ResourceBusyError naming each busy GPU and process (pid and command line).
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        st = query(host)
+        st = within(query(host), visible)
         if not st.available:
             if require_gpu:
                 raise ConfigError(f"require_gpu: host {host.name} has no usable GPU ({st.reason}); "

@@ -19,6 +19,7 @@ The group knows nodes, not engines: what runs where is the engine adapter's (`sp
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -63,6 +64,13 @@ class NodeEntry(BaseModel):
 def default_addr(host: Host) -> str:
     """The address other nodes use for `host`: its SSH host name (config alias resolved), 127.0.0.1 locally."""
     return "127.0.0.1" if host.is_local else str(getattr(host, "address", host.name))
+
+
+def visible_gpus(node: Node, params: TrialParams) -> str | None:
+    """The GPUs a node's server gets (CUDA_VISIBLE_DEVICES): the params' `env`, else, on this machine, this
+    process's own (what Slurm set for the job)."""
+    return params.env.get("CUDA_VISIBLE_DEVICES") or (os.environ.get("CUDA_VISIBLE_DEVICES")
+                                                      if node.host.is_local else None)
 
 
 class HostGroup:
@@ -113,6 +121,7 @@ class HostGroup:
     def wait_gpus_free(self, params: TrialParams) -> tuple[GpuStatus, list[dict[str, Any]]]:
         """GPU-free check on every node at once: the head's status, and one entry per other node."""
         st = self.map(lambda n: wait_gpus_free(n.host, max_used_mib=params.gpu_free_mib,
+                                               visible=visible_gpus(n, params),
                                                timeout_s=params.gpu_wait_s, require_gpu=params.require_gpu))
         return st[0], [{"node": n.name, "rank": n.rank, **s.as_dict()} for n, s in zip(self.workers, st[1:],
                                                                                         strict=True)]

@@ -114,7 +114,8 @@ class NodeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    host: str = Field(description="'local', 'ssh://user@host:port' or 'ssh:ALIAS'.")
+    host: str = Field(description="'local', 'ssh://user@host:port', 'ssh:ALIAS' or 'srun:NODE' (a node of the "
+                                   "Slurm job the trial runs in).")
     addr: str | None = Field(None, description="Address the other nodes reach this node at (default: its SSH "
                                                "host name; 127.0.0.1 for 'local').")
 
@@ -586,5 +587,7 @@ def load_params(path: str | os.PathLike[str] | None = None, overrides: dict[str,
             raw[top] = [a.model_dump() if hasattr(a, "model_dump") else a for a in default] \
                 if isinstance(default, list) else (default.model_dump() if hasattr(default, "model_dump")
                                                    else default)  # e.g. `-p ssh.key_filename=...`
+            if raw[top] is None:  # an optional section (`-p cluster.executor=slurm`, `-p decide.margin=0.05`)
+                raw[top] = {}
         apply_override(raw, name, value)
     return validate(raw, source)

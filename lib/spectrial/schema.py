@@ -1207,6 +1207,8 @@ class ClusterRecord(Record):
     missing: list[str] = Field(default_factory=list)  # what was planned and not measured, and why
     wall_s: float | None = None
     unit_s: float | None = None  # the units' own time added up (what one host would have taken, roughly)
+    starts: int | None = None  # server starts of every unit (each unit's baseline included)
+    one_host_starts: int | None = None  # what the same plan takes on one host (a sweep: its whole grid, once)
 
 
 class Manifest(Record):

@@ -13,7 +13,8 @@ from spectrial.interrupts import interruptible
 def cluster_command(kind: str, params: Any, run_id: str | None, quiet: bool, require_complete: bool = False) -> None:
     """A trial or sweep with `cluster:`: its units in parallel, then the merged record's summary. Exit 0 (ok; a
     sweep: also partial unless --require-complete, then 3), 1 (failed; a trial with arms missing)."""
-    from spectrial.cluster.fanout import run_cluster, summary_lines
+    from spectrial.cluster.fanout import run_cluster
+    from spectrial.readers.cluster import summary_lines
 
     with interruptible():
         m = run_cluster(kind, params, run_id=run_id, progress=not quiet)  # type: ignore[arg-type]

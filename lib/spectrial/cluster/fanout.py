@@ -63,6 +63,20 @@ def blocks(items: list[str], n: int) -> list[list[str]]:
     return [[items[i % len(items)]] for i in range(n)]
 
 
+def unit_hosts(t: TrialParams) -> list[dict[str, str | None]]:
+    """A Slurm unit's `hosts:`: the head is the batch step's node (`local`); the other nodes are `srun:NODE`
+    (given, or the allocation's with nodes_per_unit 2+, filled by the batch script). SSH around the scheduler is
+    refused."""
+    if not t.hosts:
+        return []
+    others = [n for n in t.hosts[1:] if not n.host.startswith("srun:")]
+    if others or t.hosts[0].host != "local":
+        raise ConfigError(f"hosts: on Slurm a unit's head is its batch node ('local') and the other nodes are "
+                          f"nodes of its allocation: 'srun:NODE', or leave hosts out and set "
+                          f"cluster.slurm.nodes_per_unit; got {[n.host for n in t.hosts]}", parameter="hosts")
+    return [n.model_dump(mode="json") for n in t.hosts]
+
+
 def start_estimate_s(params: TrialParams, most: int = 50) -> float | None:
     """What one server start took here before: the median start of the latest records in `output_dir` of the
     same engine and model (None without any)."""
@@ -133,7 +147,7 @@ class ClusterRun:
         data["name"] = f"{t.name}-u{index}"
         data["output_dir"] = str(self.units_dir)
         if self.executor.name == "slurm":  # the node runs its servers; several units may share one node
-            data["host"], data["hosts"] = "local", []  # the port: one free on the node (the batch script)
+            data["host"], data["hosts"] = "local", unit_hosts(t)  # the port: one free there (the batch script)
         if self.kill_wait is not None and t.stop_grace_s > self.kill_wait / 2:
             data["stop_grace_s"] = max(1.0, self.kill_wait / 2)  # stopped before Slurm's SIGKILL
         if self.kind == "trial":
@@ -428,6 +442,9 @@ class ClusterRun:
             if lost:
                 why = f"{u.state}, {u.reason}" if u.state != "ok" and u.reason else u.state
                 c.missing.append(f"{', '.join(lost)} (unit {u.name}: {why})")
+        c.starts = sum(len(m.live_starts()) for m in self.manifests.values())
+        r = self.trial.restarts
+        c.one_host_starts = len(self.trial.arms) * r if self.kind == "trial" else (len(self.params.settings()) + 1) * r
         c.wall_s = round(time.monotonic() - self.t0, 2)
         c.unit_s = round(sum(u.elapsed_s or 0 for u in self.units), 2)
         if self.kind == "sweep":
@@ -454,30 +471,3 @@ def run_cluster(kind: Kind, params: Any, *, run_id: str | None = None, progress:
     with opened(make) as run:
         run.execute()
         return run.record.manifest
-
-
-def summary_lines(m: Manifest) -> list[str]:
-    """The merged record in a few lines (the CLI prints them)."""
-    c = m.cluster
-    if c is None:
-        return []
-    out = [f"{m.kind} {m.run_id}: {m.status} ({len(c.units)} units, {c.executor}, at most {c.max_parallel} at once; "
-           f"wall {c.wall_s or 0:.0f} s, the units' own time {c.unit_s or 0:.0f} s)"]
-    for u in c.units:
-        out.append(f"  {u.name} {u.state:<15} {u.host or '?':<12} job {u.job_id or '-':<8} {', '.join(u.arms)}"
-                   + (f"  ({u.reason})" if u.reason and u.state != "ok" else ""))
-    for p in c.pooled:
-        ci = f" [{p.speedup_ci_low:.3f}, {p.speedup_ci_high:.3f}]" if p.speedup_ci_low and p.speedup_ci_high else ""
-        where = f"c={p.concurrency} " if m.kind == "cluster-sweep" else ""
-        out.append(f"  {p.arm} {where}speed-up x{p.speedup or 0:.3f}{ci} {p.verdict or ''} over {', '.join(p.units)}"
-                   + (f" — {p.note}" if p.note else ""))
-    for b in m.best:
-        out.append(f"  best (scenario {b.scenario}, c={b.concurrency}): {b.best} {b.tok_s or 0:.1f} tok/s, "
-                   f"x{b.speedup or 0:.3f} vs its unit's baseline (unit {b.unit})")
-    if c.missing:
-        out.append("  missing: " + "; ".join(c.missing))
-    if not c.comparable:
-        out.append("  units ran on several fingerprint keys: " + ", ".join(
-            f"{k[:12]}: {', '.join(v)}" for k, v in c.fingerprint_groups.items()) + " (never pooled across keys)")
-    return out
-

@@ -9,8 +9,10 @@ confounded by another host's speed. The merge only gathers and pools:
                   its CI), the pooled CI normal on that scale; units of different fingerprint keys are never
                   pooled: each key its own row, marked "not comparable" with the others
     missing       what was planned and not measured, with the unit and why
-    best (sweeps) per fingerprint key, scenario and concurrency: the fastest measured setting (tok/s, as a sweep
-                  on one host chooses), its speed-up against its own unit's baseline, the runner-up
+    best (sweeps) per fingerprint key, scenario and concurrency: the setting with the highest speed-up against
+                  its own unit's baseline (on one host a sweep ranks by tok/s, all settings sharing one baseline;
+                  across units tok/s carries each host's and each moment's speed, the speed-up cancels it), and
+                  the runner-up (ratio of the two speed-ups)
 """
 
 from __future__ import annotations
@@ -124,7 +126,9 @@ def sweep_best(points: list[PointRecord]) -> list[BestRecord]:
     keys = {k for k, _, _ in groups}
     out = []
     for (key, scen, conc), pts in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or -1.0, kv[0][2])):
-        ranked = sorted(pts, key=lambda p: p.tok_s or 0.0, reverse=True)
+        # across units the currency is the speed-up against each unit's own baseline: a unit on a faster (or
+        # less loaded) host has faster tok/s for every setting, its baseline's included
+        ranked = sorted(pts, key=lambda p: (p.speedup or 0.0, p.tok_s or 0.0), reverse=True)
         b = ranked[0]
         r = ranked[1] if len(ranked) > 1 else None
         row = BestRecord(scenario=scen, concurrency=conc, best=b.arm, verdict=b.verdict or "", tok_s=b.tok_s,
@@ -132,7 +136,7 @@ def sweep_best(points: list[PointRecord]) -> list[BestRecord]:
                          speedup_ci_low=b.speedup_ci_low, speedup_ci_high=b.speedup_ci_high,
                          vs_baseline=b.baseline, measured_settings=len({p.arm for p in pts}),
                          runner_up=r.arm if r else None, runner_up_tok_s=r.tok_s if r else None,
-                         ratio_to_runner_up=round((b.tok_s or 0) / r.tok_s, 4) if r and r.tok_s else None)
+                         ratio_to_runner_up=round((b.speedup or 0) / r.speedup, 4) if r and r.speedup else None)
         row.fingerprint_key, row.unit = key, b.unit
         if len(keys) > 1:
             row.note = "units on several fingerprint keys: each key has its own best"

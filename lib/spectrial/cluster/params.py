@@ -86,7 +86,7 @@ class PoolOptions(BaseModel):
     hosts: list[str] = Field(default_factory=list, description="Hosts of the pool: 'local', "
                                                                "'ssh://user@host:port' or 'ssh:ALIAS'.")
     ports: list[int] | None = Field(None, description="Server port per host (default: the trial's port on "
-                                                      "every host; 'local' twice needs two ports).")
+                                                      "every host; give two when two hosts are one machine).")
 
     @field_validator("hosts")
     @classmethod

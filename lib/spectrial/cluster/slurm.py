@@ -120,10 +120,14 @@ class SlurmExecutor:
         port = "" if self.opts.nodes_per_unit > 1 else (
             f"PORT=$({python} -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); "
             f"print(s.getsockname()[1])')\n")
+        # several nodes: the head is this batch node, the others its allocation's, reached with srun
+        nodes = "" if self.opts.nodes_per_unit < 2 else (
+            'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))\n'
+            'HOSTS="[local"; for n in "${NODES[@]:1}"; do HOSTS="$HOSTS, srun:$n"; done; HOSTS="$HOSTS]"\n')
         path.write_text("#!/bin/bash\n"
                         f"# spectrial unit {unit.name} ({unit.kind} of {', '.join(unit.arms)})\n"
-                        f"{env}{port}exec {unit.shell(self.opts.python)}" + (' -p "port=$PORT"' if port else "")
-                        + "\n")
+                        f"{env}{port}{nodes}exec {unit.shell(self.opts.python)}"
+                        + (' -p "port=$PORT"' if port else "") + (' -p "hosts=$HOSTS"' if nodes else "") + "\n")
         return path
 
     def kill_wait_s(self) -> float | None:
@@ -146,8 +150,38 @@ class SlurmExecutor:
             raise ConfigError(f"{param}: Slurm refuses the unit's job (nothing was submitted): {said}",
                               parameter=param, hint="check the partition, account, GRES and time limit with "
                                                     "`sinfo -s` and `scontrol show partition`")
+        self._check_capacity()
         return [f"{len(units)} units, at most {self.slots} at once: the rest queue"] \
             if len(units) > self.slots else []
+
+    def capacity(self) -> tuple[int, str]:
+        """How many units the partition holds at once when nothing else runs (per node: its CPUs over
+        cpus_per_unit, its GPUs over gpus_per_unit; nodes_per_unit such nodes a unit), and the nodes it read."""
+        o = self.opts
+        res = self._cmd("sinfo", "--noheader", "--Node", "--format", "%N|%c|%G|%P",
+                        *(["--partition", o.partition] if o.partition else []))
+        fits, seen = 0, []
+        for line in res.stdout.splitlines():
+            name, cpus, gres, part = (line.split("|") + ["", "", "", ""])[:4]
+            if not o.partition and not part.endswith("*"):
+                continue  # the default partition's nodes only
+            gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
+            n = int(cpus) // o.cpus_per_unit if cpus.isdigit() else 0
+            if o.gpus_per_unit:
+                n = min(n, gpus // o.gpus_per_unit)
+            fits += n
+            seen.append(f"{name}: {cpus} CPUs, {gres}")
+        return fits // o.nodes_per_unit if o.nodes_per_unit > 1 else fits, "; ".join(dict.fromkeys(seen))
+
+    def _check_capacity(self) -> None:
+        """More units at once than the partition can ever hold would pend past pending_timeout_s: refused."""
+        fits, nodes = self.capacity()
+        if nodes and self.max_parallel > fits > 0:
+            raise ConfigError(f"cluster.max_parallel: {self.max_parallel} units at once, but the partition holds "
+                              f"at most {fits} such units ({self.opts.cpus_per_unit} CPUs, {self.opts.gpus_per_unit} "
+                              f"GPUs, {self.opts.nodes_per_unit} node(s) each; sinfo: {nodes}); lower max_parallel "
+                              f"to {fits} (the other units then queue in spectrial, not in Slurm)",
+                              parameter="cluster.max_parallel")
 
     def _check_partition(self) -> None:
         """What `sbatch --test-only` lets through but never runs (the job would pend for good with reason

@@ -235,6 +235,49 @@ def validity_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
     return cells
 
 
+def cluster_cells(manifest: Manifest) -> list[Any]:
+    """A cluster run: its units (where, how each ended and why), the speed-ups against each unit's own baseline
+    pooled per fingerprint key, a sweep's best settings, what is missing. Each unit's own record has the rest."""
+    import nbformat.v4 as nbf
+    import pandas as pd
+
+    from spectrial.readers.cluster import pooled_frame, units_frame
+
+    c = manifest.cluster
+    if c is None:
+        return []
+
+    def table(frame: Any) -> Any:
+        return nbf.new_code_cell("", outputs=[nbf.new_output("display_data", data={
+            "text/html": frame.to_html(index=False, na_rep="—", classes="spectrial-compact"),
+            "text/plain": frame.to_string(index=False)})])
+
+    text = (f"## Units ({c.executor}, at most {c.max_parallel} at once)\n\nEach unit ran its arms with its own "
+            f"interleaved baseline on one host; its own record is `units/<run id>/`. Wall {c.wall_s or 0:.0f} s; "
+            f"the units' own time added up: {c.unit_s or 0:.0f} s.")
+    if not c.comparable:
+        text += ("\n\n**Several host types** (fingerprint keys): speed-ups are pooled only within a key; "
+                 "the rows of different keys are judged apart.")
+    if c.missing:
+        text += "\n\n**Missing:** " + "; ".join(c.missing)
+    cells = [nbf.new_markdown_cell(text), table(units_frame(manifest))]
+    if manifest.best:
+        best = [{"fingerprint": (b.fingerprint_key or "")[:12] or None, "scenario": b.scenario,
+                 "concurrency": b.concurrency, "best": b.best, "tok/s": b.tok_s, "speed-up": b.speedup,
+                 "unit": b.unit, "runner-up": b.runner_up, "ratio to runner-up": b.ratio_to_runner_up}
+                for b in manifest.best]
+        cells += [nbf.new_markdown_cell("## Best setting\n\nPer fingerprint key, scenario and concurrency: the "
+                                        "setting with the highest speed-up against its own unit's baseline (tok/s "
+                                        "across units carries each host's speed), and the runner-up."),
+                  table(pd.DataFrame(best).dropna(axis=1, how="all").round(4))]
+    pooled = pooled_frame(manifest).dropna(axis=1, how="all")
+    if len(pooled):
+        cells += [nbf.new_markdown_cell("## Speed-up against each unit's own baseline\n\nOne unit's as it is; "
+                                        "several units of one fingerprint key pooled on the log scale by inverse "
+                                        "variance."), table(pooled.round(4))]
+    return cells
+
+
 def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | None = None,
                    run_dir: Path | None = None) -> Any:
     """A notebook with outputs built from a manifest: header, the headline, the doctor's findings (`diagnosis`,
@@ -259,6 +302,10 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
         head.append(f"- workload: {workload_line(manifest.workload)}")
     if manifest.get("description"):
         head += ["", str(manifest.get("description"))]
+    if manifest.cluster is not None:  # the merged record of units: each unit's own record has its report
+        nb = nbf.new_notebook(cells=[nbf.new_markdown_cell("\n".join(head)), *cluster_cells(manifest)])
+        nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
+        return nb
     cells = [nbf.new_markdown_cell("\n".join(head)), *headline_cells(manifest),
              diagnosis_cell(diagnosis or diagnose(manifest), manifest), *validity_cells(manifest, run_dir),
              *serving_cells(manifest, run_dir)]

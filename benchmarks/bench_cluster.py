@@ -48,7 +48,7 @@ def sweep_params(a: argparse.Namespace, units: int, out: Path, engine_bin: str) 
         "model": "tiny:target", "draft": "tiny:eagle3", "method": "eagle3", "repeats": a.repeats, "restarts": 1,
         "warmup": 1, "max_tokens": a.max_tokens, "output_dir": str(out), "state_dir": str(out / "state"),
         "work_dir": str(out / "work"), "engine_config": {"threads": 1, "ctx_size": 1024},
-        "strategy": "grid",
+        "strategy": a.strategy,
         "grid": {"steps": a.steps, "synthetic_accept": a.accept, "concurrency": a.concurrency},
         "cluster": {"executor": "slurm", "units": units, "max_parallel": units,
                     "slurm": {"time_limit": a.time_limit, "cpus_per_unit": 1, "poll_s": 0.5}},
@@ -79,22 +79,25 @@ def best_of(m: Manifest) -> dict[tuple[float | None, int], str]:
 
 
 def disagreement(ref: Manifest, m: Manifest) -> list[str]:
-    """Where `m` picked another best than `ref`: the reference's pick as `m` measured it, against `m`'s best and
-    its CI (within it: a tie at this noise, not a different answer)."""
+    """Where `m` picked another best than `ref`: the reference's pick as `m` measured it (its speed-up against its
+    unit's own baseline, the merge's currency) against `m`'s best and its speed-up CI (within it: a tie at this
+    noise), and whether speculation pays at all there (every setting slower than the baseline: no answer to get
+    wrong but "don't")."""
     out = []
     for b in m.best:
         want = best_of(ref).get((b.scenario, b.concurrency))
         if want is None or want == b.best:
             continue
-        pt = next((p for p in m.points if p.arm == want and p.concurrency == b.concurrency and p.tok_s), None)
-        if pt is None or pt.tok_s is None:
-            out.append(f"scenario {b.scenario} c={b.concurrency}: {b.best} (ref: {want}, not measured here)")
+        pt = next((p for p in m.points if p.arm == want and p.concurrency == b.concurrency and p.speedup), None)
+        pays = "" if (b.speedup_ci_low or 0) > 1 else "; here no setting is faster than the baseline (verdict: don't)"
+        if pt is None or pt.speedup is None:
+            out.append(f"scenario {b.scenario} c={b.concurrency}: {b.best} (ref: {want}, not measured here){pays}")
             continue
-        lo, hi = b.tok_s_ci_low, b.tok_s_ci_high
-        inside = lo is not None and hi is not None and lo <= pt.tok_s <= hi
-        out.append(f"scenario {b.scenario} c={b.concurrency}: {b.best} {b.tok_s or 0:.1f} tok/s "
-                   f"[{lo or 0:.1f}, {hi or 0:.1f}], ref's {want} here {pt.tok_s:.1f} tok/s: "
-                   + ("within that CI (a tie at this noise)" if inside else "outside that CI"))
+        lo, hi = b.speedup_ci_low, b.speedup_ci_high
+        inside = lo is not None and hi is not None and lo <= pt.speedup <= hi
+        out.append(f"scenario {b.scenario} c={b.concurrency}: {b.best} x{b.speedup or 0:.3f} [{lo or 0:.3f}, "
+                   f"{hi or 0:.3f}], ref's {want} here x{pt.speedup:.3f}: "
+                   + ("within that CI (a tie at this noise)" if inside else "outside that CI") + pays)
     return out
 
 
@@ -106,6 +109,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1], help="concurrency levels")
     ap.add_argument("--repeats", type=int, default=4, help="measured requests per level and start")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--strategy", choices=["grid", "guided"], default="grid", help="the sweep's strategy")
     ap.add_argument("--time-limit", default="30", help="Slurm time limit of one unit (sbatch --time)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one sweep may take before it is stopped")
     ap.add_argument("--output-dir", type=Path, help="where the records go (default: a temp dir, removed unless --keep)")
@@ -145,7 +149,8 @@ def main() -> None:
                 continue
             results[units] = (wall, m)
             print(f"{units} unit(s): {m.status}, wall {wall:.1f} s (command), cluster.wall_s {c.wall_s:.1f}, "
-                  f"unit_s {c.unit_s:.1f} (the units' own time added up)")
+                  f"unit_s {c.unit_s:.1f} (the units' own time added up); {c.starts} server starts "
+                  f"({c.one_host_starts} for the whole grid on one host)")
             for u in c.units:
                 base = [f"{pt.tok_s:.1f}" for pt in m.points if pt.unit == u.name and pt.method == "none" and pt.tok_s]
                 print(f"  {u.name} {u.state} job {u.job_id} on {u.host}: {u.elapsed_s or 0:.1f} s, its baseline "

@@ -322,7 +322,9 @@ class ClusterRun:
         self.wait_all()
 
     def run_guided(self) -> None:
-        """The guided search over units: ask `decide` whenever a unit is free (see the module)."""
+        """The guided search over units: ask `decide` whenever a unit is free (see the module). Each unit carries
+        its own baseline, so a unit bundles up to `cluster.picks_per_unit` of the search's answers (each asked
+        with the ones before counted as tried) while more settings are untried than units may run."""
         from spectrial.sweep.guided import Measure, Stop, decide
 
         sweep = self.params
@@ -330,16 +332,22 @@ class ClusterRun:
         checked = False
         while True:
             while self.running_count() < self.executor.slots and not self.stopped:
-                step = decide(self.view())
-                if isinstance(step, Stop):
-                    if not self.running_count():
-                        decisions.append(SweepDecision(phase="stop", reason=step.reason))
+                arms: list[str] = []
+                stop: Stop | None = None
+                while not arms or len(arms) < self._bundle():
+                    step = decide(self.view(set(arms)))
+                    if isinstance(step, Stop):
+                        stop = step
+                        break
+                    assert isinstance(step, Measure)
+                    for p in step.picks:
+                        arms.append(sweep.arm(p.setting).name)
+                        decisions.append(SweepDecision(phase=step.phase, setting=sweep.arm(p.setting).name,
+                                                       reason=p.reason, score=step.score))
+                if not arms:
+                    if stop is not None and not self.running_count():
+                        decisions.append(SweepDecision(phase="stop", reason=stop.reason))
                     break
-                assert isinstance(step, Measure)
-                arms = [sweep.arm(p.setting).name for p in step.picks]
-                for p in step.picks:
-                    decisions.append(SweepDecision(phase=step.phase, setting=sweep.arm(p.setting).name,
-                                                   reason=p.reason, score=step.score))
                 job = self.add_unit(arms, round_=len({u.round for u in self.units}))
                 if not checked:
                     self.notes += self.executor.check([job])
@@ -350,33 +358,50 @@ class ClusterRun:
             while not self.poll_once() and self.running_count():
                 time.sleep(self.cluster.slurm.poll_s if self.executor.name == "slurm" else 0.5)
 
-    def view(self) -> Any:
-        """The guided search's view of every finished unit: their measured points, the settings tried or in
-        flight, the baseline's time per token (the first unit's)."""
+    def _bundle(self) -> int:
+        """Settings one guided unit takes: picks_per_unit while the untried settings outnumber the free units."""
+        tried = {a for u in self.units for a in u.arms}
+        untried = len(self.params.settings()) - len(tried)
+        return self.cluster.picks_per_unit if untried > self.executor.slots else 1
+
+    def view(self, pending: set[str] | None = None) -> Any:
+        """The guided search's view of every finished unit, on one scale: each unit's points as if measured beside
+        the reference baseline (the first finished unit's): tok/s times (reference baseline tok/s / the unit's
+        baseline tok/s), times divided by it, so that the cycle-cost model is fitted to speed-ups and not to which
+        host (or moment) a unit had; the settings tried, in flight or `pending` count as tried."""
         from spectrial.sweep.guided import SweepView
         from spectrial.sweep.model import MeasuredPoint, fit_sweep_model
 
         sweep = self.params
         of = {sweep.arm(s).name: s for s in sweep.settings()}
-        measured, base_cycle = [], {}
+        measured, base_cycle, ref = [], {}, {}
         for name, m in self.manifests.items():
             if self.unit(name).state != "ok":
                 continue
+            own = {pt.concurrency: pt for pt in m.points if pt.method == "none" and pt.tok_s}
+            for c, b in own.items():
+                if c not in ref:
+                    ref[c] = b.tok_s or 0.0
+                    if b.cycle_ms:
+                        base_cycle[c] = b.cycle_ms
             for pt in m.points:
-                if pt.method == "none":
-                    if pt.cycle_ms and pt.concurrency not in base_cycle:
-                        base_cycle[pt.concurrency] = pt.cycle_ms
-                    continue
                 s = of.get(pt.arm)
-                if s is None or not pt.tok_s:
+                if pt.method == "none" or s is None or not pt.tok_s or pt.concurrency not in own:
                     continue
+                r = ref[pt.concurrency] / (own[pt.concurrency].tok_s or ref[pt.concurrency])
+
+                def scaled(x: float | None, f: float) -> float | None:
+                    return x * f if x is not None else None
+
                 measured.append(MeasuredPoint(steps=s.steps, topk=s.topk, k=s.k, scenario=s.synthetic_accept,
-                                              concurrency=pt.concurrency, tok_s=pt.tok_s, accept_len=pt.accept_len,
-                                              cycle_ms=pt.cycle_ms, draft_ms_per_cycle=pt.draft_ms_per_cycle,
+                                              concurrency=pt.concurrency, tok_s=pt.tok_s * r,
+                                              accept_len=pt.accept_len, cycle_ms=scaled(pt.cycle_ms, 1 / r),
+                                              draft_ms_per_cycle=scaled(pt.draft_ms_per_cycle, 1 / r),
                                               per_position=tuple(pt.per_position) if pt.per_position else None,
-                                              verify_steps=pt.verify_steps, tok_s_ci_low=pt.tok_s_ci_low,
+                                              verify_steps=pt.verify_steps, tok_s_ci_low=scaled(pt.tok_s_ci_low, r),
                                               name=pt.arm))
-        tried = frozenset(of[a] for u in self.units for a in u.arms if a in of)
+        tried = frozenset(of[a] for u in self.units for a in u.arms if a in of) | \
+            frozenset(of[a] for a in (pending or set()) if a in of)
         n_starts = sum(len(m.starts) for m in self.manifests.values())
         return SweepView(sweep=sweep, settings=tuple(sweep.settings()), levels=tuple(sweep.concurrency_levels()),
                          measured=tuple(measured), tried=tried, baseline_cycle_ms=base_cycle, n_starts=n_starts,

@@ -112,6 +112,9 @@ class ClusterParams(BaseModel):
                                 "missing; 'stop': cancel the units still running.")
     slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="sbatch resources of each unit.")
     pool: PoolOptions = Field(default_factory=PoolOptions, description="The hosts of a pool.")
+    picks_per_unit: int = Field(2, ge=1, description="A guided sweep: settings one unit measures (each unit "
+                                                     "carries a baseline start) while the untried settings "
+                                                     "outnumber the units that may run; 1 at the end.")
     unit_timeout_s: float | None = Field(None, gt=0, description="The pool's time limit of one unit (Slurm: "
                                                                  "slurm.time_limit).")
 

@@ -197,3 +197,28 @@ def test_a_host_that_cannot_be_reached_fails_its_unit_and_the_others_go_on_or_st
         assert um.status == "failed" and "interrupted by SIGTERM" in (um.reason or ""), um.reason
         assert m.status == "failed" and any(x.startswith("draft (unit u0: cancelled") for x in m.cluster.missing)
     assert not leftovers(run_id)
+
+
+def test_a_decide_run_on_units_decides_each_unit_and_pools_the_replicas(tiny_params, write_params, tmp_path):
+    """`decide:` works per unit as on one host (rounds of interleaved starts until the arm's sequence settles);
+    one speculative arm on two units is a replica, its two decided speed-ups pooled per fingerprint key."""
+    run_id = f"pool-{os.getpid()}-decide"
+    data = {**tiny_params, "arms": [{"name": "baseline"}, {"name": "draft", "method": "draft"}],
+            "decide": {"min_rounds": 3, "max_rounds": 6}, "repeats": 3,
+            "cluster": {"executor": "pool", "units": 2, "max_parallel": 1, "pool": {"hosts": ["local"]}}}
+    proc = start(write_params(data), run_id)
+    out, err = proc.communicate(timeout=400)
+    m, run = merged(tmp_path / "outputs", run_id)
+    c = m.cluster
+    assert [u.arms for u in c.units] == [["draft"], ["draft"]], c.units
+    for u in c.units:
+        um = load_record(run / "units" / u.run_id)
+        assert um.decide is not None and 3 <= um.decide.rounds <= 6 and um.decide.stopped, um.decide
+        print(u.name, um.status, um.decide.rounds, um.decide.stopped)
+        assert u.state == ("ok" if um.status == "ok" else "failed")
+    (row,) = [p for p in c.pooled if p.arm == "draft"]
+    ok = [u.name for u in c.units if u.state == "ok"]
+    assert row.units == ok and len(ok) >= 1, (row, out, err)
+    if len(ok) == 2:  # both decided: the pooled interval is narrower than either unit's on the log scale
+        widths = [math.log(x.speedup_ci_high / x.speedup_ci_low) for x in c.comparisons if x.arm == "draft"]
+        assert math.log(row.speedup_ci_high / row.speedup_ci_low) < min(widths)

@@ -12,7 +12,6 @@
 # saying why).
 set -euo pipefail
 
-POLICY=/usr/sbin/policy-rc.d
 PACKAGES=(slurm-wlm munge)
 NEEDED=(sbatch slurmctld slurmd munged)
 
@@ -44,31 +43,8 @@ if ! command -v apt-get >/dev/null 2>&1; then
     exit 1
 fi
 
-created_policy=0
-cleanup() {
-    if [ "$created_policy" -eq 1 ]; then
-        rm -f "$POLICY"
-        say "removed the temporary $POLICY"
-    fi
-}
-trap cleanup EXIT
-
-if [ -e "$POLICY" ]; then
-    say "keeping the existing $POLICY (service starts during install are governed by it)"
-else
-    printf '#!/bin/sh\n# written by spectrial scripts/ensure-slurm.sh for the duration of an install\nexit 101\n' > "$POLICY"
-    chmod 755 "$POLICY"
-    created_policy=1
-    say "wrote a temporary $POLICY (exit 101) so the install starts no service"
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-say "installing ${PACKAGES[*]} (apt-get install -y --no-install-recommends ${PACKAGES[*]})"
-if ! apt-get install -y --no-install-recommends "${PACKAGES[@]}"; then
-    say "install failed; refreshing the package lists (apt-get update) and trying once more"
-    apt-get update
-    apt-get install -y --no-install-recommends "${PACKAGES[@]}"
-fi
+. "$(dirname "$0")/apt-install-no-service.sh"
+apt_install_no_service "${PACKAGES[@]}"
 
 if [ -z "$(missing)" ]; then
     say "installed $(command -v sbatch) and slurmctld ($(slurmctld -V 2>/dev/null | head -n1 || true)) and $(command -v munged)"

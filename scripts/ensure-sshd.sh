@@ -11,7 +11,6 @@
 set -euo pipefail
 
 SSHD=${SSHD:-/usr/sbin/sshd}
-POLICY=/usr/sbin/policy-rc.d
 
 say() { printf 'ensure-sshd: %s\n' "$*"; }
 
@@ -30,31 +29,8 @@ if ! command -v apt-get >/dev/null 2>&1; then
     exit 1
 fi
 
-created_policy=0
-cleanup() {
-    if [ "$created_policy" -eq 1 ]; then
-        rm -f "$POLICY"
-        say "removed the temporary $POLICY"
-    fi
-}
-trap cleanup EXIT
-
-if [ -e "$POLICY" ]; then
-    say "keeping the existing $POLICY (service starts during install are governed by it)"
-else
-    printf '#!/bin/sh\n# written by spectrial scripts/ensure-sshd.sh for the duration of an install\nexit 101\n' > "$POLICY"
-    chmod 755 "$POLICY"
-    created_policy=1
-    say "wrote a temporary $POLICY (exit 101) so the install starts no service"
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-say "installing openssh-server (apt-get install -y --no-install-recommends openssh-server)"
-if ! apt-get install -y --no-install-recommends openssh-server; then
-    say "install failed; refreshing the package lists (apt-get update) and trying once more"
-    apt-get update
-    apt-get install -y --no-install-recommends openssh-server
-fi
+. "$(dirname "$0")/apt-install-no-service.sh"
+apt_install_no_service openssh-server
 
 if [ -x "$SSHD" ]; then
     say "installed $SSHD ($("$SSHD" -V 2>&1 | head -n1 || true))"

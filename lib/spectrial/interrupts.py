@@ -139,9 +139,10 @@ def describe(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def interruptible() -> Iterator[None]:
+def interruptible(done: str = "servers stopped, the record says why") -> Iterator[None]:
     """Stop the run on SIGTERM or SIGHUP as on Ctrl-C (servers stopped, the record written with the reason), then
-    exit 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP): the commands' wrapper (spectrial trial, sweep, ...)."""
+    exit 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP): the commands' wrapper (spectrial trial, sweep, ...); `done`
+    says what was done about it."""
     import typer  # only the commands need it; this module is imported before anything slow
 
     install()
@@ -150,8 +151,7 @@ def interruptible() -> Iterator[None]:
     except KeyboardInterrupt as exc:
         ignore()  # the run is over; a second Ctrl-C changes nothing now
         with contextlib.suppress(OSError):  # a hung-up terminal cannot take the message
-            typer.secho(f"interrupted by {name(exc)}: servers stopped, the record says why",
-                        fg="red", err=True)
+            typer.secho(f"interrupted by {name(exc)}: {done}", fg="red", err=True)
         raise typer.Exit(exit_code(exc)) from None
     except BaseException:
         install_exit()

@@ -262,6 +262,29 @@ class WorkloadSource(BaseModel):
         return self
 
 
+class ObserveParams(BaseModel):
+    """`observe:` in params: a running server spectrial did not start, measured as it is (`spectrial observe`):
+    one arm, never started, stopped, restarted or signalled (spectrial.observe)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="Base URL of the running server, e.g. http://10.0.0.5:8080 (scheme, host, port; "
+                                 "no path).")
+    probe_timeout_s: float = Field(10, gt=0, description="Seconds one probe of the server (/health, /props, "
+                                                         "/metrics, ...) may take before it counts as not answering.")
+
+    @field_validator("url")
+    @classmethod
+    def _url_ok(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        u = urlsplit(v.strip())
+        if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query:
+            raise ValueError(f"{v!r} is not a server's base URL; give http(s)://HOST:PORT (e.g. "
+                             "http://127.0.0.1:8080), without a path")
+        return v.strip().rstrip("/")
+
+
 def default_arms() -> list[Arm]:
     """Baseline and one EAGLE-3 arm."""
     return [Arm(name="baseline"), Arm(name="eagle3", method="eagle3")]
@@ -349,6 +372,9 @@ class TrialParams(BaseModel):
     cluster: ClusterParams | None = Field(None, description="Run the arms (a sweep: the settings) as parallel "
                                                             "units on a Slurm cluster or a pool of hosts, each "
                                                             "with its own baseline (spectrial.cluster).")
+    observe: ObserveParams | None = Field(None, description="Observe-only: {url, probe_timeout_s} of a running "
+                                                            "server spectrial did not start, measured as it is "
+                                                            "(one arm, no restart; `spectrial observe`).")
 
     @field_validator("bind")
     @classmethod
@@ -530,6 +556,8 @@ def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
         model = SloParams
     elif len(loc) >= 2 and loc[0] == "decide":
         model = DecideParams
+    elif len(loc) >= 2 and loc[0] == "observe":
+        model = ObserveParams
     return sorted(model.model_fields)
 
 

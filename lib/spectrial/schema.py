@@ -1211,6 +1211,183 @@ class ClusterRecord(Record):
     one_host_starts: int | None = None  # what the same plan takes on one host (a sweep: its whole grid, once)
 
 
+# --- regression gates (spectrial.gate) --------------------------------------------------------------------
+GateOutcome = Literal["pass", "improvement", "regression", "inconclusive", "not comparable", "not gated"]
+
+
+class GateCheck(Record):
+    """One arm's figure in a gate: the candidate against the reference, the change with its interval (the
+    candidate's and the reference's noise and the between-run spread), judged against the tolerance.
+
+    change          candidate / reference - 1 (relative tolerance) or candidate - reference (absolute), signed so
+                    that a positive change is better (a latency's rise is negative)
+    change_low/high change -/+ z x noise (z of the gate's confidence)
+    outcome         regression: the whole interval below -tolerance; pass: the whole interval above it;
+                    improvement: the whole interval above +tolerance; inconclusive: the interval straddles
+                    -tolerance (the noise is too large to tell); not gated: reported, not judged
+    """
+
+    arm: str
+    figure: str  # accept_len, per_position[1], speedup, tok_s, ttft_ms, itl_ms
+    unit: str = ""
+    better: Literal["higher", "lower"] = "higher"
+    reference: float | None = None
+    candidate: float | None = None
+    change: float | None = None
+    change_low: float | None = None
+    change_high: float | None = None
+    tolerance: float | None = None
+    tolerance_kind: Literal["relative", "absolute"] = "relative"
+    noise: float | None = None  # the standard error of `change` the decision used (its units)
+    noise_basis: str | None = None  # where the noise came from
+    outcome: GateOutcome = "not gated"
+    reason: str = ""
+
+
+class GateRecord(Record):
+    """What `spectrial gate` decided: the candidate against a reference record or the history of its fingerprint."""
+
+    candidate: str  # the candidate's run folder or manifest
+    candidate_run_id: str | None = None
+    reference: str  # the reference as given (a folder, a manifest file, or "history: last N of <dir>")
+    reference_runs: list[str] = Field(default_factory=list)  # the run ids the reference figures come from
+    comparable: bool = True
+    not_comparable: list[str] = Field(default_factory=list)  # why the runs cannot be compared (never a silent pass)
+    allowed_differences: list[str] = Field(default_factory=list)  # differences the tolerances file accepts
+    changed: list[str] = Field(default_factory=list)  # arm settings that differ (what the gate judges)
+    notes: list[str] = Field(default_factory=list)
+    confidence: float = 0.95
+    checks: list[GateCheck] = Field(default_factory=list)
+    outcome: GateOutcome = "inconclusive"
+    exit_code: int = 2
+    tolerances_file: str | None = None
+    created_at: str | None = None
+
+    def by_outcome(self, outcome: str) -> list[GateCheck]:
+        return [c for c in self.checks if c.outcome == outcome]
+
+
+# --- a watch of a live server spectrial did not start (spectrial.watch) ------------------------------------
+class CounterTotals(Record):
+    """One `/metrics` snapshot's cumulative speculation totals and load gauges, read by the engine's module
+    (`watch_totals`): None where the server does not export the counter. `start_time_s` is the process start
+    (Prometheus' process_start_time_seconds) where exported: a change means the server restarted."""
+
+    engine: str
+    verify_steps: float | None = None  # verify steps (drafts) since the server started
+    drafted: float | None = None  # draft tokens proposed
+    accepted: float | None = None  # draft tokens accepted
+    accepted_per_pos: dict[str, float] = Field(default_factory=dict)  # accepted tokens per draft position ("0", ...)
+    tokens: float | None = None  # generated tokens
+    requests_running: float | None = None  # gauge
+    requests_waiting: float | None = None  # gauge
+    start_time_s: float | None = None
+
+    @property
+    def has_spec(self) -> bool:
+        return self.verify_steps is not None
+
+
+class WatchInterval(Record):
+    """One sampling interval of a watch: the counters' increase between two `/metrics` reads.
+
+    accept_len = 1 + accepted / verify_steps; per_position[i] = accepted at draft position i / verify_steps;
+    tok_s = generated tokens / wall_s. `reset`: a counter went down or the process start time changed (the server
+    restarted): the counts of that interval are unknown (None), never negative. `after_gap`: the interval spans a
+    time the server did not answer; its counts are unknown too (a restart may hide in it)."""
+
+    index: int
+    start: str  # UTC time of the first read
+    end: str  # UTC time of the second read
+    start_s: float  # seconds since the watch started
+    end_s: float
+    wall_s: float
+    reset: bool = False
+    after_gap: bool = False
+    verify_steps: float | None = None
+    drafted: float | None = None
+    accepted: float | None = None
+    tokens: float | None = None
+    accept_len: float | None = None
+    per_position: list[float] = Field(default_factory=list)
+    tok_s: float | None = None
+    requests_running: float | None = None  # gauge at the interval's end
+    requests_waiting: float | None = None
+    read_ms: float | None = None  # how long the interval's closing /metrics read took
+
+
+class WatchChange(Record):
+    """A change point found in a watch's series (ruptures PELT on the intervals with work): the first interval of
+    the new level, the means either side (up to the neighbouring change points) and the relative change."""
+
+    series: Literal["accept_len", "tok_s"]
+    index: int  # WatchInterval.index of the first interval after the change
+    at: str  # that interval's start (UTC)
+    at_s: float  # seconds since the watch started
+    before_mean: float
+    after_mean: float
+    relative_change: float  # after_mean / before_mean - 1
+
+
+class WatchGap(Record):
+    """A time the watched server did not answer (connection refused, timeout): from the first failed read to the
+    first answer after it (None while it lasts or when the watch ended first)."""
+
+    start: str
+    end: str | None = None
+    start_s: float
+    end_s: float | None = None
+    polls: int = 1  # failed reads in the gap
+    error: str
+
+
+class WatchRecord(Record):
+    """What `spectrial watch URL` recorded (kind "watch", controlled False): it never stops nor restarts the
+    server. Intervals are also in intervals.csv."""
+
+    url: str
+    engine: str
+    interval_s: float
+    duration_s: float | None = None
+    drive_rate: float | None = None  # requests/s spectrial sent itself (None: only the server's own users)
+    speculation: bool = True  # False: the server exports no speculation counters (throughput only)
+    detector: str = ""  # the change-point method and its penalty
+    intervals: list[WatchInterval] = Field(default_factory=list)
+    changes: list[WatchChange] = Field(default_factory=list)
+    gaps: list[WatchGap] = Field(default_factory=list)
+    resets: int = 0
+    read_ms_median: float | None = None  # one /metrics read (the watch's cost to the server)
+    notes: list[str] = Field(default_factory=list)
+
+
+# --- an observe-only trial of a server spectrial did not start (spectrial.observe) --------------------------
+NO_BASELINE = "uncontrolled: no baseline measured beside it"
+
+
+class ObservedServer(Record):
+    """The server an observe-only run measured as it was (kind "observe", controlled False): never started,
+    stopped, restarted or signalled by spectrial. Each value is what the server reported; `found` says, per
+    field, how it was found (the endpoint and key, or the params when the server does not say)."""
+
+    url: str
+    engine: str | None = None  # spectrial's adapter name (llamacpp, vllm, sglang)
+    version: str | None = None  # as the server reports it (llama.cpp /props build_info, vLLM /version, ...)
+    model: str | None = None  # the model the server serves, as it names it
+    speculative: bool | None = None  # whether the server says it speculates (None: it does not say)
+    method: str | None = None  # spectrial's method name of what it runs (draft, eagle3, ngram, ...)
+    engine_method: str | None = None  # the method as the engine names it (draft-simple, EAGLE3, ...)
+    steps: int | None = None  # draft steps / tokens per cycle, where the server or the params say
+    settings: dict[str, Any] = Field(default_factory=dict)  # speculative settings as the server reports them
+    slots: int | None = None  # requests the server decodes at once, where it says
+    context_tokens: int | None = None  # context of one request, where it says
+    found: dict[str, str] = Field(default_factory=dict)  # field -> how it was found
+    comparison: str = NO_BASELINE  # why speed-up, verdict and break-even are empty
+    env_check: str = ("not done: spectrial did not start the server's processes and does not look inside "
+                      "processes it did not start")
+    host_note: str = ""  # the recorded host is the client's, not the server's
+    other_load: list[str] = Field(default_factory=list)  # load of other users seen in the window's counters
+
+
 class Manifest(Record):
     """A run record's manifest.json."""
 
@@ -1220,6 +1397,9 @@ class Manifest(Record):
     reason: str | None = None
     name: str = ""
     kind: str = "trial"
+    # False: an observe-only run (kind "observe") or a watch (kind "watch") of a server spectrial did not start:
+    # no baseline beside it, no environment check inside its processes (spectrial.observe, spectrial.watch)
+    controlled: bool = True
     started_at: str | None = None
     finished_at: str | None = None
     spectrial_version: str | None = None
@@ -1250,6 +1430,10 @@ class Manifest(Record):
     budget: SweepBudget | None = None
     # clusters (kind cluster-trial / cluster-sweep)
     cluster: ClusterRecord | None = None
+    # watches (kind watch)
+    watch: WatchRecord | None = None
+    # observe-only runs (kind observe)
+    observed: ObservedServer | None = None
 
     def arm(self, name: str) -> ArmRecord | None:
         return next((a for a in self.arms if a.name == name), None)

@@ -49,6 +49,7 @@ from spectrial.schema import (
     LaunchRecord,
     RequestRecord,
     StartRecord,
+    Status,
     StepRecord,
     WindowRecord,
     WindowStats,
@@ -434,11 +435,7 @@ class Session:
                 entry.gpu_sampling = sampler.reason or f"{len(samples)} samples"
                 with rec.step(f"stop:{label}", **tags) as st:
                     st.report = server.stop()
-            ok = any(r.ok for raw in raws for r in raw.requests)
-            entry.status = "ok" if ok else "failed"
-            if not ok:
-                errs = sorted({str(r.error) for raw in raws for r in raw.requests})
-                entry.reason = "no successful request" + (": " + "; ".join(errs[:3]) if errs else "")
+            entry.status, entry.reason = start_outcome([r for raw in raws for r in raw.requests])
         except BaseException as exc:
             failure = exc
             entry.status, entry.reason = "failed", interrupts.describe(exc)
@@ -559,6 +556,14 @@ class Session:
                               stats_notes=list(stats.notes), cross_checks=stats.cross_checks,
                               log_lines=[raw.first_line, raw.last_line])
         return MeasuredWindow(raw.plan, record, raw.requests, stats)
+
+
+def start_outcome(requests: list[RequestRecord]) -> tuple[Status, str | None]:
+    """A measured start's status: ok when any request succeeded, else failed with the first errors."""
+    if any(r.ok for r in requests):
+        return "ok", None
+    errs = sorted({str(r.error) for r in requests})
+    return "failed", "no successful request" + (": " + "; ".join(errs[:3]) if errs else "")
 
 
 def lost_requests(m: MeasuredStart) -> str | None:

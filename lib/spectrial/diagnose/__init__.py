@@ -16,7 +16,8 @@ cause is the answer in public threads (the detector's ``order``).
 
 Detectors (``DETECTORS``, in rank order): accept_pinned, cuda_graph, running_cap, tree_at_batch,
 env_not_in_effect, debug_switches, throttling, draft_tp, stale_baseline, not_comparable, raw_prompts,
-global_counter, below_break_even.
+global_counter, below_break_even; uncontrolled (a record of a server spectrial did not start: what it
+cannot conclude).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from spectrial.diagnose import (  # noqa: F401 (register)
     capacity,
     comparability,
     conditions,
+    uncontrolled,
     validity,
 )
 from spectrial.diagnose.context import LOG_SUFFIXES, Context, GpuSamples, LogFile, arm_of, read_text

@@ -24,7 +24,8 @@ def invalid_measurement(ctx: Context) -> Iterator[Finding]:
                           title=f"{arm.name}: {c.name} check failed: {c.summary}",
                           detail=("The measurement does not measure what the verdict needs, so the arm is not "
                                   "called faster or slower (its verdict says 'invalid measurement')." if invalid else
-                                  "The verdict stands, but this weakens it."),
+                                  "The verdict stands, but this weakens it." if arm.verdict is not None else
+                                  "The figures stand, but this weakens them."),
                           evidence=[rec(f"{where}.value", c.value), rec(f"{where}.limit", c.limit),
                                     *(rec(f"{where}.evidence.{k}", v) for k, v in c.evidence.items())],
                           fix=c.fix or "")

@@ -41,7 +41,7 @@ from spectrial.engines.flags import Flag, render
 from spectrial.errors import ConfigError
 from spectrial.host import Host
 from spectrial.params import Arm
-from spectrial.schema import ServerRequestStats, Upload, WindowStats
+from spectrial.schema import CounterTotals, ServerRequestStats, Upload, WindowStats
 from spectrial.server import LaunchSpec, Probe, on_each
 from spectrial.server import classify_exit as server_classify_exit
 from spectrial.workloads import Lengths, WorkItem
@@ -397,6 +397,21 @@ def probe(client: httpx.Client, base_url: str) -> Probe:
     if r.status_code == 200:
         return Probe(True, "200 ok")
     return Probe(False, f"{r.status_code} {r.text[:80]}")
+
+
+def watch_totals(snap: dict[str, float]) -> CounterTotals:
+    """One `/metrics` snapshot's cumulative totals (the counters `llamacpp_window_stats` subtracts) and the load
+    gauges (`requests_processing`, `requests_deferred`); llama-server exports no process start time."""
+    return CounterTotals(
+        engine="llamacpp",
+        verify_steps=metrics.total(snap, METRIC_PREFIX + "spec_decode_num_drafts_total"),
+        drafted=metrics.total(snap, METRIC_PREFIX + "spec_decode_num_draft_tokens_total"),
+        accepted=metrics.total(snap, METRIC_PREFIX + "spec_decode_num_accepted_tokens_total"),
+        accepted_per_pos=metrics.delta_by_label({}, snap, METRIC_PREFIX + "spec_decode_num_accepted_tokens_per_pos_total",
+                                                "position"),
+        tokens=metrics.total(snap, METRIC_PREFIX + "tokens_predicted_total"),
+        requests_running=metrics.total(snap, METRIC_PREFIX + "requests_processing"),
+        requests_waiting=metrics.total(snap, METRIC_PREFIX + "requests_deferred"))
 
 
 def llamacpp_window_stats(w: Window) -> WindowStats:

@@ -39,7 +39,7 @@ from spectrial.engines.nccl_evidence import DEBUG_ENV
 from spectrial.engines.sglang import parse_marked_json
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
-from spectrial.schema import CrossCheck, ServerRequestStats, WindowStats
+from spectrial.schema import CounterTotals, CrossCheck, ServerRequestStats, WindowStats
 from spectrial.server import LaunchSpec, Probe
 
 METHODS = {"eagle3": "eagle3", "eagle": "eagle", "draft": "draft_model", "ngram": "ngram", "nextn": "mtp"}
@@ -422,6 +422,22 @@ def engine_decode(before: dict[str, float], after: dict[str, float]) -> EngineDe
     if not secs or tokens is None or not n:
         return None
     return EngineDecode(generated=tokens, tokens=tokens - n, decode_ms=secs * 1000)
+
+
+def watch_totals(snap: dict[str, float]) -> CounterTotals:
+    """One `/metrics` snapshot's cumulative totals (the spec counters `vllm_window_stats` subtracts, all
+    generated tokens) and the scheduler's gauges; `process_start_time_seconds` of the API server tells a
+    restart."""
+    return CounterTotals(
+        engine="vllm",
+        verify_steps=metrics.total(snap, PREFIX + "num_drafts_total"),
+        drafted=metrics.total(snap, PREFIX + "num_draft_tokens_total"),
+        accepted=metrics.total(snap, PREFIX + "num_accepted_tokens_total"),
+        accepted_per_pos=metrics.delta_by_label({}, snap, PREFIX + "num_accepted_tokens_per_pos_total", "position"),
+        tokens=metrics.total(snap, "vllm:generation_tokens_total"),
+        requests_running=metrics.total(snap, "vllm:num_requests_running"),
+        requests_waiting=metrics.total(snap, "vllm:num_requests_waiting"),
+        start_time_s=metrics.total(snap, "process_start_time_seconds"))
 
 
 def vllm_window_stats(w: Window) -> WindowStats:

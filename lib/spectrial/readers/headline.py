@@ -62,6 +62,7 @@ class ArmLine(BaseModel):
     invalid: list[str] = Field(default_factory=list)  # failed checks that void the verdict, as sentences
     warnings: list[str] = Field(default_factory=list)  # failed checks that do not (spectrial.validity)
     accept_len_request_mean: float | None = None
+    uncontrolled: str | None = None  # an observe-only record's arm: why nothing is compared (no baseline beside it)
 
     @property
     def checks(self) -> str | None:
@@ -79,6 +80,11 @@ class ArmLine(BaseModel):
         """The arm in one sentence (several clauses for an undecided one)."""
         if self.status != "ok":
             return f"{self.label}: {self.status} — {self.reason or 'no reason recorded'}"
+        if self.uncontrolled:
+            ci = f" [{self.tok_s_ci[0]:.1f}, {self.tok_s_ci[1]:.1f}]" if self.tok_s_ci else ""
+            acc = f", accept length {self.accept_len:.2f}" if self.accept_len is not None else ""
+            return (f"{self.label} ({self.method}): {_n(self.tok_s, 1)} tok/s{ci} per request{acc}, "
+                    f"{self.requests} requests; {self.uncontrolled}")
         if self.baseline:
             ci = f" [{self.tok_s_ci[0]:.1f}, {self.tok_s_ci[1]:.1f}]" if self.tok_s_ci else ""
             n = f"; {self.starts} start(s), {self.requests} requests" if self.requests else ""
@@ -294,6 +300,8 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
     arms as `spectrial.figures` judged them against their baseline (re-judged when `arms` is a subset whose
     reference differs)."""
     m = as_manifest(source) if source is not None else None
+    if m is not None and m.kind == "observe":
+        return observed_headline(m)
     arms = list(arms if arms is not None else m.arms)  # type: ignore[union-attr]
     base = pick_baseline(arms)
     if base is not None and any(a.status == "ok" and a.baseline_arm is None and a.verdict is None for a in arms):
@@ -314,6 +322,29 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
                       if any(d.fixed_design_rounds.values()) else ""))
     return Headline(title=_title(base, spec, lines), baseline=base.name if base else None,
                     baseline_tok_s=base.tok_s if base else None, arms=lines, decided=decided)
+
+
+UNCONTROLLED = "uncontrolled: no baseline beside it"
+
+
+def observed_headline(m: Manifest) -> Headline:
+    """An observe-only record (spectrial.observe): one arm of a server measured as it was, nothing compared; the
+    title says so first, then what was measured."""
+    lines = []
+    for a in m.arms:
+        line = arm_line(a, None)
+        line.uncontrolled, line.verdict = UNCONTROLLED, UNCONTROLLED
+        lines.append(line)
+    where = f" at {m.observed.url}" if m.observed is not None else ""
+    ok = [x for x in lines if x.status == "ok"]
+    if ok:
+        x = ok[0]
+        acc = f", accept length {x.accept_len:.2f}" if x.accept_len is not None else ""
+        what = f"{x.label} ({x.method}) {_n(x.tok_s, 1)} tok/s per request{acc}"
+    else:
+        what = "nothing measured" + (f" ({lines[0].reason})" if lines and lines[0].reason else "")
+    title = f"Uncontrolled: no baseline beside it — the server{where} as it is: {what}; no speed-up can be concluded"
+    return Headline(title=title, arms=lines)
 
 
 def sweep_headlines(source: Manifest | Any) -> list[Headline]:
@@ -392,4 +423,4 @@ def _title(base: ArmRecord | None, spec: list[ArmLine], lines: list[ArmLine]) ->
             + (f", {len(invalid)} with an invalid measurement" if invalid else "") + f" (best: {best.label} {best.speedup:.2f}x{ci(best)})")
 
 
-__all__ = ["ArmLine", "Headline", "arm_line", "headline", "headlines", "sweep_headlines"]
+__all__ = ["ArmLine", "Headline", "arm_line", "headline", "headlines", "observed_headline", "sweep_headlines"]

@@ -1,0 +1,118 @@
+"""`spectrial gate`: load the candidate and its reference (a run record, a committed golden record, or the last N
+runs of the candidate's fingerprint), check that they can be compared, judge every figure (spectrial.gate.judge).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spectrial.errors import ConfigError
+from spectrial.gate.judge import differences, gate_arms, worst
+from spectrial.gate.params import GateTolerances
+from spectrial.records import as_manifest, list_runs, load_record
+from spectrial.schema import GateRecord, Manifest, utc_now
+
+USABLE = ("ok", "partial")
+
+
+def read_run(path: str | Path, what: str) -> Manifest:
+    """A run record from its folder or its manifest file (a committed golden record is a manifest.json anywhere)."""
+    import json
+
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "manifest.json").is_file():
+            raise ConfigError(f"{what}: {p} holds no manifest.json", parameter=what,
+                              hint="give a run folder (outputs/<run-id>) or a manifest.json file")
+        m = load_record(p)
+    elif p.is_file():
+        try:
+            m = as_manifest(json.loads(p.read_text()))
+        except ValueError as exc:
+            raise ConfigError(f"{what}: {p} is not a run record's manifest ({exc})", parameter=what) from None
+    else:
+        raise ConfigError(f"{what}: {p} does not exist", parameter=what,
+                          hint="give a run folder (outputs/<run-id>) or a manifest.json file")
+    if m.status in ("running", "pending"):
+        raise ConfigError(f"{what}: the run {m.run_id} is still {m.status}", parameter=what,
+                          hint="gate a finished run (wait for it, or `spectrial report` it to settle an abandoned one)")
+    if m.kind not in ("trial", "observe", "cluster-trial"):
+        raise ConfigError(f"{what}: {p} is a {m.kind!r} record; the gate judges trials and observe-only runs",
+                          parameter=what, hint="gate a trial's record (a sweep's best setting: run it as a trial)")
+    return m
+
+
+def history(cand: Manifest, runs_dir: str | Path, last: int, tol: GateTolerances) -> list[Manifest]:
+    """The last `last` finished runs under `runs_dir` before the candidate with its fingerprint (host state and
+    engine build) and nothing that blocks a comparison (workload, sampling, model, ...), oldest first."""
+    out: list[Manifest] = []
+    for run in list_runs(runs_dir):
+        try:
+            m = load_record(run)
+        except (OSError, ValueError):
+            continue
+        if m.run_id == cand.run_id or m.status not in USABLE or m.kind != cand.kind:
+            continue
+        if m.fingerprint_key != cand.fingerprint_key and not (cand.controlled and "hardware" in tol.allow):
+            continue  # an observe-only run's key is its server's (url, engine, version, model)
+        if (m.started_at or "") >= (cand.started_at or "~"):
+            continue
+        if set(differences(cand, m)) - set(tol.allow):
+            continue
+        out.append(m)
+    out.sort(key=lambda m: m.started_at or "")
+    return out[-last:]
+
+
+def run_gate(candidate: str | Path, tol: GateTolerances, reference: str | Path | None = None,
+             last: int | None = None, runs_dir: str | Path | None = None,
+             tolerances_file: str | None = None) -> GateRecord:
+    """Judge `candidate` against `reference` (a record) or the last `last` runs of its fingerprint in `runs_dir`
+    (default: the candidate's folder's parent)."""
+    if (reference is None) == (last is None):
+        raise ConfigError("gate: give either --reference RUN (a run folder or manifest.json) or --history N",
+                          parameter="reference")
+    cand = read_run(candidate, "CANDIDATE")
+    rec = GateRecord(candidate=str(candidate), candidate_run_id=cand.run_id, reference="",
+                     confidence=tol.confidence, tolerances_file=tolerances_file, created_at=utc_now())
+    if reference is not None:
+        refs = [read_run(reference, "--reference")]
+        rec.reference = str(reference)
+    else:
+        if last is None or last < 1:
+            raise ConfigError(f"--history: {last} runs; give 1 or more", parameter="history")
+        folder = Path(runs_dir) if runs_dir is not None else Path(candidate).resolve().parent
+        refs = history(cand, folder, last, tol)
+        rec.reference = f"history: the last {last} runs of fingerprint {cand.fingerprint_key} under {folder}"
+        if not refs:
+            rec.comparable, rec.outcome = False, "not comparable"
+            rec.not_comparable = [f"no earlier finished run under {folder} with the candidate's fingerprint "
+                                  f"({cand.fingerprint_key}), workload, sampling, model and engine"]
+            rec.exit_code = tol.exit_code(rec.outcome)
+            return rec
+        if len(refs) < last:
+            rec.notes.append(f"{len(refs)} of the {last} runs asked for were found")
+    rec.reference_runs = [r.run_id for r in refs]
+    for r in refs:
+        for name, what in differences(cand, r).items():
+            line = f"{name} differs from {r.run_id}: {what}"
+            (rec.allowed_differences if name in tol.allow else rec.not_comparable).append(line)
+    if cand.status not in USABLE:
+        rec.notes.append(f"the candidate's run ended {cand.status}: {cand.reason or 'no reason recorded'}")
+    loose = [who for m, who in ((cand, "the candidate"), *((r, f"reference {r.run_id}") for r in refs))
+             if not m.controlled]
+    if loose:
+        rec.notes.append(f"uncontrolled ({', '.join(loose)}: spectrial did not start the server): no baseline beside "
+                         "it, no environment check, its host not fingerprinted; throughput figures are reported" +
+                         (", judged as allowed" if "controlled" in tol.allow else ", not judged"))
+    if rec.not_comparable:
+        rec.comparable, rec.outcome = False, "not comparable"
+        rec.exit_code = tol.exit_code(rec.outcome)
+        return rec
+    rec.checks, rec.changed = gate_arms(cand, refs, tol)
+    judged = [c.outcome for c in rec.checks if c.outcome != "not gated"]
+    rec.outcome = worst(judged)
+    if not judged:
+        rec.notes.append("no figure was gated (every one is missing or `gate: false`)")
+    rec.exit_code = tol.exit_code(rec.outcome)
+    return rec

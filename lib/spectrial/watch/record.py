@@ -1,0 +1,288 @@
+"""A watch of a live server spectrial did not start: attach, sample `/metrics` every interval, write the record.
+
+The watch never stops, restarts or signals the server: it only reads `/metrics` (and sends requests when asked
+to drive load). Per interval a `WatchInterval` (spectrial.watch.sampler); a server that stops answering is a
+`WatchGap` (the watch keeps polling and resumes when it answers); a restart is a `reset` interval; change points
+of accept length and tok/s (spectrial.watch.changes) are re-found on the whole series after every interval and
+once more at the end. The record (kind "watch", controlled False) is rewritten after every interval, with
+intervals.csv beside it and, at the end, watch.html (the figure).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from spectrial import metrics, progress
+from spectrial.errors import ConfigError
+from spectrial.records import RunRecord
+from spectrial.schema import WatchChange, WatchGap, WatchInterval, WatchRecord, utc_now
+from spectrial.watch import changes, sampler
+
+if TYPE_CHECKING:
+    from spectrial.watch.drive import Driver
+
+READ_TIMEOUT_S = 5.0  # one /metrics read; longer counts as "not answering"
+
+
+class WatchOptions(BaseModel):
+    """What `spectrial watch` was asked (recorded as the run's params)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="Base URL of the server, e.g. http://127.0.0.1:8080")
+    interval_s: float = Field(10.0, gt=0, description="Seconds between two /metrics reads")
+    duration_s: float | None = Field(None, gt=0, description="Stop after this many seconds (None: until Ctrl-C)")
+    output_dir: str = Field("outputs", description="Folder of run records")
+    engine: str = Field("auto", description="auto (from the metric prefixes), llamacpp, vllm or sglang")
+    drive_rate: float | None = Field(None, gt=0, description="Requests/s spectrial sends itself (None: none)")
+    params_file: str | None = Field(None, description="Params file whose workload --drive-rate sends")
+    run_id: str | None = Field(None, description="Run id (default: generated)")
+
+
+def normalise_url(url: str) -> str:
+    u = url.strip().rstrip("/")
+    if "://" not in u:
+        u = "http://" + u
+    parsed = urlparse(u)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"URL: {url!r} is not a server address", parameter="url",
+                          hint="give the server's base URL, e.g. http://127.0.0.1:8080")
+    return u
+
+
+def attach(client: httpx.Client, url: str, engine: str) -> tuple[str, sampler.Sample, list[str]]:
+    """Check the server answers, exports /metrics and which engine it is; the first sample and notes.
+    ConfigError naming what is missing and how to turn it on."""
+    if engine != "auto":
+        sampler.check_engine(engine)
+    try:
+        r = client.get(f"{url}/metrics")
+    except httpx.TransportError as exc:
+        raise ConfigError(f"URL: {url} does not answer ({type(exc).__name__}: {exc})", parameter="url",
+                          hint="is the server running and listening on that address and port?") from None
+    if r.status_code != 200:
+        guess = engine if engine != "auto" else "llamacpp" if r.headers.get("server") == "llama.cpp" else None
+        how = sampler.METRICS_FLAG[guess] if guess else "; ".join(f"{k}: {v}" for k, v in sampler.METRICS_FLAG.items())
+        raise ConfigError(f"URL: {url} answers, but has no /metrics (HTTP {r.status_code}: {r.text[:120]!r})",
+                          parameter="url", hint=f"turn metrics on: {how}")
+    snap = metrics.snapshot(client, url)
+    found = sampler.detect_engine(snap)
+    if engine == "auto":
+        if found is None:
+            raise ConfigError(f"URL: {url}/metrics carries none of the engines' metrics "
+                              f"({', '.join(sampler.PREFIXES.values())})", parameter="engine",
+                              hint="give --engine llamacpp|vllm|sglang if the names are its own")
+        engine = found
+    sampler.check_engine(engine)
+    sample = sampler.read(client, url, engine)
+    notes = []
+    if not sample.totals.has_spec:
+        notes.append(f"the server exports no speculation counters ({engine}: no speculative decoding configured, "
+                     "or metrics without them): recording throughput and load only")
+    return engine, sample, notes
+
+
+class Watch:
+    """One watch: `run()` samples until the duration is over (or an interrupt); the record is written after every
+    interval. Usable step by step: `check()`, `open()`, `step()` (one interval), `finish()`."""
+
+    def __init__(self, opts: WatchOptions, progress_on: bool = True) -> None:
+        self.opts = opts.model_copy(update={"url": normalise_url(opts.url)})
+        self.client = httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_S))
+        self.progress_on = progress_on
+        self.record: RunRecord | None = None
+        self.watch: WatchRecord | None = None
+        self.prev: sampler.Sample | None = None
+        self.t0 = time.monotonic()
+        self.gap: WatchGap | None = None
+        self._reported: set[tuple[str, int]] = set()
+        self.driver: Driver | None = None
+        self.engine = self.opts.engine
+        self.first: sampler.Sample | None = None
+        self.notes: list[str] = []
+
+    # --- steps ---------------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Check the server can be watched (ConfigError naming what is missing and how to turn it on)."""
+        if self.opts.drive_rate and self.driver is None:
+            from spectrial.watch import drive
+
+            self.driver = drive.Driver(self.opts.url, self.opts.params_file, self.opts.drive_rate)
+        self.engine, self.first, self.notes = attach(self.client, self.opts.url, self.opts.engine)
+
+    def open(self) -> Watch:
+        """Open the record (kind watch, controlled False) from the first read."""
+        if self.first is None:
+            self.check()
+        assert self.first is not None
+        first, notes = self.first, self.notes
+        host = urlparse(self.opts.url)
+        self.record = RunRecord(self.opts.output_dir, f"watch-{host.hostname}-{host.port or ''}", kind="watch",
+                                run_id=self.opts.run_id, params=self.opts)
+        self.record.manifest.controlled = False
+        self.record.manifest.status = "running"
+        self.watch = WatchRecord(url=self.opts.url, engine=self.engine, interval_s=self.opts.interval_s,
+                                 duration_s=self.opts.duration_s, drive_rate=self.opts.drive_rate,
+                                 speculation=first.totals.has_spec, detector=changes.METHOD, notes=list(notes))
+        self.record.manifest.watch = self.watch
+        self.record.manifest.engine.engine = self.engine
+        self.t0 = first.t
+        self.prev = first
+        self.record.save()
+        for n in notes:
+            progress.status(f"watch: {n}", self.progress_on)
+        return self
+
+    def abandon(self, exc: BaseException) -> None:
+        if self.record is not None:
+            self.record.abandon(exc)
+
+    def step(self) -> WatchInterval | None:
+        """Read once; an interval when the server answered, None inside a gap."""
+        assert self.watch is not None and self.prev is not None
+        try:
+            cur = sampler.read(self.client, self.opts.url, self.watch.engine)
+        except (httpx.TransportError, sampler.NoMetrics) as exc:
+            self._in_gap(f"{type(exc).__name__}: {exc}" if not isinstance(exc, sampler.NoMetrics) else str(exc))
+            return None
+        after_gap = self.gap is not None
+        if self.gap is not None:
+            self.gap.end, self.gap.end_s = cur.at, round(cur.t - self.t0, 3)
+            self._line(f"server answers again after {self.gap.end_s - self.gap.start_s:.1f} s")
+            self.gap = None
+        iv = sampler.measure(len(self.watch.intervals), self.prev, cur, self.t0, after_gap=after_gap)
+        self.prev = cur
+        self.watch.intervals.append(iv)
+        if iv.reset:
+            self.watch.resets += 1
+        self._line(interval_line(iv))
+        self.detect()
+        return iv
+
+    def _in_gap(self, error: str) -> None:
+        assert self.watch is not None
+        now = time.monotonic()
+        if self.gap is None:
+            self.gap = WatchGap(start=utc_now(), start_s=round(now - self.t0, 3), error=error[:500])
+            self.watch.gaps.append(self.gap)
+            self._line(f"server not answering: {error[:200]} (still polling; the server is not touched)")
+        else:
+            self.gap.polls += 1
+
+    def detect(self) -> list[WatchChange]:
+        """Change points of accept length and tok/s over the intervals with work (the whole series so far)."""
+        assert self.watch is not None
+        found: list[WatchChange] = []
+        for series in ("accept_len", "tok_s"):
+            pts = [iv for iv in self.watch.intervals if getattr(iv, series) is not None and (iv.tokens or 0) > 0]
+            for c in changes.find_changes([getattr(iv, series) for iv in pts]):
+                iv = pts[c.index]
+                found.append(WatchChange(series=series, index=iv.index, at=iv.start, at_s=iv.start_s,  # type: ignore[arg-type]
+                                         before_mean=c.before_mean, after_mean=c.after_mean,
+                                         relative_change=c.relative_change))
+        self.watch.changes = found
+        for c in found:
+            if (c.series, c.index) not in self._reported:
+                self._reported.add((c.series, c.index))
+                self._line(change_line(c))
+        return found
+
+    def save(self) -> None:
+        assert self.record is not None and self.watch is not None
+        reads = [iv.read_ms for iv in self.watch.intervals if iv.read_ms is not None]
+        self.watch.read_ms_median = round(statistics.median(reads), 3) if reads else None
+        self.record.write_table("intervals.csv", self.watch.intervals)
+        self.record.save()
+
+    def finish(self, status: str | None = "ok", reason: str | None = None) -> None:
+        """Final detection, notes, intervals.csv and the figure; `status` None leaves the status to the caller."""
+        assert self.record is not None and self.watch is not None
+        self.detect()
+        w = self.watch
+        work = [iv for iv in w.intervals if (iv.tokens or 0) > 0]
+        if w.speculation and work and not any(iv.verify_steps for iv in work):
+            w.notes.append(f"no verify steps in {len(work)} interval(s) with generated tokens: speculative decoding "
+                           "seems off on this server (no draft configured)")
+        if self.driver is not None:
+            w.notes.append(self.driver.summary())
+        self.save()
+        try:
+            from spectrial.readers.render.watch import watch_figure
+
+            self.record.write_text("watch.html", watch_figure(w, title=f"watch of {w.url}").to_html(
+                include_plotlyjs=True, full_html=True))
+        except ImportError as exc:  # plotly missing: the record stands without its figure
+            w.notes.append(f"figure not written: {exc}")
+        if status is not None:
+            self.record.finish(status, reason)
+
+    # --- the loop --------------------------------------------------------------------------------------------
+    def run(self) -> RunRecord:
+        """attach, then one step per interval until the duration is over; an interrupt writes what was measured
+        (the caller's guard marks the record failed and why)."""
+        if self.record is None:
+            self.open()
+        assert self.record is not None
+        if self.driver is not None:
+            self.driver.start()
+        total = int(self.opts.duration_s // self.opts.interval_s) if self.opts.duration_s else None
+        self.bar = progress.Progress(f"watch {self.opts.url}", total=total, unit="interval",
+                                     enabled=self.progress_on and progress.mode() == "bar")
+        deadline = self.t0 + self.opts.duration_s if self.opts.duration_s else None
+        nxt = self.t0 + self.opts.interval_s
+        try:
+            while deadline is None or nxt <= deadline + 1e-6:
+                time.sleep(max(0.0, nxt - time.monotonic()))
+                nxt = max(nxt + self.opts.interval_s, time.monotonic())
+                self.step()
+                self.bar.update(1)
+                self.save()
+        except KeyboardInterrupt:
+            self._stop_driver()
+            self.finish(status=None)
+            raise
+        finally:
+            self.bar.close()
+            self.client.close()
+        self._stop_driver()
+        self.finish("ok", f"gaps: {len(self.watch.gaps)}, resets: {self.watch.resets}" if self.watch and
+                    (self.watch.gaps or self.watch.resets) else None)
+        return self.record
+
+    def _stop_driver(self) -> None:
+        if self.driver is not None:
+            self.driver.stop()
+
+    def _line(self, text: str) -> None:
+        """A line per interval (and per gap, change) where output is not a terminal; the bar's text in one."""
+        if not self.progress_on:
+            return
+        bar = getattr(self, "bar", None)
+        if bar is not None and bar.mode == "bar":
+            bar.set_postfix_str(text)
+        elif progress.mode() != "off":
+            print(f"[spectrial] watch: {text}", file=sys.stdout, flush=True)
+
+
+def _f(x: float | None, nd: int) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def interval_line(iv: WatchInterval) -> str:
+    flag = " RESET (server restarted: counts unknown)" if iv.reset else " after a gap (counts unknown)" \
+        if iv.after_gap else ""
+    return (f"#{iv.index} {iv.end[11:19]} accept {_f(iv.accept_len, 3)} tok/s {_f(iv.tok_s, 1)} "
+            f"drafted {_f(iv.drafted, 0)} accepted {_f(iv.accepted, 0)} steps {_f(iv.verify_steps, 0)} "
+            f"running {_f(iv.requests_running, 0)} waiting {_f(iv.requests_waiting, 0)}{flag}")
+
+
+def change_line(c: WatchChange) -> str:
+    return (f"change in {c.series} at interval {c.index} ({c.at[11:19]}): {c.before_mean:.3g} -> "
+            f"{c.after_mean:.3g} ({c.relative_change:+.1%})")

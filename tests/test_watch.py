@@ -1,0 +1,300 @@
+"""`spectrial watch` against real servers it did not start: a llama-server (and a vLLM CPU server) started here,
+in their own process groups, by the test; the watch runs as its own process.
+
+The truth: the server's own counters, read by the test before the load and after it (the server idle in
+between), equal the sum of the watch's per-interval deltas exactly. The tiny draft-simple predicts the tiny
+target well under greedy decoding (accept length ~2.6 at 2 steps) and badly at temperature 1.5 (~1.05),
+so switching the load from one to the other is a change the watch must find, near the switch, downward.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from spectrial import metrics
+
+pytestmark = pytest.mark.slow
+SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
+ENV = {**os.environ, "SPECTRIAL_PROGRESS": "line"}
+SPEC_COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+                 "spec_decode_num_accepted_tokens_total", "tokens_predicted_total")
+
+
+def start_llama(binary: Path, models: Any, port: int, log: Path, metrics_on: bool = True) -> subprocess.Popen[bytes]:
+    """A llama-server of the tiny target + tiny draft-simple (2 draft steps), in its own process group."""
+    argv = [str(binary), "-m", str(models.target), "--host", "127.0.0.1", "--port", str(port), "--no-webui",
+            "-t", "1", "-c", "1024", "-np", "1", "--spec-type", "draft-simple", "--spec-draft-n-max", "2",
+            "-md", str(models.draft_simple), *(["--metrics"] if metrics_on else [])]
+    proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"llama-server exited {proc.returncode}: {log.read_text()[-2000:]}"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    stop(proc)
+    raise AssertionError(f"llama-server not ready in 60 s: {log.read_text()[-2000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the test's own server: its process group, by pgid."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def totals(url: str) -> dict[str, float]:
+    with httpx.Client(timeout=10) as c:
+        snap = metrics.snapshot(c, url)
+    return {k: metrics.total(snap, "llamacpp:" + k) or 0.0 for k in SPEC_COUNTERS}
+
+
+def load(url: str, seconds: float, temperature: float) -> int:
+    """Sequential completions for `seconds` at `temperature`; returns how many."""
+    n, t = 0, time.monotonic()
+    with httpx.Client(timeout=60) as c:
+        while time.monotonic() - t < seconds:
+            r = c.post(f"{url}/completion", json={"prompt": f"The quick brown fox {n}", "n_predict": 48,
+                                                   "temperature": temperature, "seed": n})
+            assert r.status_code == 200, r.text
+            n += 1
+    return n
+
+
+def start_watch(url: str, out: Path, run_id: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*SPECTRIAL, "watch", url, "--interval", "1", "--output-dir", str(out), "--run-id", run_id,
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+                            start_new_session=True)
+
+
+def wait_for_manifest(path: Path, proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        if path.is_file():
+            data = json.loads(path.read_text())
+            if data.get("watch"):
+                return data
+        time.sleep(0.1)
+    raise AssertionError(f"no record at {path}")
+
+
+def test_watch_finds_the_change_records_the_gap_and_the_restart(llama_server, tiny_models, port, tmp_path):
+    url, out = f"http://127.0.0.1:{port}", tmp_path / "out"
+    server = start_llama(llama_server, tiny_models, port, tmp_path / "server.log")
+    servers = [server]
+    watch = None
+    try:
+        before = totals(url)  # the server is idle until the load below: the watch's first read sees the same
+        watch = start_watch(url, out, "w1", "--duration", "26")
+        manifest = out / "w1" / "manifest.json"
+        wait_for_manifest(manifest, watch)
+        assert load(url, 6, 0.0) > 0
+        switch = time.time()
+        assert load(url, 6, 1.5) > 0
+        time.sleep(2.5)  # idle: the watch reads the last of the load
+        after = totals(url)
+        stop(server)  # the watched server disappears mid-watch
+        time.sleep(3)
+        server = start_llama(llama_server, tiny_models, port, tmp_path / "server2.log")  # same port: a restart
+        servers.append(server)
+        load(url, 2.5, 0.0)
+        assert watch.poll() is None, "the watch (--duration 26) ended before the load after the restart"
+        stdout, _ = watch.communicate(timeout=60)
+        assert watch.returncode == 0, stdout
+        assert server.poll() is None, "the watch must never stop the server"
+    finally:
+        if watch is not None and watch.poll() is None:
+            os.killpg(watch.pid, signal.SIGKILL)
+        for s in servers:
+            stop(s)
+    m = json.loads(manifest.read_text())
+    w = m["watch"]
+    assert (m["kind"], m["controlled"], m["status"], w["engine"]) == ("watch", False, "ok", "llamacpp")
+    ivs = w["intervals"]
+    # the watch's deltas add up to the server's own counters, exactly (intervals before the kill; the rest is 0)
+    assert len(w["gaps"]) == 1, w["gaps"]
+    pre = [iv for iv in ivs if iv["end_s"] <= w["gaps"][0]["start_s"]]
+    assert not any(iv["reset"] or iv["after_gap"] for iv in pre)
+    for key, name in (("verify_steps", "spec_decode_num_drafts_total"), ("drafted", "spec_decode_num_draft_tokens_total"),
+                      ("accepted", "spec_decode_num_accepted_tokens_total"), ("tokens", "tokens_predicted_total")):
+        assert sum(iv[key] or 0 for iv in pre) == after[name] - before[name], key
+    for iv in pre:
+        if iv["verify_steps"]:
+            assert iv["accept_len"] == pytest.approx(1 + iv["accepted"] / iv["verify_steps"])
+            assert iv["tok_s"] == pytest.approx(iv["tokens"] / iv["wall_s"], rel=1e-3)  # wall_s rounded to 0.1 ms
+    # the change: accept length falls near the switch (greedy -> temperature 1.5)
+    drops = [c for c in w["changes"] if c["series"] == "accept_len" and c["relative_change"] < -0.2]
+    assert drops, w["changes"]
+    # delay: the first interval of the new level starts this long after the switch (the record's UTC times)
+    delay = min((dt.datetime.fromisoformat(c["at"]).timestamp() - switch for c in drops), key=abs)
+    assert -1.5 <= delay <= 2.5, (delay, w["changes"])
+    biggest = min(drops, key=lambda c: c["relative_change"])
+    assert biggest["before_mean"] > 1.8 and biggest["after_mean"] < 1.5
+    # the gap, then the restart: recorded, never a negative figure
+    assert w["gaps"][0]["end"] is not None and "ConnectError" in w["gaps"][0]["error"]
+    assert w["resets"] >= 1 and any(iv["reset"] for iv in ivs)
+    assert all((iv[k] or 0) >= 0 for iv in ivs for k in ("verify_steps", "drafted", "accepted", "tokens", "tok_s"))
+    after_restart = [iv for iv in ivs if iv["start_s"] >= w["gaps"][0]["end_s"] and iv["tokens"]]
+    assert after_restart, "the watch resumes after the restart"
+    assert (out / "w1" / "intervals.csv").is_file() and (out / "w1" / "watch.html").is_file()
+    assert "[spectrial] watch: #0" in stdout and "server not answering" in stdout
+    reported = first_report(stdout, biggest["index"])
+    assert reported is not None, stdout
+    live = dt.datetime.fromisoformat(ivs[reported]["end"]).timestamp() - switch  # when the watch first said so
+    assert live <= 3.5, (live, stdout)
+    print(f"live: drop first reported {live:.2f} s after the switch (after interval {reported}); change placed "
+          f"{delay:+.2f} s from the switch (interval 1 s); changes {[(c['series'], c['index'], round(c['relative_change'], 3)) for c in w['changes']]}; "
+          f"one /metrics read {w['read_ms_median']} ms (median)")
+
+
+def first_report(stdout: str, index: int) -> int | None:
+    """The interval after whose read the watch first printed a drop of accept length at `index` - 1 or later
+    (each change is printed when a re-run on the growing series first finds it)."""
+    last = -1
+    for line in stdout.splitlines():
+        m = re.search(r"watch: #(\d+) ", line)
+        if m:
+            last = int(m.group(1))
+        m = re.search(r"change in accept_len at interval (\d+) .*\(-", line)
+        if m and int(m.group(1)) >= index - 1:
+            return last
+    return None
+
+
+def test_a_signal_writes_the_record_and_leaves_the_server(llama_server, tiny_models, port, tmp_path, tiny_params,
+                                                          write_params):
+    """SIGTERM and Ctrl-C end a watch with the record written (exit 143 / 130); the SIGTERM one drives its own load
+    (--drive-rate with the tiny params' workload), the Ctrl-C one watches the test's."""
+    url, out = f"http://127.0.0.1:{port}", tmp_path / "out"
+    params = write_params(tiny_params)
+    server = start_llama(llama_server, tiny_models, port, tmp_path / "server.log")
+    try:
+        for sig, code, name in ((signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")):
+            drive = ("--drive-rate", "2", "--params", str(params)) if sig == signal.SIGTERM else ()
+            watch = start_watch(url, out, f"sig{code}", *drive)
+            manifest = out / f"sig{code}" / "manifest.json"
+            wait_for_manifest(manifest, watch)
+            if drive:
+                time.sleep(3)
+            else:
+                load(url, 2.5, 0.0)
+            os.kill(watch.pid, sig)
+            stdout, _ = watch.communicate(timeout=30)
+            assert watch.returncode == code, stdout
+            m = json.loads(manifest.read_text())
+            assert m["status"] == "failed" and m["reason"] == f"interrupted by {name}", m["reason"]
+            ivs = m["watch"]["intervals"]
+            assert ivs and sum(iv["tokens"] or 0 for iv in ivs) > 0 and (out / f"sig{code}" / "intervals.csv").is_file()
+            assert (out / f"sig{code}" / "watch.html").is_file() and "not touched" in stdout
+            if drive:
+                assert m["params"]["drive_rate"] == 2 and any("driven load" in n for n in m["watch"]["notes"])
+            assert server.poll() is None, "the watch must never stop the server"
+    finally:
+        stop(server)
+
+
+def test_bad_inputs(llama_server, tiny_models, port, tmp_path):
+    out = tmp_path / "out"
+    dead = subprocess.run([*SPECTRIAL, "watch", f"http://127.0.0.1:{port}", "--output-dir", str(out)],
+                          capture_output=True, text=True, env=ENV, timeout=60)
+    assert dead.returncode == 2 and "does not answer" in dead.stderr, dead.stderr
+    server = start_llama(llama_server, tiny_models, port, tmp_path / "server.log", metrics_on=False)
+    try:
+        res = subprocess.run([*SPECTRIAL, "watch", f"http://127.0.0.1:{port}", "--output-dir", str(out)],
+                             capture_output=True, text=True, env=ENV, timeout=60)
+        assert res.returncode == 2 and "no /metrics" in res.stderr and "--metrics" in res.stderr, res.stderr
+        assert server.poll() is None
+    finally:
+        stop(server)
+    assert not out.exists() or not any(out.iterdir()), "bad input leaves no record"
+
+
+@pytest.mark.vllm
+def test_watch_a_real_vllm_cpu_server(tmp_path, port):
+    """One vLLM CPU server (the counting target + its EAGLE-3 draft, 3 steps), started here from the command
+    spectrial's vLLM adapter composes; the watch's per-position acceptance against the counting truth."""
+    import yaml
+    from tokenizers import Tokenizer
+
+    from spectrial.engines.base import get_engine
+    from spectrial.host import LocalHost
+    from spectrial.models.hf import ensure_hf_models, simulate_counting
+    from spectrial.params import load_params
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "examples" / "vllm-cpu.yaml").read_text())
+    data.update(port=port, arms=[{"name": "eagle3", "method": "eagle3"}], state_dir=str(tmp_path / "state"),
+                work_dir=str(tmp_path / "work"), output_dir=str(tmp_path / "unused"))
+    params = load_params(data=data)
+    engine = get_engine("vllm", params, LocalHost())
+    engine.prepare()
+    spec = engine.build_spec(params.arms[0])
+    model = spec.argv[spec.argv.index("--model") + 1]
+    url, out, log = f"http://127.0.0.1:{port}", tmp_path / "out", tmp_path / "vllm.log"
+    server = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, stdout=log.open("ab"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    watch = None
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        watch = start_watch(url, out, "v1", "--duration", "14")
+        wait_for_manifest(out / "v1" / "manifest.json", watch)
+        tok = Tokenizer.from_file(str(ensure_hf_models(kind="counting").target / "tokenizer.json"))
+        drafts, accepted, max_tokens = 0, [0, 0, 0], 32
+        with httpx.Client(timeout=120) as c:
+            for i in range(4):
+                prompt = f"Count with me: {i} {i + 1} {i + 2}"
+                r = c.post(f"{url}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                                          "temperature": 0, "ignore_eos": True})
+                assert r.status_code == 200, r.text
+                assert r.json()["usage"]["completion_tokens"] == max_tokens
+                d, a = simulate_counting("eagle3", tok.encode(prompt).ids[-1], max_tokens, 3)
+                drafts, accepted = drafts + d, [x + y for x, y in zip(accepted, a, strict=True)]
+        stdout, _ = watch.communicate(timeout=120)
+        assert watch.returncode == 0, stdout
+        assert server.poll() is None, "the watch must never stop the server"
+    finally:
+        if watch is not None and watch.poll() is None:
+            os.killpg(watch.pid, signal.SIGKILL)
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=30)
+    w = json.loads((out / "v1" / "manifest.json").read_text())["watch"]
+    assert w["engine"] == "vllm" and w["speculation"] and not w["gaps"] and not w["resets"]
+    ivs = [iv for iv in w["intervals"] if iv["verify_steps"]]
+    steps = sum(iv["verify_steps"] for iv in ivs)
+    assert steps == drafts  # the counting truth, exactly
+    per_pos = [sum(iv["per_position"][k] * iv["verify_steps"] for iv in ivs) for k in range(3)]
+    assert per_pos == pytest.approx(accepted, abs=1e-6)
+    assert [x / steps for x in per_pos] == pytest.approx([accepted[0] / drafts, 0, 0])
+    assert 1 + sum(per_pos) / steps == pytest.approx(4 / 3, abs=4 / drafts + 0.02)
+    assert sum(iv["tokens"] or 0 for iv in w["intervals"]) == 4 * max_tokens
+    print(f"vLLM watch: {len(w['intervals'])} intervals, accept length {1 + sum(per_pos) / steps:.3f}, "
+          f"per position {[round(x / steps, 3) for x in per_pos]}, one /metrics read {w['read_ms_median']} ms")

@@ -127,13 +127,19 @@ def test_real_vllm_draft_against_itself_and_a_weaker_draft(tmp_path: Path) -> No
     ref = trial(out, tmp_path, *common, strong, params=params)
     same = trial(out, tmp_path, *common, strong, params=params)
     weak = trial(out, tmp_path, *common, "arms=[{name: spec, method: eagle3}]", params=params)
-    res = gate(str(same), "-r", str(ref), "--json", "-")
+    # acceptance judged; throughput reported only: tok/s of runs minutes apart on 2 shared cores moves with
+    # whatever else runs (CI saw a "regression" of tok/s between two identical runs under load)
+    acceptance_only = tmp_path / "gate.yaml"
+    acceptance_only.write_text(yaml.safe_dump({"figures": {f: {"tolerance": 0.1, "gate": False}
+                                                           for f in ("tok_s", "ttft_ms", "itl_ms")}}))
+    res = gate(str(same), "-r", str(ref), "-t", str(acceptance_only), "--json", "-")
     rec = json.loads(res.stdout)
     accept = next(c for c in rec["checks"] if c["figure"] == "accept_len")
     assert accept["reference"] == pytest.approx(4.0) and accept["candidate"] == pytest.approx(4.0)
     assert accept["outcome"] == "pass", res.stdout
-    assert res.returncode in (0, 2)  # tok/s on 2 shared cores may be inconclusive; acceptance is not
-    res = gate(str(weak), "-r", str(ref), "--junit", str(tmp_path / "w.xml"), "--json", "-")
+    assert res.returncode == 0, res.stdout
+    res = gate(str(weak), "-r", str(ref), "-t", str(acceptance_only), "--junit", str(tmp_path / "w.xml"),
+               "--json", "-")
     assert res.returncode == 1, res.stdout + res.stderr
     rec = json.loads(res.stdout)
     accept = next(c for c in rec["checks"] if c["figure"] == "accept_len")

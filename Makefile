@@ -65,14 +65,21 @@ test-fast: setup datasets
 # Re-execute the nbval notebooks in place after adding a record under outputs/examples/.
 nb-outputs: setup
 	$(BIN)/jupytext --to ipynb notebooks/04_history.py notebooks/90_case_kimi_k25_pcie.py
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False $(NBVAL_NOTEBOOKS)
+	SPECTRIAL_PLOTLYJS=omit $(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False $(NBVAL_NOTEBOOKS)
 
 lint: setup
 	$(BIN)/ruff check lib tests benchmarks notebooks
 
-lab: setup
-	$(BIN)/python -m pip install -q -e '.[lab]'
-	$(BIN)/jupyter lab notebooks
+# JupyterLab once (the `lab` extra of pyproject.toml, on top of `setup`: no re-install of the project), then
+# opened on notebooks/; --allow-root only when run as root (Jupyter refuses root without it).
+LAB_STAMP := $(VENV)/.spectrial-lab
+$(LAB_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check $$($(BIN)/python -c \
+		'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["lab"]))')
+	@touch $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
+	$(BIN)/jupyter lab notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 clean-venv:
 	rm -rf $(VENV)

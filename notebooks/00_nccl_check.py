@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -48,6 +50,7 @@ from spectrial.nccl import load_nccl_params, run_nccl_check
 from spectrial.nccl.latency import human_bytes
 from spectrial.notebooks import attach_notebook, steps_table
 from spectrial.readers import nccl as nccl_tables
+from spectrial.readers.render.figures import show_figure
 from spectrial.readers.render.plots import nccl_latency_figure
 
 params = load_nccl_params(params_file, {**({"output_dir": output_dir} if output_dir else {}), **overrides})
@@ -114,7 +117,7 @@ summary = result.summary()
 summary[["set", "group", "size", "role", "n", "p10_us", "p50_us", "p90_us", "p99_us"]].round(1)
 
 # %%
-nccl_latency_figure(result.summary()).show()
+show_figure(nccl_latency_figure(result.summary()))
 
 # %% [markdown]
 # ## 4. Versus the baseline, per size

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -57,6 +59,7 @@ from IPython.display import Markdown, display
 from spectrial.notebooks import attach_notebook, steps_table
 from spectrial.readers import sweep as sweep_reader
 from spectrial.readers.render import sweep as sweep_figures
+from spectrial.readers.render.figures import show_figure
 from spectrial.sweep import load_sweep_params, run_sweep
 
 values = {"strategy": strategy, "grid.steps": steps, "grid.concurrency": concurrency,
@@ -118,10 +121,10 @@ result.not_measured()
 result.points().round(3)
 
 # %%
-sweep_figures.heatmap_figure(result.manifest).show()
+show_figure(sweep_figures.heatmap_figure(result.manifest))
 
 # %%
-sweep_figures.curves_figure(result.manifest).show()
+show_figure(sweep_figures.curves_figure(result.manifest))
 
 # %% [markdown]
 # ## The model against the measurements
@@ -129,10 +132,10 @@ sweep_figures.curves_figure(result.manifest).show()
 # Below: each prediction made before measuring, against the measurement.
 
 # %%
-sweep_figures.components_figure(result.manifest).show()
+show_figure(sweep_figures.components_figure(result.manifest))
 
 # %%
-sweep_figures.prediction_figure(result.manifest).show()
+show_figure(sweep_figures.prediction_figure(result.manifest))
 
 # %% [markdown]
 # ## Best setting per scenario and concurrency

@@ -5,6 +5,7 @@
 #   scripts/device_run.sh call1   setup, src, nccl, [build | models] in parallel, nb02, pack   (~6-8 min)
 #   scripts/device_run.sh call2   setup, src, build*, models*, sweep, nb05, pack                 (~5-6 min)
 #   scripts/device_run.sh PHASE.. any phases in order: setup src build models nccl nb02 sweep nb05 pack
+#                                 (the call is named after them: `sweep nb05 pack` is `sweep-nb05-pack`)
 #   scripts/device_run.sh all     everything in one go (more than one 10-minute call: see docs/DEVICE.md)
 #   scripts/device_run.sh plan    the notebook-02 arms and the sweep's exact commands (anywhere; no GPU)
 # (* skipped when this machine already has them: a warm machine keeps ~/.cache/spectrial and /tmp.)
@@ -17,7 +18,9 @@
 # records are packed inside the call's 600 s: the notebook cell, or the plain trial, gets SIGINT and its
 # server is stopped. $OUT receives at most 3 files per call from this script:
 #   $OUT/<run-id>.tar.gz             one per run record made in this call (the folder outputs/<run-id>/)
-#   $OUT/device-<call>-<time>.tar.gz device.log, device-info.txt, timings.tsv, gpu-samples.csv, build.log
+#   $OUT/device-<call>-<HHMMSS>.tar.gz the folder device-<call>-<HHMMSS>/ (HHMMSS: the call's start, UTC): this
+#                                    call's device.log and timings.tsv, device-info.txt, gpu-samples.csv, build.log
+#                                    (packs of several calls unpack side by side, never overwriting each other)
 # plus, with the nccl phase, scripts/device_nccl_check.sh's 5 files under $OUT/nccl/.
 set -uo pipefail
 
@@ -42,20 +45,21 @@ VOCAB=$SRC_DIR/models/ggml-vocab-llama-bpe.gguf
 NB03=${NB03:-notebooks/03_sweep.ipynb}  # NB03=none: the plain `spectrial trial` instead
 export PYTHONPATH="$SITE:$REPO/lib${PYTHONPATH:+:$PYTHONPATH}"
 PHASES=" setup src build models nccl nb02 sweep nb05 pack "
-[ $# -gt 0 ] || { sed -n '2,21p' "$0" >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,24p' "$0" >&2; exit 2; }
 case "$CALL" in
   call1|call2|all|plan) ;;
   *)
     for p in "$@"; do
-      [[ "$PHASES" == *" $p "* ]] || { sed -n '2,21p' "$0" >&2; [ "$p" = help ] || echo "unknown: $p" >&2; exit 2; }
+      [[ "$PHASES" == *" $p "* ]] || { sed -n '2,24p' "$0" >&2; [ "$p" = help ] || echo "unknown: $p" >&2; exit 2; }
     done
+    CALL=$(IFS=-; echo "$*")  # a phase list: the call is named after its phases
     ;;
 esac
 mkdir -p "$WORK" "$RUNS"
 RECORDS="$WORK/records-$CALL-$T0.txt"   # run ids made in this call, packed by `pack`
 MARKER="$WORK/start-$CALL-$T0"          # record folders newer than this were made in this call
 : > "$RECORDS"; : > "$MARKER"
-exec > >(tee -a "$WORK/device.log") 2>&1
+call_begin "$CALL"  # device_env.sh: $CALL_DIR holds this call's device.log and timings.tsv
 trap 'sleep 0.5' EXIT  # let tee flush the last lines into the call's output
 
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -68,7 +72,7 @@ phase() {  # phase NAME: run phase_NAME, print and record its seconds and status
   say "=== $name: start"
   "phase_$name"
   rc=$?
-  printf '%s\t%s\t%s\t%s\n' "$CALL" "$name" "$(( $(date +%s) - t ))" "$rc" >> "$WORK/timings.tsv"
+  call_timing "$name" "$(( $(date +%s) - t ))" "$rc"
   say "=== $name: rc=$rc in $(( $(date +%s) - t )) s"
   return "$rc"
 }
@@ -102,11 +106,11 @@ phase_setup() {  # wheels into $SITE (once per machine), device facts, a GPU clo
     echo "== c++"; c++ --version
     echo "== python"; "$PY" -c 'import sys; print(sys.executable, sys.version)'
     echo "== pip list"; "$PY" -m pip list --format=freeze
-  } > "$WORK/device-info.txt" 2>&1
+  } > "$CALL_DIR/device-info.txt" 2>&1
   say "$(nproc) cores; $(nvidia-smi -L 2>/dev/null | wc -l) GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
   if [ ! -s "$WORK/gpu-samples.pid" ] || ! kill -0 "$(cat "$WORK/gpu-samples.pid")" 2>/dev/null; then
     nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu,memory.used,clocks_event_reasons.active \
-      --format=csv,nounits -lms 1000 >> "$WORK/gpu-samples.csv" 2>/dev/null &
+      --format=csv,nounits -lms 1000 >> "$CALL_DIR/gpu-samples.csv" 2>/dev/null &
     echo $! > "$WORK/gpu-samples.pid"
   fi
 }
@@ -123,7 +127,7 @@ phase_src() {  # unpack the stripped llama.cpp tree once per machine
 }
 
 phase_build() {  # llama-server + rpc-server, CUDA arch 90, ninja, all cores (spectrial.provision; cached)
-  "$PY" - "$SRC_DIR" "$WORK" <<'EOF'
+  "$PY" - "$SRC_DIR" "$CALL_DIR" <<'EOF'
 import os, shutil, sys, time
 from pathlib import Path
 from spectrial.provision import binary_path, build_key, cache_root, ensure_llama_server, server_version
@@ -278,7 +282,7 @@ phase_plan() {  # what nb02 and the sweep would launch, touching nothing (runs a
 }
 
 phase_pack() {  # one tar.gz per record made in this call, one of this call's logs; each under 16 MiB
-  local rid f limit=$((16 * 1024 * 1024)) stamp
+  local rid f limit=$((16 * 1024 * 1024))
   [ -s "$WORK/gpu-samples.pid" ] && kill "$(cat "$WORK/gpu-samples.pid")" 2>/dev/null && rm -f "$WORK/gpu-samples.pid"
   # the records this call listed, and any other record folder made since it started (a notebook's own run id)
   { cat "$RECORDS"; find "$RUNS" -mindepth 1 -maxdepth 1 -type d -newer "$MARKER" -printf '%f\n'; } \
@@ -294,10 +298,7 @@ phase_pack() {  # one tar.gz per record made in this call, one of this call's lo
     fi
     say "packed $f ($(stat -c %s "$f") bytes)"
   done
-  stamp=$(date +%H%M%S)
-  f="$OUT/device-$CALL-$stamp.tar.gz"
-  tar -C "$WORK" -czf "$f" --ignore-failed-read $(cd "$WORK" && ls device.log device-info.txt timings.tsv \
-      gpu-samples.csv build.log 2>/dev/null)
+  f=$(call_pack)  # device_env.sh: $CALL_DIR (device.log, timings.tsv, device-info.txt, gpu-samples.csv, build.log)
   say "packed $f ($(stat -c %s "$f") bytes); \$OUT holds: $(cd "$OUT" && find . -type f | tr '\n' ' ')"
 }
 

@@ -12,10 +12,13 @@
 #   faults carry .device/sglang-0.5.17.tar.xz, .whl-sglang/cli: issue 26's faults on real SGLang (SIGKILL 2 s into
 #          the EAGLE-3 benchmark, SIGHUP to the group 2 s into the baseline's), process lists and GPU memory
 #          after each fault and after the next trial's kill step                                   (~5-6 min)
-#   PHASE...  any of: setup models warm trial sweep nb02 nb05 chaos pack
+#   PHASE...  any of: setup models warm trial sweep nb02 nb05 chaos kill hup short pack (the call is named
+#          after them: `setup sweep pack` is the call `setup-sweep-pack`)
 #
 # Records go to $RUNS; `pack` puts one $OUT/<run-id>.tar.gz per record made in the call and one
-# $OUT/device-<call>.tar.gz (device.log, device-info.txt, timings.tsv, gpu-samples.csv). Work that starts
+# $OUT/device-<call>-<HHMMSS>.tar.gz (HHMMSS: the call's start, UTC) holding the folder device-<call>-<HHMMSS>/:
+# this call's device.log and timings.tsv (its phases only), device-info.txt, gpu-samples.csv, cuda-graph.txt.
+# Packs of several calls unpack side by side without overwriting each other. Work that starts
 # servers stops at BUDGET_S (555 s) after the script started: the sweep by its own time budget, the trial and
 # the notebooks by SIGINT (spectrial stops its server and writes the record). EXTRA_P adds `-p NAME=VALUE`
 # options to the CLI runs (a rehearsal here with the SGLang double: EXTRA_P="-p require_gpu=false ...").
@@ -24,6 +27,17 @@ set -uo pipefail
 # shellcheck source=scripts/device_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 CALL=${1:-help}
+PHASES=" setup models warm trial sweep nb02 nb05 chaos kill hup short pack "
+case "$CALL" in
+  call1|call2|faults|faults2) ;;
+  *)  # a list of phases: the call is named after them
+    for p in "$@"; do
+      [[ "$PHASES" == *" $p "* ]] || { sed -n '2,20p' "$0" >&2; [ "$p" = help ] || echo "unknown phase: $p" >&2; exit 2; }
+    done
+    [ $# -gt 0 ] || { sed -n '2,20p' "$0" >&2; exit 2; }
+    CALL=$(IFS=-; echo "$*")
+    ;;
+esac
 export CUDA_VISIBLE_DEVICES=0 SPECTRIAL_PROGRESS=line
 for d in /usr/local/cuda/bin /opt/torch/.venv/bin; do
   [ -d "$d" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH="$d:$PATH" ;; esac
@@ -48,7 +62,7 @@ export SGLANG_ENABLE_JIT_DEEPGEMM=0
 mkdir -p "$WORK" "$RUNS"
 MARKER="$WORK/start-$CALL-$T0"
 : > "$MARKER"
-exec > >(tee -a "$WORK/device.log") 2>&1
+call_begin "$CALL"  # device_env.sh: $CALL_DIR holds this call's device.log and timings.tsv
 trap 'sleep 0.5' EXIT
 
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -67,7 +81,7 @@ phase() {
   say "=== $name: start"
   "phase_$name"
   rc=$?
-  printf '%s\t%s\t%s\t%s\n' "$CALL" "$name" "$(( $(date +%s) - t ))" "$rc" >> "$WORK/timings.tsv"
+  call_timing "$name" "$(( $(date +%s) - t ))" "$rc"
   say "=== $name: rc=$rc in $(( $(date +%s) - t )) s"
   return "$rc"
 }
@@ -124,10 +138,10 @@ phase_setup() {  # the bundle into $SGL_SITE and the carried wheels into $SITE (
     echo "== nproc"; nproc
     echo "== python"; "$PY" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__)'
     echo "== image versions the bundle could not check"; "$PY" -m pip show numba timm regex cuda-bindings typing-extensions 2>&1 | grep -E "^(Name|Version)"
-  } > "$WORK/device-info.txt" 2>&1
+  } > "$CALL_DIR/device-info.txt" 2>&1
   if [ ! -s "$WORK/gpu-samples.pid" ] || ! kill -0 "$(cat "$WORK/gpu-samples.pid")" 2>/dev/null; then
     nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu,memory.used,clocks_event_reasons.active \
-      --format=csv,nounits -lms 1000 >> "$WORK/gpu-samples.csv" 2>/dev/null &
+      --format=csv,nounits -lms 1000 >> "$CALL_DIR/gpu-samples.csv" 2>/dev/null &
     echo $! > "$WORK/gpu-samples.pid"
   fi
 }
@@ -295,14 +309,13 @@ phase_pack() {  # one tar.gz per record made or touched in this call (each under
     fi
     say "packed $f ($(stat -c %s "$f") bytes)"
   done
-  f="$OUT/device-$CALL.tar.gz"
-  tar -C "$WORK" -czf "$f" --ignore-failed-read $(cd "$WORK" && ls device.log device-info.txt timings.tsv gpu-samples.csv cuda-graph.txt 2>/dev/null)
+  f=$(call_pack cuda-graph.txt)  # device_env.sh: $CALL_DIR with the machine's CUDA-graph verdict
   say "packed $f; \$OUT holds: $(cd "$OUT" && find . -type f | tr '\n' ' ')"
 }
 
 abort() { say "$1"; phase pack; exit 1; }
 
-case "$CALL" in
+case "${1:-help}" in
   faults)
     phase setup || abort "setup failed"
     phase chaos
@@ -316,10 +329,10 @@ case "$CALL" in
     ;;
   call1)
     phase setup || abort "setup failed"
-    SETS=random8b phase models > "$WORK/models.log" 2>&1 &  # the counting set: written by the trial's prepare
+    SETS=random8b phase models > "$CALL_DIR/models.log" 2>&1 &  # the counting set: written by the trial's prepare
     models=$!
     phase warm || abort "the counting baseline failed: see its record"
-    wait "$models"; cat "$WORK/models.log"
+    wait "$models"; cat "$CALL_DIR/models.log"
     phase sweep
     phase pack
     ;;
@@ -329,9 +342,8 @@ case "$CALL" in
     phase nb05
     phase pack
     ;;
-  setup|models|warm|trial|sweep|nb02|nb05|chaos|kill|hup|short|pack)
+  *)  # a list of phases (checked above)
     for p in "$@"; do phase "$p" || { [ "$p" = pack ] && exit 1; abort "phase $p failed"; }; done
     ;;
-  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
 esac
 say "done in $(elapsed) s"

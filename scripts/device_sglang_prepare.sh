@@ -4,9 +4,10 @@
 #   scripts/device_sglang_prepare.sh          bundle + wheels + check
 #   scripts/device_sglang_prepare.sh bundle   .device/sglang-0.5.17.tar.xz (scripts/sglang_bundle.py: < 60 MiB)
 #   scripts/device_sglang_prepare.sh wheels   .whl-sglang/cli: what spectrial's CLI needs beyond the image and
-#                                             the bundle (invoke, tenacity, ahocorasick-rs);
+#                                             the bundle (invoke, tenacity, ahocorasick-rs: 3 wheels, 0.6 MB);
 #                                             .whl-sglang/nb: what the notebooks need beyond those (papermill,
-#                                             ipykernel, plotly, ...: device_prepare.sh's set minus the bundle's)
+#                                             ipykernel, plotly, ...: device_prepare.sh's set minus the bundle's);
+#                                             needs the bundle's manifest .device/sglang-0.5.17.json (`bundle`)
 #   scripts/device_sglang_prepare.sh check    each call's payload under 64 MiB: call1 = tree + tarball + cli,
 #                                             call2 = tree + nb (the warm machine keeps what call1 unpacked)
 set -euo pipefail
@@ -32,6 +33,7 @@ download() {  # download DIR SPEC...: cp312 manylinux wheels, no dependencies (t
 do_bundle() { "$PY" scripts/sglang_bundle.py; }
 
 do_wheels() {
+  [ -f .device/sglang-0.5.17.json ] || { say "no .device/sglang-0.5.17.json: build the bundle first ($0 bundle)"; exit 1; }
   rm -rf "$OUTW" && mkdir -p "$OUTW"
   download "$OUTW/cli" "${CLI_WHEELS[@]}"
   # the notebook set: device_prepare.sh's WHEELS that the bundle does not already carry
@@ -44,7 +46,7 @@ for spec in sys.stdin.read().split():
     if re.sub(r"[-_.]+", "-", spec.split("==")[0]).lower() not in carried:
         print(spec)')
   download "$OUTW/nb" "${nb[@]}"
-  say "cli: $(ls "$OUTW/cli" | wc -l) wheels, $(du -sh "$OUTW/cli" | cut -f1); nb: $(ls "$OUTW/nb" | wc -l) wheels, $(du -sh "$OUTW/nb" | cut -f1)"
+  say "cli: $(ls "$OUTW/cli" | wc -l) wheels, $(du -sb "$OUTW/cli" | cut -f1) bytes; nb: $(ls "$OUTW/nb" | wc -l) wheels, $(du -sb "$OUTW/nb" | cut -f1) bytes"
 }
 
 do_check() {
@@ -53,8 +55,8 @@ do_check() {
   tree=$((tree + $(git ls-files -z --others --exclude-standard | xargs -0 -r stat -c %s | awk '{s+=$1} END {print s+0}')))
   call1=$((tree + $(stat -c %s "$TARBALL") + $(du -sb "$OUTW/cli" | cut -f1)))
   call2=$((tree + $(du -sb "$OUTW/nb" | cut -f1)))
-  say "working tree $((tree / 1024)) KiB; call1 $((call1 / 1048576)) MiB; call2 $((call2 / 1048576)) MiB (limit 64 MiB)"
-  [ "$call1" -le "$LIMIT" ] || { say "call1 payload over 64 MiB"; return 1; }
+  say "working tree $((tree / 1024)) KiB; call1 (tree + $TARBALL + $OUTW/cli) $((call1 / 1024)) KiB; call2 (tree + $OUTW/nb) $((call2 / 1024)) KiB (limit 65536 KiB)"
+  [ "$call1" -le "$LIMIT" ] || { say "call1 payload over 64 MiB: $(( (call1 - LIMIT) / 1024 )) KiB too much (the working tree grew? see docs/DEVICE.md, section 7)"; return 1; }
   [ "$call2" -le "$LIMIT" ] || { say "call2 payload over 64 MiB"; return 1; }
 }
 
@@ -63,5 +65,5 @@ case "${1:-all}" in
   wheels) do_wheels ;;
   check) do_check ;;
   all) do_bundle; do_wheels; do_check ;;
-  *) sed -n '2,12p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,13p' "$0" >&2; exit 2 ;;
 esac

@@ -11,13 +11,14 @@
 
 The device image (KINDS.md) has torch 2.11.0+cu130 and Python 3.12 but no network; the tarball unpacks
 there into a folder put on PYTHONPATH, nothing is pip-installed there (docs/DEVICE.md, "SGLang on the
-H200"). Facts, trims and pitfalls: ../shared/reference/REAL_ENGINES.md, "SGLang 0.5.17 on the H200 device".
-Run it with the repo's venv (`.venv/bin/python`); it needs only pip and packaging.
+H200"), which also gives the facts, trims and pitfalls found on the device. Run it with the repo's venv
+(`.venv/bin/python`); it needs only pip and packaging.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import csv
 import glob
@@ -67,7 +68,11 @@ ROOTS = ("sglang==0.5.17", "sglang-kernel==0.4.5", "transformers==5.12.1", "toke
          # imported at module level on every server start but not in sglang's Requires-Dist (nor in the image):
          # the first device runs died in `import dill` (sampling/custom_logit_processor.py), then in
          # `from jsonschema import Draft202012Validator` (entrypoints/openai/serving_chat.py)
-         "dill==0.4.0", "jsonschema==4.26.0")
+         "dill==0.4.0", "jsonschema==4.26.0",
+         # SGLang's own benchmark tools beside spectrial (sglang.bench_serving, sglang.benchmark.one_batch_server):
+         # sglang.benchmark.datasets imports `datasets` at module level (its MMMU loader); multiprocess 0.70.19
+         # needs dill>=0.4.1, 0.70.18 keeps the dill that ran on the device
+         "datasets==5.2.0", "multiprocess==0.70.18")
 
 # Image packages carried anyway, at another version (the bundle comes first on PYTHONPATH).
 REPLACE_IMAGE = {
@@ -103,7 +108,6 @@ NOT_NEEDED = {
     "helion": "kernel DSL",
     "nvidia-cutlass-dsl": "CuTe DSL kernels",
     "flash-attn-4": "FlashAttention 4 (Blackwell)",
-    "datasets": "benchmarks",
     "mistral-common": "Mistral tokenizers",
     "smg-grpc-servicer": "gRPC servicers",
     "tilelang": "kernel DSL",
@@ -131,7 +135,7 @@ TRIMS = (
     ("sgl_kernel/infllm_ops.*.so", "InfLLM ops"),
     ("sgl_kernel/flashmla_ops.abi3.so", "FlashMLA (DeepSeek MLA)"),
     ("sglang/multimodal_gen", "diffusion serving"),
-    ("sglang/test", "SGLang's test suite"),
+    ("sglang/test/*", "SGLang's test suite (but KEEP: what its benchmark tools import)"),
     ("sglang/srt/*/_core.*.so", "the three Rust extensions (HTTP/2 server, gRPC, multimodal); Python paths are used"),
     ("xgrammar/lib/libxgrammar.a", "static library, only for building against xgrammar"),
     ("bin", "console scripts (shebangs of this machine's Python) and py-spy's binary (stack dumps)"),
@@ -139,12 +143,24 @@ TRIMS = (
     ("build_backend.py", "PEP 517 build helper that flashinfer-python and torch-c-dlpack-ext both install"),
     ("tools", "sglang's build-time tools/get_version_tag.py (a top-level `tools` namespace otherwise)"),
     ("share", "IPython's man page"),
+    # not in REAL_ENGINES.md's list either; together ~4 MB as xz, which the benchmark tools' `datasets` needed
+    ("jedi/third_party", "typeshed/django stubs (13 MB) for IPython's tab completion, which nothing here uses"),
+    ("zstandard/_cffi.*.so", "the CFFI backend (12 MB); CPython imports the C backend (backend_c)"),
 )
 PROTECTED = ("flashinfer/data/", "sgl_kernel/sm90/common_ops")
+# Spared by TRIMS' globs: the modules of sglang.test that SGLang's benchmark tools import at module level
+# (sglang.benchmark.one_batch_server -> test_utils, nightly_bench_utils; test_utils -> run_eval ->
+# simple_eval_common). BENCH_MODULES' import closure (import_problems) checks that nothing else is missing.
+KEEP = ("sglang/test/__init__.py", "sglang/test/test_utils.py", "sglang/test/nightly_bench_utils.py",
+        "sglang/test/run_eval.py", "sglang/test/simple_eval_common.py")
+# SGLang's benchmark tools, which must import from the bundle beside spectrial (a side-by-side measurement)
+BENCH_MODULES = ("sglang.bench_serving", "sglang.benchmark.serving", "sglang.benchmark.datasets",
+                 "sglang.bench_one_batch_server", "sglang.benchmark.one_batch_server")
 # Must be in the tarball: FlashInfer's JIT sources (sgl_kernel.rmsnorm compiles norm.cu on first use; without
 # them every server dies in its warm-up request) and the Hopper build of sgl_kernel's common ops.
 MUST_HAVE = ("flashinfer/data/csrc/norm.cu", "sgl_kernel/sm90/common_ops.abi3.so", "sglang/launch_server.py",
-             "transformers/__init__.py", "tokenizers/__init__.py")
+             "transformers/__init__.py", "tokenizers/__init__.py", "sglang/benchmark/one_batch_server.py",
+             "sglang/test/test_utils.py", "datasets/__init__.py")
 
 # manylinux up to 2.34: the sglang wheel (manylinux_2_34) ran on the device image, so its glibc is >= 2.34
 PLATFORMS = tuple(f"manylinux_2_{m}_x86_64" for m in range(34, 4, -1)) + (
@@ -260,7 +276,9 @@ def pip_report(reqs: Sequence[str]) -> list[dict]:
 def resolve() -> tuple[dict[str, Locked], dict[str, set[str]], dict[str, set[str]], set[str]]:
     """Walk Requires-Dist from ROOTS: the carried wheels; who asked for image and NOT_NEEDED projects; and
     the version requirements on image packages whose image version is not known here (unchecked)."""
-    image, prefer = image_packages(), device_wheel_pins()
+    # preferred versions: spectrial's device set, then the current lock's (re-locking adds, it does not drift)
+    old = {n: e.version for n, e in read_lock().items()} if LOCK.is_file() else {}
+    image, prefer = image_packages(), {**old, **device_wheel_pins()}
     chosen: dict[str, Locked] = {}
     from_image: dict[str, set[str]] = {}
     skipped: dict[str, set[str]] = {}
@@ -341,6 +359,88 @@ def write_lock(chosen: dict[str, Locked], from_image: dict[str, set[str]], skipp
     LOCK.write_text("\n".join(lines) + "\n")
     say(f"wrote {LOCK.relative_to(REPO)}: {len(chosen)} wheels; {len(from_image)} from the image, "
         f"{len(skipped)} not needed")
+
+
+# --- imports: what SGLang's benchmark tools need from the bundle ------------------------------------------------
+# import names of image packages that differ from their project names (the rest: '-' -> '_')
+IMPORT_NAMES = {"pillow": "PIL", "pyyaml": "yaml", "opencv-python-headless": "cv2", "scikit-learn": "sklearn",
+                "scikit-image": "skimage", "python-dateutil": "dateutil", "protobuf": "google",
+                "nvidia-ml-py": "pynvml", "py-cpuinfo": "cpuinfo", "attrs": "attr", "markdown-it-py": "markdown_it",
+                "cuda-bindings": "cuda", "pyzmq": "zmq"}
+FOLLOW = ("sglang.bench", "sglang.test", "sglang.profiler", "sglang.utils", "sglang.global_config")
+
+
+def module_path(site: Path, name: str) -> Path | None:
+    """The file (or package folder, or extension module) that `import name` finds in the site, or None."""
+    base = site.joinpath(*name.split("."))
+    for cand in (base / "__init__.py", base.with_suffix(".py")):
+        if cand.is_file():
+            return cand
+    if base.is_dir() or (base.parent.is_dir() and any(base.parent.glob(base.name + ".*.so"))):
+        return base
+    return None
+
+
+def module_imports(path: Path, name: str) -> list[tuple[str, str | None]]:
+    """(module, imported name) pairs of the imports a module runs when imported: the module's body, class bodies
+    and `if` blocks; not functions (lazy) nor `try` blocks (optional: an ImportError is caught there)."""
+    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: list[tuple[str, str | None]] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                out.extend((a.name, None) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1])
+                    mod = f"{base}.{mod}" if mod else base
+                out.extend((mod, a.name) for a in node.names)
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, (ast.ClassDef, ast.With)):
+                visit(node.body)
+    visit(tree.body)
+    return out
+
+
+def import_problems(site: Path, roots: Sequence[str] = BENCH_MODULES) -> list[str]:
+    """What `import root` would miss, read statically from the site: a module of the bundle that is absent (trimmed,
+    or never carried), or a top-level name that is neither in the bundle, nor the image, nor the standard library.
+    Follows the imports of FOLLOW's modules (the benchmark tools, sglang.test); the modules of sglang.srt, which the
+    server imports on the device, are only checked to exist."""
+    image = {IMPORT_NAMES.get(n, n.replace("-", "_")) for n in image_packages()}
+    problems: list[str] = []
+    seen: set[str] = set()
+    queue = [(r, "ROOTS") for r in roots]
+    while queue:
+        name, by = queue.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        top = name.split(".")[0]
+        if top in sys.stdlib_module_names or top == "__future__":
+            continue
+        if module_path(site, top) is None:
+            if top not in image:
+                problems.append(f"{name} (imported by {by}): neither in the bundle nor in the device image")
+            continue
+        path = module_path(site, name)
+        if path is None:
+            problems.append(f"{name} (imported by {by}) is not in the bundle")
+            continue
+        parts = name.split(".")  # importing a.b.c runs a/__init__ and a/b/__init__ first
+        queue += [(".".join(parts[:i]), name) for i in range(1, len(parts))]
+        if not name.startswith(FOLLOW) or path.suffix != ".py":
+            continue
+        for mod, attr in module_imports(path, name):
+            sub = f"{mod}.{attr}" if attr and attr != "*" else None
+            queue.append((sub if sub and module_path(site, sub) else mod, name))
+    return sorted(set(problems))
 
 
 # --- build ----------------------------------------------------------------------------------------------
@@ -494,10 +594,10 @@ def tree_bytes(path: Path) -> int:
 
 
 def apply_trims(site: Path) -> list[dict]:
-    """Remove TRIMS from the site folder; a pattern that hits a PROTECTED path is an error, not a removal."""
+    """Remove TRIMS from the site folder, sparing KEEP; a pattern that hits a PROTECTED path is an error."""
     removed = []
     for pattern, why in TRIMS:
-        hits = sorted(site.glob(pattern))
+        hits = [h for h in sorted(site.glob(pattern)) if h.relative_to(site).as_posix() not in KEEP]
         if not hits:
             raise SpectrialError(f"trim {pattern!r} matches nothing in {site}",
                                  hint="a locked wheel changed its layout: update TRIMS")
@@ -549,7 +649,8 @@ def check_record(site: Path, trimmed: list[dict]) -> tuple[int, list[str]]:
 
 
 def pack(site: Path, out: Path) -> None:
-    """Deterministic tar (sorted, fixed mtime, root-owned) of the site folder's contents, xz -6."""
+    """Deterministic tar (sorted, fixed mtime, root-owned) of the site folder's contents, xz -9 (its 64 MiB window
+    finds repeats across files: 1.8 MB smaller than -6, for ~15 % more time; 65 MiB of memory to unpack)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     names = sorted(p.name for p in site.iterdir())
@@ -557,7 +658,7 @@ def pack(site: Path, out: Path) -> None:
                             "--group=0", "--numeric-owner", "--exclude=__pycache__", "-cf", "-", *names],
                            stdout=subprocess.PIPE)
     with tmp.open("wb") as f:
-        xz = subprocess.run(["xz", "-6", f"-T{min(2, os.cpu_count() or 1)}", "-c"], stdin=tar.stdout, stdout=f)
+        xz = subprocess.run(["xz", "-9", f"-T{min(2, os.cpu_count() or 1)}", "-c"], stdin=tar.stdout, stdout=f)
     tar.stdout.close()  # type: ignore[union-attr]
     if tar.wait() or xz.returncode:
         tmp.unlink(missing_ok=True)
@@ -616,6 +717,7 @@ def build(force: bool = False) -> dict:
     trimmed = apply_trims(site)
     checked, problems = check_record(site, trimmed)
     missing = [m for m in MUST_HAVE if not (site / m).is_file()]
+    problems += import_problems(site)
     if missing or problems:
         raise SpectrialError("the installed site is incomplete:\n  " + "\n  ".join(missing + problems[:20]))
     dists = {}
@@ -625,7 +727,7 @@ def build(force: bool = False) -> dict:
     if set(dists) != set(lock):
         raise SpectrialError(f"installed distributions differ from the lock: {sorted(set(dists) ^ set(lock))}")
     unpacked = tree_bytes(site)
-    say(f"packing {unpacked / 2**20:.1f} MiB ({len(dists)} distributions) with xz -6 ...")
+    say(f"packing {unpacked / 2**20:.1f} MiB ({len(dists)} distributions) with xz -9 ...")
     t0 = time.monotonic()
     candidate = BUILD_DIR / TARBALL.name  # checked outside .device/, which a device call carries whole
     pack(site, candidate)

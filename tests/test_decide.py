@@ -29,7 +29,8 @@ def test_decide_parameters() -> None:
         load_params(LOCAL, {"decide": True, "order": "blocked"})
     with pytest.raises(ConfigError, match="max_rounds"):
         load_params(LOCAL, {"decide": {"min_rounds": 5, "max_rounds": 3}})
-    with pytest.raises(ConfigError, match="unknown parameter; allowed here: margin, max_minutes"):
+    with pytest.raises(ConfigError, match=r"decide.rounds: unknown parameter \(did you mean 'min_rounds' or "
+                                          r"'max_rounds'\?\); allowed here: margin, max_minutes"):
         load_params(LOCAL, {"decide": {"rounds": 3}})
 
 

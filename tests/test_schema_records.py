@@ -100,3 +100,57 @@ def test_a_field_never_set_stays_out_of_the_record() -> None:
     eng.version = None
     assert eng.model_dump(mode="json") == {"version": None, "binary": "/bin/llama-server", "name": "llamacpp"}
     assert HostInfo(name="box").model_dump(mode="json") == {"name": "box"}
+
+
+# ------------------------------------------------------------------ descriptions and `spectrial schema`
+def _parts(model: type[BaseModel], seen: set[type[BaseModel]]) -> set[type[BaseModel]]:
+    """`model` and every model its fields hold (through lists, dicts and unions), recursively."""
+    import typing
+
+    def models_in(t: object) -> list[type[BaseModel]]:
+        hit = [t] if isinstance(t, type) and issubclass(t, BaseModel) else []
+        return hit + [m for a in typing.get_args(t) for m in models_in(a)]
+
+    if model not in seen:
+        seen.add(model)
+        for f in model.model_fields.values():
+            for m in models_in(f.annotation):
+                _parts(m, seen)
+    return seen
+
+
+def test_every_field_of_the_manifest_and_its_parts_has_a_description() -> None:
+    """What `spectrial schema` prints and the JSON Schema publishes: no field without a description, in the
+    manifest and every model it holds (arms, starts, windows, requests, points, gate, watch, cluster, ...)."""
+    from spectrial.schema import RECORD_PARTS, Manifest
+
+    parts: set[type[BaseModel]] = set()
+    for m in RECORD_PARTS.values():
+        _parts(m, parts)
+    assert len(parts) >= 60 and Manifest in parts
+    missing = [f"{m.__name__}.{n}" for m in parts for n, f in m.model_fields.items()
+               if not (f.description and f.description.strip())]
+    assert missing == []
+    schema = Manifest.model_json_schema()
+    props = [(name, f, p) for name, d in [("Manifest", schema), *schema["$defs"].items()]
+             for f, p in d.get("properties", {}).items()]
+    assert len(props) > 800 and all(p.get("description") for _, _, p in props)
+
+
+def test_cli_schema_is_a_table_by_default_and_json_on_request() -> None:
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "spectrial.cli", "schema"]
+    table = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == "Manifest: A run record's manifest.json." and lines[2].split() == ["field", "type", "description"]
+    assert any(x.split()[:3] == ["arms", "list[ArmRecord]", "Every"] for x in lines)
+    assert len(lines) < 80  # the manifest's own fields, not 2,801 lines of JSON
+    part = subprocess.run([*run, "HostInfo"], capture_output=True, text=True, timeout=120)
+    assert part.returncode == 0 and "gpu_key" in part.stdout and "params/hardware.yaml" in part.stdout
+    full = subprocess.run([*run, "arm", "--json"], capture_output=True, text=True, timeout=120)
+    assert json.loads(full.stdout)["title"] == "ArmRecord"
+    bad = subprocess.run([*run, "nosuch"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "HostInfo" in bad.stderr

@@ -51,7 +51,7 @@ def test_every_committed_record_loads_typed() -> None:
 
 
 def test_schema_command_prints_the_json_schema() -> None:
-    res = subprocess.run([*SPECTRIAL, "schema"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([*SPECTRIAL, "schema", "--json"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     schema = json.loads(res.stdout)
     assert schema["title"] == "Manifest" and "schema_version" in schema["properties"]

@@ -4,11 +4,13 @@ builder writes a tarball under 60 MiB that holds them."""
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 import subprocess
 import sys
 import tarfile
+import textwrap
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -40,10 +42,11 @@ def test_lock_pins_the_roots_and_the_replaced_image_packages() -> None:
     for root in map(Requirement, bundle.ROOTS):
         entry = lock[canonicalize_name(root.name)]
         assert root.specifier.contains(entry.version), f"{root} locked as {entry.version}"
-    # sglang, its kernels, the two replaced image packages, and two modules sglang imports on every start without
-    # declaring them (found on the device: dill, jsonschema)
+    # sglang, its kernels, the two replaced image packages, two modules sglang imports on every start without
+    # declaring them (found on the device: dill, jsonschema), and what SGLang's benchmark tools import (datasets,
+    # with a multiprocess that keeps that dill)
     assert {r.split("==")[0] for r in bundle.ROOTS} == {"sglang", "sglang-kernel", "transformers", "tokenizers",
-                                                        "dill", "jsonschema"}
+                                                        "dill", "jsonschema", "datasets", "multiprocess"}
     image = bundle.image_packages()
     for name in bundle.REPLACE_IMAGE:
         assert name in image, f"{name} is not an image package: nothing to replace"
@@ -121,13 +124,85 @@ def test_a_trim_reaching_protected_files_is_refused(tmp_path: Path, monkeypatch:
     assert (site / "sgl_kernel/sm90/common_ops.abi3.so").is_file()
 
 
+def test_lock_carries_what_sglangs_benchmark_tools_import() -> None:
+    """sglang.benchmark.datasets imports `datasets` at module level: carried, with a multiprocess whose dill
+    requirement the dill pin meets (0.70.19 would need dill>=0.4.1)."""
+    lock = bundle.read_lock()
+    assert "datasets" not in bundle.NOT_NEEDED
+    assert {"datasets", "multiprocess", "dill"} <= set(lock)
+    assert "sglang" in lock["datasets"].needed_by  # sglang declares it
+    assert lock["multiprocess"].version == "0.70.18" and lock["dill"].version == "0.4.0"
+
+
+def test_keep_spares_the_benchmark_tools_modules_of_sglang_test(tmp_path: Path) -> None:
+    site = _fake_site(tmp_path)
+    for rel in [*bundle.KEEP, "sglang/test/ascend/test_npu.py", "sglang/test/runners.py"]:
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text("x = 1\n")
+    removed = {r["path"] for r in bundle.apply_trims(site)}
+    assert {"sglang/test/ascend", "sglang/test/runners.py"} <= removed
+    for rel in bundle.KEEP:  # each KEEP path would be trimmed by a TRIMS glob, were it not kept
+        assert any(fnmatch.fnmatch(rel, pattern + "*") for pattern, _ in bundle.TRIMS), rel
+        assert (site / rel).is_file() and rel not in removed, rel
+
+
+def _write(site: Path, rel: str, text: str) -> None:
+    (site / rel).parent.mkdir(parents=True, exist_ok=True)
+    (site / rel).write_text(textwrap.dedent(text))
+
+
+def test_import_problems_names_what_the_benchmark_tools_would_miss(tmp_path: Path) -> None:
+    """The static import check reads module-level imports (also under `if` and in class bodies), resolves relative
+    ones, ignores imports inside functions and `try` blocks, and names each missing module with its importer."""
+    site = tmp_path / "site"
+    _write(site, "sglang/__init__.py", "")
+    _write(site, "sglang/benchmark/__init__.py", "")
+    _write(site, "sglang/benchmark/one_batch_server.py", """\
+        import json
+        import numpy as np                      # the image's
+        from datasets import load_dataset       # neither the bundle's nor the image's
+        from sglang.test.test_utils import is_in_ci
+        from .bench_utils import helper         # relative, present
+        from sglang.srt.server_args import ServerArgs
+        try:
+            import guidance                     # optional: caught
+        except ImportError:
+            guidance = None
+        if json:
+            from sglang.test.nightly_bench_utils import save
+        class Runner:
+            from sglang.profiler import run_profile
+
+        def lazy():
+            import vllm                         # lazy: not run on import
+        """)
+    _write(site, "sglang/benchmark/bench_utils.py", "from sglang.utils import get_exception_traceback\n")
+    _write(site, "sglang/utils.py", "")
+    problems = bundle.import_problems(site, ["sglang.benchmark.one_batch_server"])
+    assert problems == sorted([
+        "datasets (imported by sglang.benchmark.one_batch_server): neither in the bundle nor in the device image",
+        "sglang.profiler (imported by sglang.benchmark.one_batch_server) is not in the bundle",
+        "sglang.srt.server_args (imported by sglang.benchmark.one_batch_server) is not in the bundle",
+        "sglang.test.nightly_bench_utils (imported by sglang.benchmark.one_batch_server) is not in the bundle",
+        "sglang.test.test_utils (imported by sglang.benchmark.one_batch_server) is not in the bundle",
+    ])
+    for rel in ("datasets/__init__.py", "sglang/test/__init__.py", "sglang/test/nightly_bench_utils.py",
+                "sglang/srt/__init__.py", "sglang/srt/server_args.py", "sglang/profiler.py"):
+        _write(site, rel, "")
+    _write(site, "sglang/test/test_utils.py", "from sglang.test.run_eval import run_eval\n")
+    assert bundle.import_problems(site, ["sglang.benchmark.one_batch_server"]) == [
+        "sglang.test.run_eval (imported by sglang.test.test_utils) is not in the bundle"]
+    _write(site, "sglang/test/run_eval.py", "import torch, PIL.Image, yaml\n")  # image packages
+    assert bundle.import_problems(site, ["sglang.benchmark.one_batch_server"]) == []
+
+
 def test_missing_lock_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="sglang_bundle.py lock"):
         bundle.read_lock(tmp_path / "none.lock")
 
 
 @pytest.mark.slow
-def test_builder_writes_a_checked_tarball_under_60_mib(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_builder_writes_a_checked_tarball_under_60_mib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs the builder (wheels from ~/.cache/spectrial/sglang-wheels, downloaded the first time: ~650 MB,
     and ~7 min of xz on 2 cores when it has to pack), then reads the tarball back."""
     p = subprocess.run([sys.executable, str(SCRIPT), "build"], capture_output=True, text=True, timeout=3600)
@@ -159,6 +234,16 @@ def test_builder_writes_a_checked_tarball_under_60_mib(monkeypatch: pytest.Monke
         member = t.extractfile("flashinfer/data/csrc/norm.cu")
         assert member is not None
         assert member.read() == z.read("flashinfer/data/csrc/norm.cu")
+
+    # SGLang's benchmark tools import from the bundle (read statically here; run on the device: docs/DEVICE.md)
+    for rel in (*bundle.KEEP, "sglang/benchmark/one_batch_server.py", "sglang/bench_serving.py",
+                "datasets/__init__.py", "multiprocess/__init__.py"):
+        assert rel in names, rel
+    site = tmp_path / "site"  # the tarball's own contents (the build folder is shared with other checkouts)
+    site.mkdir()
+    subprocess.run(["tar", "-C", str(site), "-xJf", str(bundle.TARBALL)], check=True)
+    assert bundle.import_problems(site) == []
+    assert not [n for n in names if n.startswith(("jedi/third_party/", "sglang/test/ascend/"))]
 
     again = subprocess.run([sys.executable, str(SCRIPT), "check"], capture_output=True, text=True)
     assert again.returncode == 0, again.stderr

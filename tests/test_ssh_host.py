@@ -247,7 +247,7 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(sshd: SshdServer, tmp_
     assert isinstance(info.value, ConfigError)
     assert (info.value.fingerprint, info.value.key_type) == (fp, "ssh-ed25519")
     assert fp in msg and "ssh-ed25519" in msg and f"[{sshd.address}]:{sshd.port}" in msg
-    assert f"ssh-keyscan -p {sshd.port} {sshd.address} >> ~/.ssh/known_hosts" in msg
+    assert f"ssh-keyscan -p {sshd.port} {sshd.address} >> {empty}" in msg  # the file given, not ~/.ssh's
     assert "known_hosts" in msg and not host.connected
 
 

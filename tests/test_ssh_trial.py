@@ -77,6 +77,11 @@ def test_cli_runs_params_local_through_ssh(sshd: SshdServer, tmp_path: Path, por
     run = only_run(tmp_path / "outputs")
     m = manifest_json(run)
     assert m["status"] == "ok" and m["host"]["name"] == sshd.spec
+    # issue 31: the key path is recorded as given (not a secret), with the client and host key fingerprints
+    assert m["params"]["ssh"]["key_filename"] == sshd.key_filename
+    ssh = m["host"]["ssh"]
+    assert ssh["key_filenames"] == [sshd.key_filename] and ssh["host_key_type"] == "ssh-ed25519"
+    assert ssh["host_key_sha256"].startswith("SHA256:") and ssh["key_sha256"][0].startswith("SHA256:")
     assert [(a["name"], a["status"]) for a in m["arms"]] == [("baseline", "ok"), ("draft-simple", "ok"),
                                                             ("eagle3-synthetic", "ok")]
     assert m["arms"][1]["accepted"] > 0 and m["arms"][2]["synthetic"] is True

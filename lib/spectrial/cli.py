@@ -19,12 +19,102 @@ from pathlib import Path  # noqa: E402
 from typing import Annotated, Any  # noqa: E402
 
 import typer  # noqa: E402
+from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
 from spectrial.errors import SpectrialError  # noqa: E402
 from spectrial.params import load_params, parse_overrides  # noqa: E402
 
+DEFAULT_PARAMS = "params/local.yaml"  # the embedded default: a local llama.cpp trial on CPU with tiny models
+
+
+class LazyCommand:
+    """A command kept in another module of spectrial, imported only when it runs or shows its own --help;
+    `spectrial --help` lists it with the first paragraph of its docstring (or its Typer's help), read from the
+    module's source without importing it."""
+
+    def __init__(self, module: str, attr: str) -> None:
+        self.module, self.attr = module, attr
+
+    @property
+    def help(self) -> str:
+        import ast
+
+        path = Path(__file__).resolve().parent.joinpath(*self.module.split(".")[1:]).with_suffix(".py")
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name == self.attr:
+                return " ".join((ast.get_docstring(node) or "").split("\n\n")[0].split())
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == self.attr
+                                                    for t in node.targets) and isinstance(node.value, ast.Call):
+                for kw in node.value.keywords:
+                    if kw.arg == "help" and isinstance(kw.value, ast.Constant):
+                        return str(kw.value.value)
+        return ""
+
+    def load(self, name: str) -> Any:
+        import importlib
+
+        obj = getattr(importlib.import_module(self.module), self.attr)
+        if isinstance(obj, typer.Typer):
+            cmd = typer.main.get_group(obj)
+        else:
+            one = typer.Typer(pretty_exceptions_enable=False)
+            one.command(name)(obj)
+            cmd = typer.main.get_command(one)
+        cmd.name = name
+        return cmd
+
+
+# gate and logs import pandas and the figures (~0.8 s): loaded when used, so `spectrial --help` stays fast
+LAZY: dict[str, LazyCommand] = {
+    "nccl-check": LazyCommand("spectrial.nccl_cli", "nccl_check_command"),
+    "sweep": LazyCommand("spectrial.sweep.cli", "sweep_command"),
+    "watch": LazyCommand("spectrial.watch.cli", "watch_command"),
+    "gate": LazyCommand("spectrial.gate.cli", "gate_command"),
+    "logs": LazyCommand("spectrial.logs.cli", "app"),
+}
+
+
+class _Group(TyperGroup):
+    """spectrial's top-level group: the commands of `LAZY` are listed from their help (no import) and imported
+    when one is resolved to run (its own --help included)."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in LAZY if n not in self.commands)]
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        if cmd_name in self.commands or cmd_name not in LAZY:
+            return super().get_command(ctx, cmd_name)
+        return TyperCommand(cmd_name, help=LAZY[cmd_name].help)  # listed, not run
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:
+        if args and args[0] in LAZY and args[0] not in self.commands:
+            self.commands[args[0]] = LAZY[args[0]].load(args[0])
+        return super().resolve_command(ctx, args)
+
+
+def _version(value: bool) -> None:
+    if value:
+        import importlib.metadata
+        import platform
+
+        try:
+            version = importlib.metadata.version("spectrial")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        typer.echo(f"spectrial {version} ({Path(__file__).resolve().parent}, Python {platform.python_version()})")
+        raise typer.Exit()
+
+
 app = typer.Typer(help="Controlled, reproducible trials of speculative decoding.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=_Group)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print spectrial's version and exit.")] = False) -> None:
+    """Controlled, reproducible trials of speculative decoding."""
+
+
 models_app = typer.Typer(help="Write model files (no download).", no_args_is_help=True)
 provision_app = typer.Typer(help="Build or locate engine binaries.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
@@ -43,20 +133,33 @@ def _fail(exc: Exception) -> None:
 
 
 @app.command()
-def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. params/local.yaml")],
+def trial(params_file: Annotated[Path | None, typer.Argument(
+              help=f"YAML params (default: the embedded {DEFAULT_PARAMS}, a local llama.cpp trial on CPU with "
+                   "spectrial's tiny models)")] = None,
           param: ParamOpt = None,
+          output_dir: Annotated[str | None, typer.Option(
+              "--output-dir", help="Folder of run records (same as -p output_dir=DIR; default outputs).")] = None,
+          write_report: Annotated[bool, typer.Option(
+              "--report/--no-report", help="Write report.html into the run record after the trial.")] = True,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="Print commands per arm; touch nothing.")] = False,
           as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: JSON list of arms.")] = False,
           run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
           quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
           wide: Annotated[bool, typer.Option("--wide", help="Also print every figure of every arm (a wide table).")]
           = False) -> None:
-    """Run the controlled trial (baseline and speculative arms) and write its run record."""
+    """Run the controlled trial (baseline and speculative arms) and write its run record and report.html."""
     from spectrial.errors import RunFailed
     from spectrial.trial import run_trial
 
     try:
-        params = load_params(params_file, parse_overrides(param))
+        if params_file is None:
+            typer.secho(f"no params file given: using the embedded default {DEFAULT_PARAMS} (a local llama.cpp "
+                        "trial on CPU with spectrial's tiny models); give a file to run your own",
+                        fg="cyan", err=True)
+        overrides = parse_overrides(param)
+        if output_dir is not None:
+            overrides["output_dir"] = output_dir
+        params = load_params(params_file or DEFAULT_PARAMS, overrides)
         if dry_run:
             from spectrial.plan import dry_run as plan
 
@@ -87,6 +190,29 @@ def trial(params_file: Annotated[Path, typer.Argument(help="YAML params, e.g. pa
         return
     print_headline(result.manifest, wide=wide)
     typer.echo(f"run record: {result.run_dir / 'manifest.json'}")
+    report_line(result.run_dir, write_report)
+
+
+def report_line(run_dir: Path, write: bool = True) -> None:
+    """After a run: write its report.html and print the path (about 1-2 s on a tiny trial), or, where that
+    is not wanted (--no-report) or cannot be done here (a GPU host's minimal install has no plotly), print the
+    exact command that writes it."""
+    import shlex
+
+    command = f"spectrial report {shlex.quote(str(run_dir))}"
+    if write:
+        try:
+            from spectrial.readers.render.report import write_report
+
+            typer.echo(f"report: {write_report(run_dir)}")
+            return
+        except ImportError as exc:
+            typer.echo(f"report: not written here ({exc.name or exc} is not installed); write it with: {command}")
+            return
+        except (SpectrialError, OSError) as exc:
+            typer.secho(f"report: not written ({exc}); write it with: {command}", fg="yellow", err=True)
+            return
+    typer.echo(f"report: write it with: {command}")
 
 
 def print_headline(manifest: Any, wide: bool = False) -> None:
@@ -160,7 +286,9 @@ def notebook(name: Annotated[str, typer.Argument(help="Notebook path or number p
 @app.command()
 def diff(run_a: Annotated[Path, typer.Argument(help="First run folder")],
          run_b: Annotated[Path, typer.Argument(help="Second run folder")]) -> None:
-    """What differs between two runs (environment, engine, machine, launch, params, results)."""
+    """Whether two runs can be compared, their most consequential measured change (each arm's speed-up against
+    its own run's baseline, with intervals), then what differs (environment, engine, machine, launch, params,
+    results)."""
     from spectrial.readers.diff import diff_runs, format_findings
 
     for p in (run_a, run_b):
@@ -204,16 +332,28 @@ def report(run_dir: Annotated[Path | None, typer.Argument(
 
 
 @app.command()
-def schema(model: Annotated[str, typer.Argument(help="Manifest (default), a part (arm, start, window, request, point) or a gate record (gate)")]
-           = "manifest") -> None:
-    """Print the JSON Schema of the run record (manifest.json) or of one of its parts."""
+def schema(model: Annotated[str, typer.Argument(
+               help="Manifest (default), a part (arm, start, window, request, point), a gate record (gate), or any "
+                    "model named in a type column (e.g. HostInfo)")] = "manifest",
+           as_json: Annotated[bool, typer.Option("--json", help="Print the full JSON Schema instead.")] = False
+           ) -> None:
+    """The run record's fields (manifest.json, or one of its parts): field, type and description; --json for the
+    JSON Schema."""
+    import shutil
+
     from spectrial import schema as sc
 
-    models = {"manifest": sc.Manifest, "arm": sc.ArmRecord, "start": sc.StartRecord, "window": sc.WindowRecord,
-              "request": sc.RequestRecord, "point": sc.PointRecord, "gate": sc.GateRecord}
-    if model not in models:
-        _fail(ValueError(f"schema: {model!r} is not one of {sorted(models)}"))
-    typer.echo(json.dumps(models[model].model_json_schema(), indent=2))
+    try:
+        cls = sc.record_model(model)
+    except ValueError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        typer.echo(json.dumps(cls.model_json_schema(), indent=2))
+        return
+    typer.echo(sc.describe(cls, width=max(80, shutil.get_terminal_size((110, 24)).columns)))
+    typer.echo("\nparts: `spectrial schema arm|start|window|request|point|gate` or a model named in the type "
+               "column (e.g. HostInfo); the full JSON Schema: `spectrial schema --json`")
 
 
 @app.command()
@@ -261,17 +401,7 @@ def provision_llama_server(cuda: bool = False, cuda_arch: str = "90") -> None:
     typer.echo(str(ensure_llama_server(cuda=cuda, cuda_arch=cuda_arch)))
 
 
-from spectrial.gate.cli import gate_command  # noqa: E402
-from spectrial.logs.cli import app as logs_app  # noqa: E402
-from spectrial.nccl_cli import nccl_check_command  # noqa: E402
-from spectrial.sweep.cli import sweep_command  # noqa: E402
-from spectrial.watch.cli import watch_command  # noqa: E402
-
-app.command("nccl-check")(nccl_check_command)
-app.command("sweep")(sweep_command)
-app.command("watch")(watch_command)
-app.command("gate")(gate_command)
-app.add_typer(logs_app, name="logs")
+# nccl-check, sweep, watch, gate and logs live in their own modules: see LAZY above
 
 
 def main() -> None:  # pragma: no cover

@@ -63,7 +63,8 @@ class HostError(SpectrialError):
         self.host, self.command, self.exit_code, self.lost = host, command, exit_code, lost
         self.stdout, self.stderr = stdout, stderr
         tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
-        what = "connection lost" if lost else f"command failed (exit {exit_code})"
+        what = "connection lost" if lost else (
+            "failed" if exit_code is None else f"command failed (exit {exit_code})")  # None: no command ran
         msg = f"on {host}: {what}: {command}"
         if tail:
             msg += f"\n--- output tail ---\n{tail}"

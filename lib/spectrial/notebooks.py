@@ -1,15 +1,22 @@
 """Notebook plumbing: run a notebook into its run record, and the small helpers notebooks call.
 
 `run_notebook("02", {"steps": 2})` executes `notebooks/02_*.ipynb` with papermill, writing the executed
-copy into `outputs/<run-id>/` next to the trial's manifest. When a user runs papermill directly
-(`papermill notebooks/02_eagle3.ipynb out.ipynb -p steps 2`), the notebook's last cell copies the
-output notebook (as papermill has saved it so far) into the run record and notes its path.
+copy into `outputs/<run-id>/` next to the trial's manifest. While it runs it says where it is (spectrial.progress):
+in a terminal a bar of cells with the current section, else one line per section; the kernel's own spectrial
+lines (a server load's wait, the requests of an arm) are passed through as they come. The kernel talks over the
+ipc transport (local Unix sockets), so ipykernel has no "running over TCP without encryption" to warn about.
+
+When a user runs papermill directly (`papermill notebooks/02_eagle3.ipynb outputs/02_eagle3.ipynb -p steps 2`),
+the notebook's last cell copies the output notebook (as papermill has saved it so far) into the run record and
+notes its path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +27,7 @@ from pydantic import JsonValue
 from spectrial.errors import ConfigError
 from spectrial.ownership import papermill_output_path
 from spectrial.params import repo_root
+from spectrial.progress import Progress
 from spectrial.records import load_record, new_run_id, update_manifest
 from spectrial.schema import Manifest
 
@@ -45,11 +53,68 @@ class NotebookRun:
     run_dir: Path | None
 
 
+_HEADING = re.compile(r"^#{1,3}\s+(.+)$", re.MULTILINE)
+
+
+class _Relay:
+    """A file for papermill's `stdout_file` / `stderr_file`: the kernel's spectrial lines ("[spectrial] ...")
+    go to the progress display as they arrive; everything else stays in the executed notebook only."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar, self._rest = bar, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._rest = (self._rest + text).split("\n")
+        for line in lines:
+            if line.startswith("[spectrial"):
+                self.bar.write(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _engine(bar: Progress, name: str) -> str:
+    """Register, for one run, papermill's nbclient engine with a hook that reports each cell as it starts: the bar
+    advances, and a markdown heading ("## 3 · The baseline") becomes the current section (a line in line mode).
+    Returns the engine's name for `papermill.execute_notebook(engine_name=...)` (papermill's documented way to
+    change how cells run: a registered engine)."""
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class SectionEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, **kwargs: Any) -> Any:
+            start = nb_man.cell_start
+            t0 = time.monotonic()
+
+            def cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
+                if cell_index:
+                    bar.update(1)
+                heading = _HEADING.search(cell.source) if cell.cell_type == "markdown" else None
+                if heading:
+                    section = heading[1].strip()
+                    bar.set_postfix_str(section[:50])
+                    if bar.mode == "line":
+                        bar.write(f"[spectrial] {name}: {section} (cell {(cell_index or 0) + 1}/{len(nb_man.nb.cells)},"
+                                  f" {time.monotonic() - t0:.1f} s)")
+                return start(cell, cell_index, **kw)
+
+            nb_man.cell_start = cell_start
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    engine = f"spectrial-{id(bar)}"
+    papermill_engines.register(engine, SectionEngine)
+    return engine
+
+
 def run_notebook(name: str, parameters: dict[str, JsonValue] | None = None, *, output_dir: str = "outputs",
-                 run_id: str | None = None, kernel_name: str | None = None) -> NotebookRun:
+                 run_id: str | None = None, kernel_name: str | None = None, progress: bool = True) -> NotebookRun:
     """Execute a notebook with papermill into `output_dir/<run-id>/`, noting the executed copy in its run record
-    (the report of that record is a reader's: `spectrial notebook` writes it, `spectrial.readers.render.report`)."""
+    (the report of that record is a reader's: `spectrial notebook` writes it, `spectrial.readers.render.report`).
+    `progress`: the cells and sections as they run, and the kernel's spectrial lines (module docstring)."""
+    import nbformat
     import papermill as pm
+    from traitlets.config import Config
 
     nb = find_notebook(name)
     run_id = run_id or new_run_id(nb.stem)
@@ -58,14 +123,23 @@ def run_notebook(name: str, parameters: dict[str, JsonValue] | None = None, *, o
     out_nb = out_dir / nb.name
     params = {**(parameters or {}), "run_id": run_id, "output_dir": str(Path(output_dir).expanduser().resolve())}
     error: Exception | None = None
+    cells = len(nbformat.read(nb, as_version=4).cells) + 1  # papermill adds its injected-parameters cell
+    bar = Progress(f"notebook {nb.stem}", total=cells, unit="cell", enabled=progress)
+    bar.write(f"[spectrial] notebook {nb.name}: {cells} cells with papermill -> {out_nb}")
+    relay = _Relay(bar)
     try:
         pm.execute_notebook(str(nb), str(out_nb), parameters=params, cwd=str(repo_root()),
-                            kernel_name=kernel_name, progress_bar=False)
+                            kernel_name=kernel_name, progress_bar=False, engine_name=_engine(bar, nb.stem),
+                            stdout_file=relay, stderr_file=relay,
+                            config=Config({"KernelManager": {"transport": "ipc"}}))
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the kernel's trial stops its servers and says why
+        bar.close("interrupted")
         interrupt_kernels(out_dir / "manifest.json")
         raise
     except Exception as exc:  # papermill keeps the partially executed notebook; the record says why
         error = exc
+    bar.update(cells - bar.n)
+    bar.close("failed" if error is not None else f"{cells} cells executed")
     manifest = out_dir / "manifest.json"
     if manifest.is_file():
         files = load_record(out_dir).files

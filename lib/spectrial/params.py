@@ -7,10 +7,12 @@ Engine-specific settings live under `engine_config` and are validated by the eng
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -523,15 +525,19 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, JsonValue]:
     return out
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """Human message: each bad field, what was given, what is allowed."""
+def format_validation_error(err: ValidationError, source: str, model: type[BaseModel] | None = None,
+                            hint: Callable[[tuple[Any, ...], str], str] | None = None) -> str:
+    """Human message: each bad field, what was given, what is allowed. An unknown key names the keys allowed at
+    ITS level (the model that holds it: `model`, else the one the error is about, found by its title), the
+    closest of them ("did you mean ...?"), and where else that key exists; `hint(loc, key)` may add a line."""
+    root = model or _model_named(err.title) or TrialParams
     lines = [f"invalid parameters in {source}:"]
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            allowed = _allowed_fields(e["loc"])
-            msg = f"unknown parameter; allowed here: {', '.join(allowed)}" if allowed else "unknown parameter"
+            extra = hint(e["loc"], str(e["loc"][-1])) if hint is not None else ""
+            msg = unknown_key_message(root, e["loc"], suggest=not extra) + (f"\n      {extra}" if extra else "")
         elif e["type"] == "literal_error" and e.get("ctx"):
             msg = f"{msg} (got {e.get('input')!r})"
         elif "input" in e and not isinstance(e["input"], dict | list):
@@ -540,25 +546,84 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
-    model: type[BaseModel] = TrialParams
-    if len(loc) >= 3 and loc[0] == "arms":
-        model = Arm
-    elif len(loc) >= 2 and loc[0] == "ssh":
-        model = SshOptions
-    elif len(loc) >= 3 and loc[0] == "hosts":
-        model = NodeSpec
-    elif len(loc) >= 3 and loc[0] == "workload":
-        model = WorkloadSource
-    elif len(loc) >= 2 and loc[0] == "sampling":
-        model = SamplingParams
-    elif len(loc) >= 2 and loc[0] == "slo":
-        model = SloParams
-    elif len(loc) >= 2 and loc[0] == "decide":
-        model = DecideParams
-    elif len(loc) >= 2 and loc[0] == "observe":
-        model = ObserveParams
-    return sorted(model.model_fields)
+def unknown_key_message(root: type[BaseModel], loc: tuple[Any, ...] | list[Any], suggest: bool = True) -> str:
+    """"unknown parameter (did you mean 'steps'?); allowed here: ..." for the key at `loc` under `root` (the
+    message follows the key's dotted name)."""
+    key = str(loc[-1])
+    allowed = sorted(_model_at(root, tuple(loc[:-1])).model_fields)
+    msg = "unknown parameter"
+    close = did_you_mean(key, allowed) if suggest else []
+    # a top-level key that is a field of a section (`key_filename` -> ssh.key_filename)
+    elsewhere = [p for p in _paths_of(root, key) if p != key] if len(loc) == 1 and suggest else []
+    if close:
+        msg += f" (did you mean {' or '.join(repr(c) for c in close)}?)"
+    elif elsewhere:
+        msg += f" (did you mean {' or '.join(elsewhere)}?)"
+    return f"{msg}; allowed here: {', '.join(allowed)}" if allowed else msg
+
+
+def did_you_mean(key: str, allowed: Sequence[str]) -> list[str]:
+    """The allowed names closest to a mistyped `key`: difflib's close matches (a strict cut first, a looser one
+    when nothing passes), else the names that start with it (`key` -> key_filename, `temp` -> temperature)."""
+    close = difflib.get_close_matches(key, allowed, n=2, cutoff=0.75) or difflib.get_close_matches(
+        key, allowed, n=1, cutoff=0.6)
+    if not close and len(key) >= 3:
+        close = [a for a in allowed if a.startswith(key)][:2]
+    return close
+
+
+def _unwrap(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside `X`, `X | None`, `list[X]`, `dict[str, X]` (None when there is none)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _unwrap(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(root: type[BaseModel], path: tuple[Any, ...]) -> type[BaseModel]:
+    """The model that holds the fields at `path` (list indices and dict keys are stepped over)."""
+    model = root
+    for part in path:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            continue  # a list index or a mapping's key: the same model's items
+        inner = _unwrap(field.annotation)
+        if inner is None:
+            break
+        model = inner
+    return model
+
+
+def _paths_of(root: type[BaseModel], key: str, prefix: str = "", depth: int = 0) -> list[str]:
+    """Dotted paths (list items as `N`) where a field named `key` exists under `root`."""
+    out = [f"{prefix}{key}"] if key in root.model_fields else []
+    if depth < 3:
+        for name, field in root.model_fields.items():
+            inner = _unwrap(field.annotation)
+            if inner is not None and inner is not root:
+                step = f"{name}.N." if get_origin(field.annotation) is list or list in map(
+                    get_origin, get_args(field.annotation)) else f"{name}."
+                out += _paths_of(inner, key, prefix + step, depth + 1)
+    return out
+
+
+def _model_named(title: str) -> type[BaseModel] | None:
+    """The one loaded pydantic model class named `title` (a ValidationError's title), else None."""
+    found: list[type[BaseModel]] = []
+    todo: list[type[BaseModel]] = [BaseModel]
+    seen: set[type[BaseModel]] = set()
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+                if sub.__name__ == title and sub.__module__.startswith("spectrial"):
+                    found.append(sub)
+    return found[0] if len(found) == 1 else None
 
 
 def validate(data: dict[str, JsonValue], source: str = "params") -> TrialParams:

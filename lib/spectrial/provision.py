@@ -40,6 +40,8 @@ BASE_FLAGS = (
 
 
 T = TypeVar("T")
+REFERENCE_BUILD = (2, 1061.0)  # (jobs, seconds): llama-server + rpc-server on a fresh, quiet 2-core machine
+CONFIGURE_S = 15.0  # cmake's configure step before compiling
 
 
 def cache_root() -> Path:
@@ -171,8 +173,9 @@ def ensure_llama_server(cuda: bool = False, cuda_arch: str = "90", jobs: int | N
         build = cache_root() / "llama.cpp" / "build" / key
         jobs = jobs or os.cpu_count() or 2
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-        _say(f"building {', '.join(TARGETS)} ({key}) with {jobs} jobs; first time only "
-             f"(about 5-6 min on 2 cores) ...")
+        eta_s, basis = build_estimate(jobs, cuda)
+        _say(f"building {', '.join(TARGETS)} ({key}) with {jobs} jobs; first time only: "
+             f"{'about ' + _clock(eta_s) if eta_s else 'no estimate'} ({basis}) ...")
         t0 = time.monotonic()
         log = build.parent / f"{key}.log"
         build.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +184,7 @@ def ensure_llama_server(cuda: bool = False, cuda_arch: str = "90", jobs: int | N
                         ["cmake", "--build", str(build), "--target", *TARGETS, f"-j{jobs}"]):
                 fh.write(f"$ {' '.join(cmd)}\n")
                 fh.flush()
-                code = _run_with_progress(cmd, fh, "compiling" if "--build" in cmd else "configuring")
+                code = _run_with_progress(cmd, fh, "compiling" if "--build" in cmd else "configuring", eta_s)
                 if code != 0:
                     tail = "\n".join(log.read_text().splitlines()[-30:])
                     raise HostError("local", " ".join(cmd), code, tail, "", f"full build log: {log}")
@@ -193,11 +196,52 @@ def ensure_llama_server(cuda: bool = False, cuda_arch: str = "90", jobs: int | N
     return binary
 
 
-def _run_with_progress(cmd: list[str], log: TextIO, what: str) -> int:
+def _clock(secs: float) -> str:
+    """Seconds as m:ss (h:mm:ss from an hour)."""
+    m, sec = divmod(int(round(secs)), 60)
+    return f"{m // 60}:{m % 60:02d}:{sec:02d}" if m >= 60 else f"{m}:{sec:02d}"
+
+
+def _ninja_core_s(log: Path) -> float | None:
+    """Seconds of compiling summed over the steps of a ninja log (`.ninja_log`: start and end ms per step)."""
+    total = 0
+    try:
+        for line in log.read_text().splitlines():
+            cols = line.split("\t")
+            if not line.startswith("#") and len(cols) >= 2 and cols[0].isdigit() and cols[1].isdigit():
+                total += int(cols[1]) - int(cols[0])
+    except OSError:
+        return None
+    return total / 1000 if total > 0 else None
+
+
+def build_estimate(jobs: int, cuda: bool = False) -> tuple[float | None, str]:
+    """(seconds, basis): how long a build with `jobs` jobs should take. The measurement cached on this machine
+    comes first: the compile time of the newest cached build of the same flavour (CPU or CUDA; its ninja log
+    holds each step's time), divided among the jobs (at most the cores); else, for a CPU build, the reference
+    measurement `REFERENCE_BUILD` (a fresh machine); a CUDA build without a measurement gets no estimate."""
+    flavour = "cuda" if cuda else "cpu"
+    logs = sorted((cache_root() / "llama.cpp" / "build").glob(f"*-{flavour}*/.ninja_log"),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
+    parallel = max(1, min(jobs, os.cpu_count() or jobs))
+    for log in logs:
+        if (core_s := _ninja_core_s(log)) is not None:
+            return CONFIGURE_S + core_s / parallel, (f"the {log.parent.name} build on this machine compiled for "
+                                                     f"{core_s:.0f} core-seconds")
+    if cuda:
+        return None, "no build measured on this machine yet; a CUDA build compiles every kernel: expect far longer"
+    ref_jobs, ref_s = REFERENCE_BUILD
+    return ref_s * ref_jobs / parallel, f"no build measured on this machine yet; measured: {ref_s:.0f} s with " \
+                                        f"{ref_jobs} jobs on 2 quiet cores"
+
+
+def _run_with_progress(cmd: list[str], log: TextIO, what: str, eta_s: float | None = None) -> int:
     """Run a build step, its output into `log`, showing the build tool's progress (ninja `[n/m]`, make
-    `[ nn%]`) as a bar in a terminal, as a line every 10 % elsewhere; returns the exit code."""
+    `[ nn%]`) as a bar in a terminal, as a line every 10 % elsewhere with the elapsed time and the time left
+    (from `eta_s`, the whole build's estimate, until a fifth is done; then from the rate so far)."""
     bar = Progress(f"llama.cpp: {what}", total=100, unit="%")
     shown = 0
+    t0 = time.monotonic()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -209,7 +253,10 @@ def _run_with_progress(cmd: list[str], log: TextIO, what: str) -> int:
             if pct > shown:
                 bar.update(pct - shown)
                 if bar.mode == "line" and pct // 10 > shown // 10:
-                    _say(f"{what}: {pct} %")
+                    secs = time.monotonic() - t0
+                    left = (eta_s - secs if eta_s and pct < 20 and eta_s > secs
+                            else secs * (100 - pct) / max(pct, 1))
+                    _say(f"{what}: {pct} % after {_clock(secs)}, about {_clock(left)} left")
                 shown = pct
         code = proc.wait()
     bar.close(f"done (exit {code})")

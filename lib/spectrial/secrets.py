@@ -15,6 +15,7 @@ from dataclasses import dataclass
 MASK = "***"
 _SECRET_PARTS = frozenset({"TOKEN", "KEY", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
                            "CREDENTIALS", "APIKEY"})
+_PATH_PARTS = frozenset({"FILE", "FILENAME", "FILES", "PATH", "DIR", "FINGERPRINT", "FINGERPRINTS"})
 _SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY")
 _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])")
 _SECRET_FLAG_SHAPE = re.compile(r"^--?[A-Za-z][\w-]*$")
@@ -25,9 +26,12 @@ def is_secret_name(name: str) -> bool:
 
     A name is secret when one of its words (split at non-alphanumerics and camelCase) is TOKEN, KEY,
     SECRET, PASSWORD, ... or ends in TOKEN/SECRET/PASSWORD (GHTOKEN). Counters like `max_tokens`,
-    `num_token` or `draft_tokens` are not secrets.
+    `num_token` or `draft_tokens` are not secrets, nor are names of where a secret lives or what identifies it
+    (last word FILE, FILENAME, PATH, DIR, FINGERPRINT: ssh `key_filename`, HF_TOKEN_PATH).
     """
     parts = [p.upper() for p in _SPLIT.split(name) if p]
+    if parts and parts[-1] in _PATH_PARTS:  # where a secret lives (ssh `key_filename`, KEY_PATH), not the secret
+        return False
     if any(p in _SECRET_PARTS for p in parts) or any(p.endswith(_SECRET_SUFFIXES) for p in parts):
         counting = {"NUM", "MAX", "MIN", "N", "PER", "MS", "COUNT", "TOTAL"}
         return not (len(parts) >= 2 and parts[-1] == "TOKEN" and (parts[-2] in counting or parts[0] in counting))

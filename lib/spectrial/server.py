@@ -542,7 +542,7 @@ class Server:
         deadline = self._t0 + timeout_s
         last = "not probed yet"
         poll_s = self.spec.poll_s
-        bar = Progress(f"waiting for {self.spec.name}", unit="probe", enabled=progress)
+        bar = Progress(f"waiting for {self.spec.name}", unit="probe", enabled=progress, heartbeat=True)
         check_every = max(1, int(0.5 / poll_s))
         n = 0
         try:
@@ -578,7 +578,7 @@ class Server:
                             log_path=self.log_path, log_tail=self.log_tail(),
                             hint="raise ready_timeout_s if the model is large")
                     bar.update(1)
-                    bar.set_postfix_str(last[:40])
+                    bar.set_postfix_str(last[:80])
                     time.sleep(poll_s)
         finally:
             bar.close(f"gave up after {n} probe(s) (last: {last[:80]})")

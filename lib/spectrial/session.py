@@ -207,6 +207,9 @@ class Session:
         m = self.record.manifest
         with self.record.step("prepare"):
             found = self.engine.prepare()  # the adapter's identity: only the fields it set go into the record
+            ssh_identity = getattr(self.host, "ssh_identity", None)  # an SSH host: host key, client keys
+            if callable(ssh_identity):
+                m.host.ssh = ssh_identity()
             m.engine = EngineInfo(name=self.params.engine).add(found)
             if self.group.workers:
                 self.workers = self.group.prepare(self.engine)

@@ -34,6 +34,7 @@ own inline env is never used since it is not quoted). The login shell of the rem
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import io
 import logging
@@ -54,7 +55,7 @@ from typing import Any
 from fabric import Config, Connection
 from fabric.runners import Remote
 from invoke.exceptions import CommandTimedOut
-from paramiko import SFTPClient, Transport
+from paramiko import HostKeys, SFTPClient, Transport
 from paramiko.client import MissingHostKeyPolicy, SSHClient
 from paramiko.common import cMSG_DISCONNECT
 from paramiko.message import Message
@@ -64,10 +65,15 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_afte
 
 from spectrial.errors import ConfigError, ConnectionLost, HostError, HostKeyError
 from spectrial.host import CommandResult, RemoteShellHost
-from spectrial.schema import utc_now
+from spectrial.schema import SshIdentity, utc_now
 from spectrial.tunnel import PortForward
 
 log = logging.getLogger(__name__)
+# paramiko's transport thread logs every failed handshake with its traceback ("Exception (client): Error reading
+# SSH protocol banner"); with no logging configured Python prints those to stderr, above spectrial's one-line
+# error that already says what failed. A NullHandler keeps them out of a terminal; an application that
+# configures logging still receives them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 _URL_SPEC_RE = re.compile(
     r"^ssh://(?:(?P<user>[^@/:\s\[\]]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^@/:\s\[\]]+)(?::(?P<port>\d{1,5}))?/?$"
@@ -82,6 +88,12 @@ RETRY_LOST_EVERY_S = 5.0  # once given up: one new attempt at most this often; o
 CLOSE_WAIT_S = 1.0  # close(): how long to wait for sshd to close its end after our disconnect message
 DISCONNECT_BY_APPLICATION = 11  # RFC 4253 SSH_DISCONNECT_BY_APPLICATION
 _OPEN_HOSTS: weakref.WeakSet[SSHHost] = weakref.WeakSet()
+SFTP_HINT = ("the SSH server offers no sftp subsystem; spectrial moves files over SFTP (the tiny models and "
+             "its llama.cpp build uploaded to the cache folder, launch scripts, server logs and records "
+             "fetched back). Enable it in the server's /etc/ssh/sshd_config with the line\n"
+             "    Subsystem sftp internal-sftp\n"
+             "(or the path of its sftp-server, e.g. `Subsystem sftp /usr/lib/openssh/sftp-server`) and reload "
+             "sshd (`sudo systemctl reload ssh` or sshd)")
 
 
 class _UnknownHostKey(SSHException):
@@ -164,6 +176,32 @@ def _transient(exc: BaseException) -> bool:
     if isinstance(exc, (_UnknownHostKey, BadHostKeyException, AuthenticationException, socket.gaierror)):
         return False
     return isinstance(exc, (OSError, EOFError, SSHException))
+
+
+def _key_fingerprint(path: str) -> str:
+    """SHA256 fingerprint of a key file's public half (its .pub beside it, else the private key when it is not
+    encrypted); '' when neither can be read."""
+    path = os.path.expanduser(path)
+    with contextlib.suppress(OSError, ValueError, SSHException):
+        kind, b64 = Path(f"{path}.pub").read_text().split()[:2]
+        return PKey.from_type_string(kind, base64.b64decode(b64)).fingerprint
+    with contextlib.suppress(OSError, ValueError, SSHException):
+        return PKey.from_path(path).fingerprint
+    return ""
+
+
+def _connect_reason(exc: BaseException) -> str:
+    """One line on why a connection attempt failed (paramiko's NoValidConnectionsError says "[Errno None]")."""
+    errors = getattr(exc, "errors", None)  # NoValidConnectionsError: {(addr, port): OSError}
+    if isinstance(errors, dict) and errors:
+        return "; ".join(sorted({(e.strerror or str(e)).lower() for e in errors.values()}))
+    if isinstance(exc, socket.gaierror):
+        return f"the host name does not resolve ({exc.strerror or exc})"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out (no answer)"
+    if isinstance(exc, SSHException) and "banner" in str(exc):
+        return f"no SSH server answered on that port ({exc})"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _tune_socket(transport: Transport, dead_after_s: float) -> None:
@@ -254,9 +292,12 @@ class SSHHost(RemoteShellHost):
         self.retries, self.backoff_s = retries, backoff_s
         self.sudo, self.strict_host_keys = sudo, strict_host_keys
         self._config = self._load_config(ssh_config)
+        self._ssh_config_path = os.path.expanduser(ssh_config) if ssh_config else None
+        self._is_alias = bool(name and name.startswith("ssh:") and not name.startswith("ssh://"))
         self._conn: _Connection | None = None
         self._home: str | None = None
         self._known_hosts_loaded: list[str] = []
+        self._last_target: tuple[str, int] | None = None  # (host, port) of the last connection attempt
         self.connects = 0  # how many connections this host opened (reconnects included)
         self._lock = threading.RLock()  # (re)connecting happens from forward threads too
         self._forwards: dict[tuple[str, int], PortForward] = {}
@@ -329,6 +370,7 @@ class SSHHost(RemoteShellHost):
 
     def _open_once(self) -> _Connection:
         conn = self._new_connection()
+        self._last_target = (conn.host, int(conn.port or 22))  # as fabric resolved them (ssh config included)
         try:
             conn.open()
         except BaseException:
@@ -388,11 +430,13 @@ class SSHHost(RemoteShellHost):
                 if not previous:
                     self.note_event("connection_given_up", str(self._lost).splitlines()[0])
                 raise self._lost_error() from exc
+            if isinstance(exc, socket.gaierror) and self._is_alias:
+                raise self._alias_error(exc) from None
             hint = "cannot resolve the host name" if isinstance(exc, socket.gaierror) else (
                 f"gave up after {attempts} attempt(s) over {time.monotonic() - t0:.1f} s; is sshd running "
                 "there and the port reachable (firewall, VPN)? raise retries/connect_timeout for slow links")
-            raise HostError(self.name, f"ssh connect {target}", None, stderr=f"{type(exc).__name__}: "
-                                   f"{exc}", hint=hint) from exc
+            raise HostError(self.name, f"ssh connect {target}: {_connect_reason(exc)}", None,
+                            hint=hint) from exc
         self.connects += 1
         if self._dropped_at is not None:
             self.note_event("reconnected", f"connection #{self.connects} opened in {time.monotonic() - t0:.2f} s, "
@@ -441,6 +485,42 @@ class SSHHost(RemoteShellHost):
             self._lost = None
             return self._connect_locked()
 
+    def _config_files(self) -> list[str]:
+        """The ssh config files aliases are looked up in (as fabric reads them): the `ssh_config` option, else
+        ~/.ssh/config and /etc/ssh/ssh_config."""
+        if self._ssh_config_path:
+            return [self._ssh_config_path]
+        return [os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config"]
+
+    def _alias_error(self, exc: socket.gaierror) -> ConfigError:
+        """`ssh:ALIAS` whose alias no ssh config defines and that is no resolvable host name either."""
+        files = self._config_files()
+        read = [f for f in files if os.path.isfile(f)]
+        where = " or ".join(files) if read else f"{' or '.join(files)} (no such file)"
+        return ConfigError(
+            f"host: host alias {self._target!r} not found in {where}, and it is not a host name this machine "
+            f"resolves ({exc.strerror or exc})", parameter="host",
+            hint=f"add a `Host {self._target}` entry (HostName, User, Port, IdentityFile) to "
+                 f"{self._ssh_config_path or '~/.ssh/config'}, give your own config file with -p "
+                 "ssh.ssh_config=PATH, or name the host directly: ssh://user@host:port")
+
+    def _user_known_hosts(self) -> str:
+        """The known_hosts file a user would add keys to: the `known_hosts` option, else the ssh config's
+        UserKnownHostsFile, else ~/.ssh/known_hosts."""
+        if self.known_hosts:
+            return self.known_hosts[0]
+        user_files = [f for f in self._known_hosts_loaded if f != GLOBAL_KNOWN_HOSTS]
+        return user_files[0] if user_files else USER_KNOWN_HOSTS
+
+    def _file_listing(self, name: str) -> str:
+        """The loaded known_hosts file that lists `name` (the one to correct), else the user's file."""
+        for path in self._known_hosts_loaded:
+            with contextlib.suppress(OSError, SSHException, ValueError):
+                keys = HostKeys(path)
+                if keys.lookup(name) is not None:
+                    return path
+        return self._user_known_hosts()
+
     def _unknown_key_error(self, exc: _UnknownHostKey) -> HostKeyError:
         host, port = _split_known_hosts_name(exc.hostname)  # the target, or a gateway on the way
         key_type, fp = exc.key.get_name(), exc.key.fingerprint
@@ -449,19 +529,34 @@ class SSHHost(RemoteShellHost):
             f"{self.name}: the {key_type} host key of {exc.hostname} is not in known_hosts ({files}); "
             f"its fingerprint is {fp}.\nIf that is the key the server really has (ask its admin, or run "
             "`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on it), accept it with\n"
-            f"    ssh-keyscan -p {port} {host} >> ~/.ssh/known_hosts\n"
+            f"    ssh-keyscan -p {port} {shlex.quote(host)} >> {shlex.quote(self._user_known_hosts())}\n"
             "or pass known_hosts=PATH naming a file that lists it (strict_host_keys=False skips the check).",
             host=host, port=port, key_type=key_type, fingerprint=fp)
 
     def _changed_key_error(self, exc: BadHostKeyException) -> HostKeyError:
         name, key = exc.hostname, exc.key
         host, port = _split_known_hosts_name(name)
+        if self._last_target is not None and self._last_target[0] == name and self._last_target[1] != 22:
+            port = self._last_target[1]  # paramiko names the host without its port; known_hosts has [host]:port
+            name = f"[{host}]:{port}"
+        path = self._file_listing(name)
         return HostKeyError(
             f"{self.name}: the host key of {name} CHANGED: the server offers {key.get_name()} {key.fingerprint}"
             f" but known_hosts has {exc.expected_key.get_name()} {exc.expected_key.fingerprint}. Someone may be "
             "intercepting the connection, or the server was reinstalled. Once you have checked the new "
-            f"fingerprint with its admin: ssh-keygen -R '{name}' && ssh-keyscan -p {port} {host} >> "
-            "~/.ssh/known_hosts", host=host, port=port, key_type=key.get_name(), fingerprint=key.fingerprint)
+            "fingerprint with its admin, replace the old entry:\n"
+            f"    ssh-keygen -f {shlex.quote(path)} -R {shlex.quote(name)} && ssh-keyscan -p {port} "
+            f"{shlex.quote(host)} >> {shlex.quote(path)}",
+            host=host, port=port, key_type=key.get_name(), fingerprint=key.fingerprint)
+
+    def ssh_identity(self) -> SshIdentity:
+        """The host key this connection verified and the client keys given (SHA256 fingerprints), for the
+        record. Connects if needed."""
+        key = self._connection().transport.get_remote_server_key()
+        return SshIdentity(host_key_type=key.get_name(), host_key_sha256=key.fingerprint,
+                           key_filenames=list(self.key_filename),
+                           key_sha256=[_key_fingerprint(k) for k in self.key_filename],
+                           known_hosts=list(self._known_hosts_loaded))
 
     def _drop(self) -> None:
         """Forget the connection (closing it: gracefully while it still works, else at once)."""
@@ -609,10 +704,14 @@ class SSHHost(RemoteShellHost):
                 return conn.sftp()
             except (SSHException, EOFError, OSError) as exc:  # opening the session sent nothing: safe to retry
                 self._drop_if_dead(conn)
-                if attempt == 2 or conn.is_connected:
-                    raise HostError(self.name, "sftp", None, stderr=f"{type(exc).__name__}: {exc}",
-                                    hint="could not open an SFTP session (is the sftp subsystem enabled?)",
-                                    lost=not conn.is_connected) from exc
+                if conn.is_connected:  # the server refused the subsystem: no retry helps
+                    raise HostError(self.name, "open an SFTP session", None,
+                                    stderr=f"{type(exc).__name__}: {exc}", hint=SFTP_HINT) from exc
+                if attempt == 2:
+                    raise HostError(self.name, "open an SFTP session", None,
+                                    stderr=f"{type(exc).__name__}: {exc}",
+                                    hint="the SSH connection dropped (the next command reconnects)",
+                                    lost=True) from exc
         raise AssertionError("unreachable")
 
     def _upload(self, src: io.BufferedIOBase | io.BytesIO, remote: str, mode: int) -> None:

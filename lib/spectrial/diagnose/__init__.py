@@ -129,11 +129,12 @@ def diagnose(source: str | Path | Manifest | Mapping[str, Any] | None = None, lo
         except Exception as exc:  # noqa: BLE001 - one detector's bug must not hide the others' findings
             ctx.problems.append(f"detector {det.kind} failed: {type(exc).__name__}: {exc}")
     findings.sort(key=Finding.sort_key)
+    breakeven.name_causes(findings)
     m = ctx.manifest
     run = (m.run_id if m is not None and m.run_id != "?" else None) or (str(source) if source is not None else None) \
         or ", ".join(lf.label for lf in ctx.logs) or "nothing"
     read = (["manifest.json"] if m is not None else []) + [lf.label for lf in ctx.logs] + [g.label for g in ctx.gpu]
-    return Diagnosis(run=str(run), findings=findings, checked=[d.kind for d in selected], read=read,
+    return Diagnosis(run=str(run), engine=ctx.build.text(), findings=findings, checked=[d.kind for d in selected], read=read,
                      problems=ctx.problems)
 
 

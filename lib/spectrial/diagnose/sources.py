@@ -4,6 +4,7 @@ tests/fixtures/diagnose/, each fixture with its source)."""
 from __future__ import annotations
 
 from spectrial.diagnose.model import Source
+from spectrial.params import repo_root
 
 _ROWS = (
     ("sglang#21272", "https://github.com/sgl-project/sglang/pull/21272",
@@ -50,7 +51,8 @@ _ROWS = (
     ("rtx6kpro-allreduce", "https://github.com/local-inference-lab/rtx6kpro/blob/main/benchmarks/kimi-glm-ar-benchmark-20260425.md",
      "rtx6kpro Kimi/GLM all-reduce benchmark: one communication env knob moved spec-decode throughput by a third on PCIe"),
     ("seed-case", "outputs/examples/case-kimi-k25-pcie/README.md",
-     "the original case (SEED_CASE.md): 89 vs 82 tok/s baselines, a 94 tok/s run with an unrecorded environment"),
+     "the original case (outputs/examples/case-kimi-k25-pcie): 89 vs 82 tok/s baselines, a 94 tok/s run with an "
+     "unrecorded environment"),
     ("vllm#53436", "https://github.com/vllm-project/vllm/issues/53436",
      "vLLM #53436: run-to-run throughput CV of 10-20 % at low concurrency"),
     ("llamacpp#14104", "https://github.com/ggml-org/llama.cpp/pull/14104",
@@ -76,7 +78,17 @@ _ROWS = (
      "hits < 5 %, steady state...) before a point is trusted"),
 )
 
-SOURCES: dict[str, Source] = {k: Source(key=k, url=u, title=t) for k, u, t in _ROWS}
+
+
+def absolute(url: str) -> str:
+    """A source's address that works from any folder: a URL as is; a file of the project's own examples as a
+    file:// URI resolved from the checkout (a relative path breaks from a run folder)."""
+    if "://" in url:
+        return url
+    return (repo_root() / url).resolve().as_uri()
+
+
+SOURCES: dict[str, Source] = {k: Source(key=k, url=absolute(u), title=t) for k, u, t in _ROWS}
 
 
 def sources(*keys: str) -> list[Source]:

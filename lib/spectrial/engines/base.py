@@ -72,6 +72,26 @@ def get_engine(name: str, params: TrialParams, host: Host) -> Engine:
     return _REGISTRY[name](params, host)
 
 
+def other_engine_hint(name: str, key: str) -> str:
+    """Where an `engine_config` key unknown to engine `name` belongs when another built-in engine has it (a
+    params file written for that engine, run with `-p engine=NAME`); "" otherwise."""
+    owners = []
+    for other, module in BUILTINS.items():
+        if other != name:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                continue
+            cls = _REGISTRY.get(other)
+            if cls is not None and key in cls.config_model.model_fields:
+                owners.append(other)
+    if not owners:
+        return ""
+    return (f"{key!r} is a setting of engine {' and '.join(owners)}, but these params run engine {name} "
+            f"(engine_config holds the settings of the params' own engine): drop the {owners[0]} settings from "
+            f"engine_config, or start from {name}'s defaults with -p engine_config={{}}")
+
+
 class HostProbe(BaseModel):
     """What an engine's probe script printed on the host (the Python that runs the engine and the engine's
     package), or the error that kept it from importing the engine."""
@@ -161,7 +181,8 @@ class Engine(ABC):
         try:
             self.config = self.config_model.model_validate(params.engine_config)
         except ValidationError as err:
-            raise ConfigError(format_validation_error(err, f"engine_config ({self.name})")
+            raise ConfigError(format_validation_error(err, f"engine_config (engine {self.name})", self.config_model,
+                                                      hint=lambda _loc, key: other_engine_hint(self.name, key))
                               .replace("  - ", "  - engine_config."), parameter="engine_config") from None
         self.resolved = False
 

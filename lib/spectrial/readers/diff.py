@@ -1,16 +1,23 @@
-"""`spectrial diff RUN_A RUN_B`: whether two runs can be compared at all, then what differs, most consequential first.
+"""`spectrial diff RUN_A RUN_B`: whether two runs can be compared at all, the most consequential measured change,
+then what differs, most consequential first.
 
-The verdict (`comparability`) comes first: "not comparable: different GPU, model and engine build" when the
-machine, the model or the engine build differ (or one run does not record them), "comparable: only NCCL_PROTO
-differs" when only launch settings (environment variables, flags) differ: the experiment itself.
+Two separate statements open the output:
+- comparability (`comparability`): "not comparable: different GPU, model and engine build" when the machine, the
+  model or the engine build differ (or one run does not record them), "comparable: only NCCL_PROTO differs" when
+  only launch settings (environment variables, flags) differ: the experiment itself;
+- the change (`headline`): like with like, each speculative arm's speed-up against its own run's baseline (with
+  intervals; "a measured change" only when they do not overlap), the arm whose speed-up moved most first; tok/s
+  across runs only when no arm has a speed-up in both.
 
 Order of consequence of the detailed lines (what most often explains a different number):
     0 environment that did not reach the server (variables missing from worker processes), env requested
-    1 engine build / version / source diff, model files
+    1 engine build / version / source diff, model files (paired by file name; "not recorded" when a run has no
+      identity for one)
     2 machine state (driver, GPUs, clocks, kernel, governor, throttling)
     3 launch commands (argv per arm)
-    4 other parameters
-    5 results (tok/s per arm, with whether their intervals overlap)
+    4 other parameters (compared after filling the defaults of the params model, so a default that an older
+      schema did not write is no difference)
+    5 results (speed-up and tok/s per arm, with the baseline's own move)
 """
 
 from __future__ import annotations
@@ -43,11 +50,75 @@ def _env_reach(arm: ArmRecord) -> dict[str, int]:
 
 
 class DiffResult(list[Finding]):
-    """The findings of `diff_runs` (a list, most consequential first) with the runs' `comparability`."""
+    """The findings of `diff_runs` (a list, most consequential first) with the runs' `comparability` and the most
+    consequential measured change (`headline`, a `Change` or None when no arm was measured in both)."""
 
-    def __init__(self, findings: list[Finding], comparability: Comparability) -> None:
+    def __init__(self, findings: list[Finding], comparability: Comparability, headline: Change | None = None
+                 ) -> None:
         super().__init__(findings)
         self.comparability = comparability
+        self.headline = headline
+
+
+@dataclass(frozen=True)
+class Change:
+    """One arm's change between the runs: its speed-up against its own run's baseline (`what` = "speed-up"), or
+    its tok/s when no speed-up is recorded in both (`what` = "tok/s"), with the intervals when recorded."""
+
+    arm: str
+    what: str
+    a: float
+    b: float
+    ci_a: tuple[float, float] | None = None
+    ci_b: tuple[float, float] | None = None
+
+    @property
+    def rel(self) -> float:
+        return self.b / self.a - 1 if self.a else 0.0
+
+    @property
+    def measured(self) -> bool | None:
+        """True: the intervals do not overlap (a measured change); False: they overlap; None: no intervals."""
+        if self.ci_a is None or self.ci_b is None:
+            return None
+        return self.ci_b[1] < self.ci_a[0] or self.ci_b[0] > self.ci_a[1]
+
+    def _fmt(self, v: float, ci: tuple[float, float] | None) -> str:
+        if self.what == "speed-up":
+            return f"{v:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        return f"{v:.2f} tok/s" + (f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
+
+    def text(self) -> str:
+        """'draft-simple: speed-up against its own run's baseline 1.16x [1.11, 1.20] -> 0.88x [0.71, 1.17]
+        (-24.1 %; intervals overlap: within the noise)'."""
+        note = {None: "no intervals recorded: cannot say whether it is measured",
+                True: "intervals do not overlap: a measured change",
+                False: "intervals overlap: within the noise"}[self.measured]
+        what = "speed-up against its own run's baseline" if self.what == "speed-up" else \
+            "tok/s across the runs (no speed-up recorded in both)"
+        return (f"{self.arm}: {what} {self._fmt(self.a, self.ci_a)} -> {self._fmt(self.b, self.ci_b)} "
+                f"({self.rel * 100:+.1f} %; {note})")
+
+
+def _ci(lo: float | None, hi: float | None) -> tuple[float, float] | None:
+    return (lo, hi) if lo is not None and hi is not None else None
+
+
+def headline(a: Manifest, b: Manifest) -> Change | None:
+    """The most consequential measured change, like with like: per arm in both runs, its speed-up against its own
+    run's baseline; measured changes (intervals apart) first, then the largest move. Tok/s across the runs only
+    when no arm has a speed-up in both runs."""
+    arms_b = {x.name: x for x in b.arms}
+    pairs = [(x, arms_b[x.name]) for x in a.arms if x.name in arms_b]
+    changes = [Change(x.name, "speed-up", x.speedup, y.speedup, _ci(x.speedup_ci_low, x.speedup_ci_high),
+                      _ci(y.speedup_ci_low, y.speedup_ci_high))
+               for x, y in pairs if x.speculative and x.speedup and y.speedup]
+    if not changes:
+        changes = [Change(x.name, "tok/s", x.tok_s, y.tok_s, _ci(x.tok_s_ci_low, x.tok_s_ci_high),
+                          _ci(y.tok_s_ci_low, y.tok_s_ci_high)) for x, y in pairs if x.tok_s and y.tok_s]
+    if not changes:
+        return None
+    return max(changes, key=lambda c: (c.measured is True, abs(c.rel)))
 
 
 def diff_runs(run_a: str | Path, run_b: str | Path) -> DiffResult:
@@ -79,11 +150,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> DiffResult:
     if ia is not None and ib is not None and (ia.head_tail_sha256, ia.size) != (ib.head_tail_sha256, ib.size):
         f.append(Finding(1, f"engine binary changed: {ia.path} size {ia.size} -> {ib.size}, "
                             f"hash {ia.head_tail_sha256} -> {ib.head_tail_sha256}"))
-    ha = {m.path: m.head_tail_sha256 for m in a.models}
-    hb = {m.path: m.head_tail_sha256 for m in b.models}
-    for p in sorted(set(ha) | set(hb)):
-        if ha.get(p) != hb.get(p):
-            f.append(Finding(1, f"model file {p} changed or absent in one run"))
+    f += [Finding(1, t) for t in _model_files(a, b)]
     fa, fb = a.host.fingerprint, b.host.fingerprint
     if fa is not None or fb is not None:
         for t in dict_changes(stable_view(fa or HostFingerprint()), stable_view(fb or HostFingerprint()), "host"):
@@ -93,22 +160,80 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> DiffResult:
         if ta != tb:
             f.append(Finding(2, f"arm {n}: throttled GPU samples {ta} -> {tb}"))
     skip = {"output_dir", "state_dir", "work_dir", "port", "name", "drift_dir"}
-    pa = {k: v for k, v in a.params.items() if k not in skip and k != "arms"}
-    pb = {k: v for k, v in b.params.items() if k not in skip and k != "arms"}
+    pa = {k: v for k, v in _filled_params(a).items() if k not in skip and k != "arms"}
+    pb = {k: v for k, v in _filled_params(b).items() if k not in skip and k != "arms"}
     f += [Finding(4, t) for t in dict_changes(pa, pb, "params")]
     for n in common:
         xa, xb = arms_a[n], arms_b[n]
-        if xa.tok_s and xb.tok_s:
-            rel = xb.tok_s / xa.tok_s - 1
-            lo_a, hi_a, lo_b, hi_b = xa.tok_s_ci_low, xa.tok_s_ci_high, xb.tok_s_ci_low, xb.tok_s_ci_high
-            overlap = None if None in (lo_a, hi_a, lo_b, hi_b) else not (hi_b < lo_a or lo_b > hi_a)  # type: ignore[operator]
-            note = {None: "no intervals", True: "intervals overlap", False: "intervals do not overlap"}[overlap]
-            f.append(Finding(5, f"arm {n}: {xa.tok_s:.2f} -> {xb.tok_s:.2f} tok/s ({rel:+.1%}; {note})"))
         if xa.speculative and (xa.verdict or xb.verdict) and (xa.verdict != xb.verdict or xa.speedup != xb.speedup):
-            f.append(Finding(5, f"arm {n}: {_judged(xa)} -> {_judged(xb)}"))
+            f.append(Finding(5, f"arm {n}: speed-up against its own run's baseline {_judged(xa)} -> {_judged(xb)}"))
+        if xa.tok_s and xb.tok_s and xa.tok_s != xb.tok_s:
+            c = Change(n, "tok/s", xa.tok_s, xb.tok_s, _ci(xa.tok_s_ci_low, xa.tok_s_ci_high),
+                       _ci(xb.tok_s_ci_low, xb.tok_s_ci_high))
+            note = {None: "no intervals", True: "intervals do not overlap", False: "intervals overlap"}[c.measured]
+            line = f"arm {n}: {xa.tok_s:.2f} -> {xb.tok_s:.2f} tok/s ({c.rel * 100:+.1f} %; {note})"
+            ba, bb = _base(a, xa), _base(b, xb)
+            if xa.speculative and ba is not None and bb is not None and ba.tok_s and bb.tok_s:
+                named = "" if ba.name == bb.name else f" ({ba.name} -> {bb.name})"
+                line += (f"; its run's baseline{named} moved {ba.tok_s:.2f} -> {bb.tok_s:.2f} tok/s "
+                         f"({(bb.tok_s / ba.tok_s - 1) * 100:+.1f} %)")
+            f.append(Finding(5, line))
     if a.status != b.status:
         f.append(Finding(5, f"status: {a.status} -> {b.status}"))
-    return DiffResult(sorted(f), comparability(a, b))
+    return DiffResult(sorted(f, key=lambda x: x.severity), comparability(a, b), headline(a, b))
+
+
+def _base(m: Manifest, arm: ArmRecord) -> ArmRecord | None:
+    """The baseline `arm` was judged against in its own run (the one it names, else the run's first baseline)."""
+    named = next((x for x in m.arms if arm.baseline_arm and x.name == arm.baseline_arm), None)
+    return named or next((x for x in m.arms if not x.speculative and x.status == "ok" and x.tok_s), None)
+
+
+def _filled_params(m: Manifest) -> dict[str, JsonValue]:
+    """The run's params with every default filled by the params model of its kind (`model_validate`), so that a
+    default an older schema did not write is not an "added" parameter; the params as recorded when the model
+    does not accept them (a hand-made or much older record)."""
+    from pydantic import BaseModel, ValidationError
+
+    from spectrial.params import TrialParams
+    from spectrial.sweep.params import SweepParams
+
+    model: type[BaseModel] = SweepParams if m.kind == "sweep" else TrialParams
+    try:
+        return model.model_validate(dict(m.params)).model_dump(mode="json")
+    except (ValidationError, ValueError, TypeError):
+        return dict(m.params)
+
+
+def _model_files(a: Manifest, b: Manifest) -> list[str]:
+    """Model files of the two runs, paired by path, else by file name (a model set rebuilt in another folder):
+    changed (both identities recorded and different), not recorded (a run has no identity for it), or only in
+    one run."""
+    fa, fb = {x.path: x for x in a.models}, {x.path: x for x in b.models}
+    pairs = [(p, p) for p in fa if p in fb]
+    left_a, left_b = [p for p in fa if p not in fb], [p for p in fb if p not in fa]
+    for p in list(left_a):
+        same = [q for q in left_b if Path(q).name == Path(p).name]
+        if len(same) == 1:
+            pairs.append((p, same[0]))
+            left_a.remove(p)
+            left_b.remove(same[0])
+    out = []
+    for pa, pb in pairs:
+        x, y = fa[pa], fb[pb]
+        name = pa if pa == pb else f"{Path(pa).name} ({pa} -> {pb})"
+        ida, idb = (x.head_tail_sha256, x.size), (y.head_tail_sha256, y.size)
+        if x.head_tail_sha256 is None or y.head_tail_sha256 is None:
+            side = "A and B" if x.head_tail_sha256 is None and y.head_tail_sha256 is None else \
+                "A" if x.head_tail_sha256 is None else "B"
+            if pa != pb or side != "A and B":
+                out.append(f"model file {name}: identity not recorded in run {side}")
+        elif ida != idb:
+            out.append(f"model file {name} changed: hash {x.head_tail_sha256} -> {y.head_tail_sha256}, size "
+                       f"{x.size} -> {y.size}")
+    out += [f"model file {p} only in run A" for p in left_a]
+    out += [f"model file {p} only in run B" for p in left_b]
+    return out
 
 
 def _judged(arm: ArmRecord) -> str:
@@ -120,10 +245,15 @@ def _judged(arm: ArmRecord) -> str:
 
 
 def format_findings(findings: list[Finding]) -> str:
-    """The verdict line (when `findings` came from `diff_runs`), then one line per finding."""
+    """Two statements (when `findings` came from `diff_runs`): whether the runs can be compared, and the most
+    consequential measured change; then one line per finding, most consequential first."""
     labels = {0: "environment", 1: "engine/model", 2: "machine", 3: "launch", 4: "params", 5: "results"}
     verdict = getattr(findings, "comparability", None)
-    head = [f"verdict: {verdict.verdict}"] if verdict is not None else []
+    head = [f"comparability: {verdict.verdict}"] if verdict is not None else []
+    if verdict is not None:
+        change = getattr(findings, "headline", None)
+        head.append("change: " + (change.text() if change is not None else "none to state: no arm measured in both runs")
+                    + ("" if verdict.comparable or change is None else " (between runs that are not comparable)"))
     if not findings:
         return "\n".join([*head, "no differences found"])
     return "\n".join([*head, *(f"[{labels[x.severity]}] {x.text}" for x in findings)])
@@ -169,7 +299,7 @@ class Comparability:
                 parts.append(_and(list(self.unknown)) + " recorded in only one run")
             return "not comparable: " + "; ".join(parts)
         if not self.only:
-            return "comparable: no recorded difference"
+            return "comparable: no recorded difference in machine, model, engine build, workload or launch"
         return f"comparable: only {_and(list(self.only))} differ{'s' if len(self.only) == 1 else ''}"
 
 
@@ -199,10 +329,16 @@ class ModelIdentity:
     files: dict[str, tuple[JsonValue, JsonValue]]
 
     def same_as(self, other: ModelIdentity) -> bool:
-        """Same target, and the same identity for every file both runs name (a file only one run uses belongs
-        to an arm only that run has)."""
-        common = set(self.files) & set(other.files)
-        return self.target == other.target and all(self.files[p] == other.files[p] for p in common)
+        """Same target, and the same identity for every file both runs name, paired by path, else by file name
+        (a model set rebuilt in another folder); a file only one run uses belongs to an arm only that run has."""
+        if self.target != other.target:
+            return False
+        by_name = {Path(p).name: v for p, v in other.files.items() if p not in self.files}
+        for p, v in self.files.items():
+            w = other.files.get(p, by_name.get(Path(p).name))
+            if w is not None and None not in (v[0], w[0]) and v != w:
+                return False
+        return True
 
     def __repr__(self) -> str:  # as the reasons of `comparability` print it
         return repr({"target": self.target, "files": self.files})

@@ -168,12 +168,64 @@ class RooflineInputs:
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> RooflineInputs | None:
-        """From ``host.gpu_key``/``host.gpu_count`` and ``model_info`` of a record; None if either is missing."""
-        host, info = manifest.host, manifest.model_info
-        if not host.gpu_key or info is None or not info.params_b or not info.bits_per_weight:
+        """From the record's GPU (``host.gpu_key``, else the GPU names of ``host.gpus`` / the fingerprint matched
+        to params/hardware.yaml) and ``model_info``; None if either is missing (`roofline_missing` says which)."""
+        info = manifest.model_info
+        gpu, n, _ = recorded_gpu(manifest)
+        if not gpu or info is None or not info.params_b or not info.bits_per_weight:
             return None
-        return cls(gpu=host.gpu_key, n_gpus=host.gpu_count or 1, params_b=info.params_b,
+        return cls(gpu=gpu, n_gpus=n or 1, params_b=info.params_b,
                    bits_per_weight=info.bits_per_weight, active_params_b=info.active_params_b)
+
+
+def recorded_gpu(manifest: Manifest) -> tuple[str | None, int | None, str | None]:
+    """(hardware key, GPU count, the name as recorded) of a record's GPUs: ``host.gpu_key``, else the name that
+    ``host.gpus`` or the fingerprint recorded ("NVIDIA H200") matched to a params/hardware.yaml entry whose name
+    starts with it ("NVIDIA H200 SXM"); the key is None when no entry matches (or no GPU is recorded)."""
+    host = manifest.host
+    if host.gpu_key:
+        return host.gpu_key, host.gpu_count, host.gpu_key
+    names = [g.name for g in host.gpus.gpus if g.name] if host.gpus is not None else []
+    if not names and host.fingerprint is not None and host.fingerprint.gpus:
+        names = [str(g.get("name")) for g in host.fingerprint.gpus if g.get("name")]
+    if not names:
+        return None, None, None
+    name = names[0]
+    try:
+        table = analysis.load_hardware()
+    except ConfigError:
+        return None, len(names), name
+    key = next((k for k, spec in table.items() if spec.name.lower().startswith(name.lower())
+                or name.lower().startswith(spec.name.lower())), None)
+    return key, len(names), name
+
+
+def roofline_missing(manifest: Manifest | None) -> str:
+    """Why a record has no roofline, precisely: what it records (its GPU) and what it lacks (the model's size),
+    with the record fields to set."""
+    if manifest is None:
+        return ("Not computed: no run record (arms alone): pass `roofline=RooflineInputs(gpu=..., n_gpus=..., "
+                "params_b=..., bits_per_weight=...)` to `explain`.")
+    key, n, name = recorded_gpu(manifest)
+    info = manifest.model_info
+    size = info is not None and bool(info.params_b) and bool(info.bits_per_weight)
+    if name is None:
+        gpu = "names no GPU (host.gpus, the fingerprint and host.gpu_key are empty: a run without GPUs)"
+    elif key is None:
+        gpu = (f"names its GPU ({n or 1} x {name}), which params/hardware.yaml does not list: add it there (its "
+               "memory bandwidth) or set the record's `host.gpu_key` to one of its keys")
+    else:
+        gpu = f"names its GPU ({n or 1} x {name} = `{key}` in params/hardware.yaml)"
+    lacks = [] if size else [f for f, v in (("model_info.params_b", info and info.params_b),
+                                            ("model_info.bits_per_weight", info and info.bits_per_weight)) if not v]
+    text = f"Not computed: the record {gpu}"
+    if lacks:
+        text += (("; what is missing is the model's size: " if key else "; it also lacks the model's size: ")
+                 + "set " + " and ".join(f"`{f}`" for f in lacks) + " in the run's manifest.json (billions of "
+                 "parameters; bits per weight: 16 for bf16/fp16, 8 for fp8, about 4.5 for GGUF Q4_K_M), and "
+                 "`model_info.active_params_b` for a mixture of experts, then re-run `spectrial report RUN_DIR`")
+    return text + ". In Python: `explain(record, roofline=RooflineInputs(gpu=..., n_gpus=..., params_b=..., " \
+        "bits_per_weight=...))`."
 
 
 # ------------------------------------------------------------------ small helpers
@@ -340,7 +392,7 @@ def explain(source: Manifest | Mapping[str, Any] | Sequence[ArmRecord | Mapping[
                 *_workload_sections(base, spec, manifest, numbers),
                 _model_section(models, spec, base, numbers),
                 _needed_section(models, spec, base, target, numbers),
-                _roofline_section(roofline, base, numbers)]
+                _roofline_section(roofline, base, numbers, manifest)]
     sections.insert(0, _input_section(arms, problems, base))  # after the others: their problems included
     return Explanation(sections=sections, problems=problems, numbers=numbers, spec=spec, base=base, fits=models,
                        targets=_targets(base, target))
@@ -611,11 +663,11 @@ def _needed_section(fits: list[CycleFit], spec: list[ArmView], base: ArmView | N
     return Section(title, "\n".join(lines), table, "needed")
 
 
-def _roofline_section(inp: RooflineInputs | None, base: ArmView | None, numbers: ExplainNumbers) -> Section:
+def _roofline_section(inp: RooflineInputs | None, base: ArmView | None, numbers: ExplainNumbers,
+                      manifest: Manifest | None = None) -> Section:
     title = "Roofline"
     if inp is None:
-        return Section(title, "Not computed: the record names no GPU model and model size (pass "
-                              "`roofline=RooflineInputs(gpu=..., n_gpus=..., params_b=..., bits_per_weight=...)`).")
+        return Section(title, roofline_missing(manifest))
     try:
         spec = analysis.load_hardware()[inp.gpu]
     except KeyError:

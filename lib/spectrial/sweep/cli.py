@@ -16,6 +16,8 @@ def sweep_command(
         param: Annotated[list[str] | None, typer.Option("-p", "--param", help="Override NAME=VALUE (dotted names, "
                                                                                  "e.g. grid.steps=[1,2,4]).")] = None,
         run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
+        output_dir: Annotated[str | None, typer.Option(
+            "--output-dir", help="Folder of run records (same as -p output_dir=DIR; default outputs).")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
         require_complete: Annotated[bool, typer.Option(
             "--require-complete", help="Exit 3 when the budget stopped the sweep (status partial) instead of 0.")
@@ -34,7 +36,10 @@ def sweep_command(
     from spectrial.sweep.run import run_sweep
 
     try:
-        params = load_sweep_params(params_file, parse_overrides(param))
+        overrides = parse_overrides(param)
+        if output_dir is not None:
+            overrides["output_dir"] = output_dir
+        params = load_sweep_params(params_file, overrides)
         if params.trial.cluster is not None:
             from spectrial.cluster.cli import cluster_command
 

@@ -29,6 +29,7 @@ from spectrial.params import (
     Method,
     TrialParams,
     apply_override,
+    did_you_mean,
     format_validation_error,
     read_params_yaml,
 )
@@ -231,6 +232,9 @@ def _normalise(raw: dict[str, Any], source: str) -> dict[str, Any]:
 def _check_trial_keys(trial: dict[str, Any], source: str) -> None:
     unknown = sorted(set(trial) - set(TrialParams.model_fields))
     if unknown:
+        known = [*TrialParams.model_fields, *SWEEP_KEYS]
+        unknown = [f"{k} (did you mean {' or '.join(close)}?)" if (close := did_you_mean(k, known)) else k
+                   for k in unknown]
         raise ConfigError(f"{source}: {', '.join(unknown)}: unknown parameter(s); a sweep takes the trial "
                           f"parameters {', '.join(sorted(set(TrialParams.model_fields) - {'arms'}))} and the "
                           f"sweep parameters {', '.join(SWEEP_KEYS)}")

@@ -1,8 +1,11 @@
 """Rendering of the readers' analysis: plotly figures, notebook display and notebook cells (no numbers computed
 here that the analysis does not already hold).
 
-- :func:`figure_bundle` / :func:`show_figure`: a figure as a deterministic display bundle (plotly JSON, no random
-  ids), so that executed notebooks compare equal under nbval.
+- :func:`figure_bundle` / :func:`show_figure`: a figure as a deterministic display bundle: plotly's JSON (JupyterLab
+  and VS Code draw it), a ``text/html`` that draws it with plotly.js (what ``jupyter nbconvert --to html`` keeps) and
+  a one-line ``text/plain``. No random element ids, so executed notebooks compare equal under nbval.
+  :func:`show_figure` embeds plotly.js once per kernel, in the first figure's ``text/html``, so an exported page
+  draws every figure offline (``SPECTRIAL_PLOTLYJS=omit`` leaves it out: the nbval notebooks kept in the repository).
 - :func:`explanation_figures`, :func:`show_explanation`, :func:`explanation_cells`: the figures, the notebook
   display and the report cells of a :class:`~spectrial.readers.explain.Explanation`.
 - :func:`cycle_lines_figure`: the fitted cycle line of several analyses side by side (notebook 05).
@@ -11,38 +14,97 @@ here that the analysis does not already hold).
 
 from __future__ import annotations
 
+import hashlib
+import html
+import itertools
 import json
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 
 from spectrial.readers import history
 from spectrial.readers.explain import MAX_MODEL_K, Explanation, FigureName, Section, rounded
 
-__all__ = ["baseline_figure", "cycle_lines_figure", "explanation_cells", "explanation_figures", "figure_bundle",
-           "matrix_figure", "show_explanation", "show_figure", "table_bundle"]
+__all__ = ["PLOTLYJS_CLASS", "baseline_figure", "cycle_lines_figure", "explanation_cells", "explanation_figures",
+           "figure_bundle", "figure_html", "matrix_figure", "plotlyjs_html", "show_explanation", "show_figure",
+           "table_bundle"]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PLOTLYJS_ENV = "SPECTRIAL_PLOTLYJS"  # "omit": show_figure leaves plotly.js out (notebooks whose outputs are committed)
+PLOTLYJS_CLASS = "spectrial-plotlyjs"  # the class of the one <script> that holds plotly.js (nbval's sanitiser uses it)
+COLOURS = qualitative.Plotly  # plotly's default colourway: one colour per arm, its lines and markers alike
+_state = {"plotlyjs_shown": False}
+_figure_numbers = itertools.count(1)
 
 
 # ------------------------------------------------------------------ figure output
-def figure_bundle(fig: go.Figure) -> dict[str, Any]:
-    """A display bundle of a figure: plotly's JSON mimetype plus a one-line text/plain.
+def _title(fig_json: dict[str, Any]) -> str:
+    title = (fig_json.get("layout") or {}).get("title") or {}
+    return str((title.get("text") if isinstance(title, dict) else title) or "figure")
 
-    Unlike plotly's notebook renderers it holds no random element ids, so executed notebooks compare
-    equal under nbval; JupyterLab renders the JSON, ``spectrial report`` draws it with an embedded plotly.js.
+
+def _js(value: Any) -> str:
+    """A value as a JavaScript literal safe inside a ``<script>`` element (no ``</`` or ``<!--`` in it)."""
+    return json.dumps(value, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def figure_html(fig_json: dict[str, Any], div_id: str) -> str:
+    """A ``<div>`` and the script that draws a figure's JSON into it with the page's plotly.js (``window.Plotly``);
+    without one, the div says so and how to get a drawn copy. No ``<script src>``: nothing is fetched."""
+    spec = _js({"data": fig_json.get("data", []), "layout": fig_json.get("layout", {}),
+                "config": fig_json.get("config") or {}})
+    height = int((fig_json.get("layout") or {}).get("height") or 450)
+    missing = _js(f"Figure \u201c{_title(fig_json)}\u201d is not drawn: this page holds no plotly.js (the notebook was "
+                  f"executed with {PLOTLYJS_ENV}=omit, or the cell that embedded it was re-run). "
+                  "`spectrial report RUN_DIR` writes a page that draws every figure.")
+    return (f'<div id="{html.escape(div_id)}" class="spectrial-plotly" style="width:100%;height:{height}px"></div>\n'
+            f'<script type="text/javascript">(function () {{ var f = {spec}, id = {_js(div_id)};\n'
+            "function draw() { var el = document.getElementById(id); if (!el) { return; }\n"
+            f"  if (!window.Plotly) {{ el.style.height = 'auto'; el.textContent = {missing}; return; }}\n"
+            "  window.Plotly.newPlot(el, f.data, f.layout, Object.assign({responsive: true, displaylogo: false}, "
+            "f.config)); }\n"
+            "if (window.Plotly || document.readyState !== 'loading') { draw(); } "
+            "else { document.addEventListener('DOMContentLoaded', draw); } })();</script>")
+
+
+def plotlyjs_html() -> str:
+    """plotly.js inline, in one ``<script class="spectrial-plotlyjs">`` (about 4.8 MB; it sets ``window.Plotly``)."""
+    from plotly.offline import get_plotlyjs
+
+    return f'<script type="text/javascript" class="{PLOTLYJS_CLASS}">{get_plotlyjs()}</script>\n'
+
+
+def figure_bundle(fig: go.Figure, div_id: str | None = None, *, plotlyjs: bool = False) -> dict[str, Any]:
+    """A display bundle of a figure: plotly's JSON mimetype, ``text/html`` drawing it with plotly.js (preceded by
+    plotly.js itself when `plotlyjs`) and a one-line ``text/plain``.
+
+    Unlike plotly's notebook renderers it holds no random element ids (`div_id` defaults to a hash of the figure),
+    so executed notebooks compare equal under nbval; JupyterLab renders the JSON, nbconvert's HTML the
+    ``text/html``, ``spectrial report`` draws the JSON with its own embedded plotly.js.
     """
-    title = fig.layout.title.text or "figure"
-    return {PLOTLY_MIME: json.loads(fig.to_json()), "text/plain": f"<plotly figure: {title}>"}
+    data = json.loads(fig.to_json())
+    div_id = div_id or "spectrial-fig-" + hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    return {PLOTLY_MIME: data, "text/html": (plotlyjs_html() if plotlyjs else "") + figure_html(data, div_id),
+            "text/plain": f"<plotly figure: {_title(data)}>"}
 
 
 def show_figure(fig: go.Figure) -> None:
-    """Display a figure in a notebook through :func:`figure_bundle`."""
+    """Display a figure in a notebook through :func:`figure_bundle`: element ids numbered in display order, and
+    plotly.js embedded with the first figure of the kernel (a placeholder script with ``SPECTRIAL_PLOTLYJS=omit``)."""
     from IPython.display import display
 
-    display(figure_bundle(fig), raw=True)
+    first = not _state["plotlyjs_shown"]
+    _state["plotlyjs_shown"] = True
+    omit = os.environ.get(PLOTLYJS_ENV, "").lower() == "omit"
+    bundle = figure_bundle(fig, f"spectrial-fig-{next(_figure_numbers)}", plotlyjs=first and not omit)
+    if first and omit:
+        bundle["text/html"] = (f'<script type="text/javascript" class="{PLOTLYJS_CLASS}">/* plotly.js left out: '
+                               f'{PLOTLYJS_ENV}=omit */</script>\n' + bundle["text/html"])
+    display(bundle, raw=True)
 
 
 # ------------------------------------------------------------------ an Explanation's figures
@@ -51,17 +113,17 @@ def _wall_figure(ex: Explanation, _section: Section) -> go.Figure:
     assert base is not None and base.tok_s is not None  # the break-even section names a figure only with one
     fig = go.Figure()
     kmax = max([a.k or 1 for a in spec] + [1])
-    for a in spec:
-        if not a.cycle_ms:
-            continue
+    for i, a in enumerate(a for a in spec if a.cycle_ms):
+        colour = COLOURS[i % len(COLOURS)]
         top = (a.k or kmax) + 1
         taus = [1 + i * (top - 1) / 20 for i in range(21)]
         fig.add_scatter(x=[rounded(t) for t in taus], y=[rounded(t / a.cycle_ms * 1000) for t in taus],
-                        mode="lines", name=f"{a.name}: cycle {a.cycle_ms:.2f} ms")
+                        mode="lines", line={"color": colour}, legendgroup=a.name,
+                        name=f"{a.name}: cycle {a.cycle_ms:.2f} ms")
         if a.accept_len is not None:
             fig.add_scatter(x=[rounded(a.accept_len)], y=[rounded(a.accept_len / a.cycle_ms * 1000)],
-                            mode="markers", marker={"size": 11}, name=f"{a.name}: measured accept length",
-                            showlegend=False)
+                            mode="markers", marker={"size": 11, "color": colour, "line": {"color": "white", "width": 1}},
+                            legendgroup=a.name, name=f"{a.name}: measured (accept length {a.accept_len:.2f})")
     fig.add_hline(y=rounded(base.tok_s), line_dash="dash", line_color="#555",
                   annotation_text=f"baseline {base.tok_s:.1f} tok/s")
     if target and target != base.tok_s:
@@ -116,18 +178,53 @@ def _model_figure(ex: Explanation, _section: Section) -> go.Figure:
 
 
 def _needed_figure(ex: Explanation, section: Section) -> go.Figure:
+    """alpha needed per depth k: lines over integer k with each arm's measured alpha marked, or, where every source
+    has one depth, bars per source (value written on each, "out of reach" where no alpha suffices)."""
     table = section.table
     assert table is not None  # the section names a figure only with its table
     fig = go.Figure()
-    for src, g in table.groupby("source", sort=False):
-        for lbl, tok_s in ex.targets:
-            col = f"alpha_{lbl}"
+    sources = list(dict.fromkeys(table["source"]))
+    colour = {src: COLOURS[i % len(COLOURS)] for i, src in enumerate(sources)}
+    ks = sorted({int(k) for k in table["k"]})
+    one_k = len(ks) == 1
+    dash = ("solid", "dash", "dot")
+    for t, (lbl, tok_s) in enumerate(ex.targets):
+        col = f"alpha_{lbl}"
+        what = "break-even" if lbl == "break_even" else "the target"
+        if one_k:
+            g = table.drop_duplicates("source")
+            vals = [None if pd.isna(v) else float(v) for v in g[col]]
+            fig.add_bar(x=g["source"].tolist(), y=[0.0 if v is None else v for v in vals],
+                        marker={"color": [colour[s] for s in g["source"]], "opacity": 1.0 if t == 0 else 0.55,
+                                "pattern": {"shape": "" if t == 0 else "/"}},
+                        text=["out of reach" if v is None else f"{v:.3f}" for v in vals], textposition="outside",
+                        name=f"needed for {what} ({tok_s:.1f} tok/s)")
+            continue
+        for src, g in table.groupby("source", sort=False):
             gg = g.dropna(subset=[col])
             if len(gg):
-                fig.add_scatter(x=gg["k"].tolist(), y=gg[col].tolist(), mode="lines+markers",
-                                name=f"{src}: {tok_s:g} tok/s")
-    fig.update_layout(title="Per-token acceptance needed at each depth", xaxis_title="k (drafted tokens per cycle)",
-                      yaxis_title="alpha needed", yaxis_range=[0, 1.02], template="plotly_white", height=420)
+                fig.add_scatter(x=[int(k) for k in gg["k"]], y=gg[col].tolist(), mode="lines+markers",
+                                line={"color": colour[src], "dash": dash[t % len(dash)]}, legendgroup=str(src),
+                                name=f"{src}: needed for {what} ({tok_s:.1f} tok/s)")
+    fitted = {s for s in sources if s not in {a.name for a in ex.spec}}
+    for a in ex.spec:
+        if a.alpha is None or a.k is None:
+            continue
+        src = a.condition if a.condition in fitted else a.name
+        x: Any = src if one_k else a.k
+        fig.add_scatter(x=[x], y=[rounded(a.alpha)], mode="markers", legendgroup=str(src),
+                        marker={"symbol": "diamond", "size": 12, "color": colour.get(src, "#333"),
+                                "line": {"color": "black", "width": 1}},
+                        name=f"{a.name}: measured alpha {a.alpha:.3f}" + (" (synthetic)" if a.synthetic else ""))
+    if one_k:
+        fig.update_layout(title=f"Per-token acceptance needed at k = {ks[0]} (the one depth run)",
+                          xaxis_title="source (arm, or method's fitted model)", barmode="group")
+    else:
+        fig.update_layout(title="Per-token acceptance needed at each depth",
+                          xaxis={"title": "k (drafted tokens per cycle)", "tickmode": "linear", "tick0": 1, "dtick": 1,
+                                 "range": [ks[0] - 0.5, ks[-1] + 0.5]})
+    fig.update_layout(yaxis_title="alpha needed (per-token acceptance)", yaxis_range=[0, 1.1],
+                      template="plotly_white", height=420)
     return fig
 
 

@@ -47,8 +47,9 @@ def break_even_figure(arms: list[ArmRecord],
     base = pick_baseline(arms)
     spec = [a for a in arms if not is_baseline(a) and a.cycle_ms]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("cycle time (ms)", "break-even vs achieved accept length"))
-    fig.add_bar(x=[a.name for a in spec], y=[a.cycle_ms for a in spec], name="cycle ms",
-                marker_color="#1f77b4", row=1, col=1)
+    colour = {a.name: COLOURS[1 + i % (len(COLOURS) - 1)] for i, a in enumerate(spec)}  # grey: the baseline
+    fig.add_bar(x=[a.name for a in spec], y=[a.cycle_ms for a in spec], name="cycle ms", showlegend=False,
+                marker_color=[colour[a.name] for a in spec], row=1, col=1)
     base_ms = base_ms_per_token(base) if base else None
     if base_ms:
         fig.add_hline(y=base_ms, line_dash="dash", line_color="#7f7f7f", row=1, col=1,
@@ -57,9 +58,11 @@ def break_even_figure(arms: list[ArmRecord],
     hi = max([float(a.accept_len) for a in pts] + [float(a.break_even_accept_len) for a in pts] + [2.0]) * 1.1  # type: ignore[arg-type]
     fig.add_scatter(x=[1, hi], y=[1, hi], mode="lines", line={"dash": "dot", "color": "#d62728"},
                     name="break-even (accept len = cycle / baseline token)", row=1, col=2)
-    fig.add_scatter(x=[a.accept_len for a in pts], y=[a.break_even_accept_len for a in pts],
-                    mode="markers+text", text=[a.name for a in pts], textposition="top center",
-                    marker={"size": 11, "color": "#1f77b4"}, name="arms", row=1, col=2)
+    for a in pts:  # one legend entry per arm, its name in the hover: labels beside close points would overlap
+        fig.add_scatter(x=[a.accept_len], y=[a.break_even_accept_len], mode="markers", name=a.name,
+                        marker={"size": 11, "color": colour[a.name], "line": {"color": "white", "width": 1}},
+                        hovertemplate=f"{a.name}<br>accept length %{{x:.2f}}<br>break-even %{{y:.2f}}<extra></extra>",
+                        row=1, col=2)
     fig.update_xaxes(title_text="arm", row=1, col=1)
     fig.update_xaxes(title_text="achieved accept length (tokens / cycle)", row=1, col=2)
     fig.update_yaxes(title_text="ms", row=1, col=1)

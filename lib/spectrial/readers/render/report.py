@@ -63,13 +63,7 @@ _TEMPLATE = """{%- extends 'index.html.j2' -%}
 
 
 def _figure_html(fig: dict[str, Any], div_id: str) -> str:
-    spec = json.dumps({"data": fig.get("data", []), "layout": fig.get("layout", {}),
-                       "config": fig.get("config") or {}}, separators=(",", ":")).replace("</", "<\\/")
-    height = (fig.get("layout") or {}).get("height") or 450
-    return (f'<div id="{div_id}" class="spectrial-plotly" style="height:{int(height)}px"></div>\n'
-            f'<script type="text/javascript">(function () {{ var f = {spec};\n'
-            f'Plotly.newPlot("{div_id}", f.data, f.layout, Object.assign({{responsive: true, displaylogo: false}}, '
-            'f.config)); })();</script>')
+    return render.figure_html(fig, div_id)  # the notebooks' own figure HTML, drawn by the plotly.js in the head
 
 
 def prepare_notebook(nb: Any) -> Any:

@@ -118,6 +118,15 @@ def components_figure(manifest: Manifest, title: str = "Accept length and cycle 
     return fig
 
 
+def _alternating(xs: list[float]) -> list[str]:
+    """Text positions for point labels: above and below in turn along x."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    pos = [""] * len(xs)
+    for n, i in enumerate(order):
+        pos[i] = "top center" if n % 2 == 0 else "bottom center"
+    return pos
+
+
 def prediction_figure(manifest: Manifest, title: str = "Predicted before measuring vs measured"
                       ) -> go.Figure:
     """Each point measured after a prediction: the prediction (x) against the measurement (y, with CI)."""
@@ -131,7 +140,9 @@ def prediction_figure(manifest: Manifest, title: str = "Predicted before measuri
                         name="prediction = measurement")
         fig.add_scatter(x=xs, y=ys, mode="markers+text", text=[f"{setting_label(p)} c={p.concurrency}"
                                                                for p, _ in pts],
-                        textposition="top center", marker={"size": 10, "color": "#1f77b4"}, name="points",
+                        # labels alternate above and below in x order, so neighbours do not overlap
+                        textposition=_alternating([f.tok_s for _, f in pts if f]),
+                        marker={"size": 10, "color": "#1f77b4"}, name="points",
                         error_y=_ci_bars([p for p, _ in pts]))
     else:
         fig.add_annotation(text="no point was measured after a prediction (grid strategy, or the probes sufficed)",

@@ -96,7 +96,8 @@ def _sweep(tiny_params: dict[str, Any], units: int, strategy: str = "grid") -> d
     p = {k: v for k, v in tiny_params.items() if k not in ("arms", "draft")}
     return {**p, "draft": "tiny:eagle3", "method": "eagle3", "repeats": 4, "max_tokens": 32,
             "engine_config": {"threads": 1, "ctx_size": 1024},
-            "grid": {"steps": [1, 4] if strategy == "grid" else [1, 2, 4], "synthetic_accept": [0.9]},
+            "grid": {"steps": [1, 4] if strategy == "grid" else [1, 2, 4],
+                     "synthetic_accept": [0.1, 0.9] if strategy == "grid" else [0.9]},
             "strategy": strategy,
             "cluster": {"executor": "slurm", "units": units, "max_parallel": units,
                         "slurm": {"time_limit": "10", "poll_s": 0.5}}}
@@ -112,15 +113,25 @@ def test_a_grid_sweep_over_two_units_finds_the_same_best_as_over_one(slurm, tiny
         assert proc.returncode == 0, stdout + stderr
         m, _ = merged(out)
         assert m.kind == "cluster-sweep" and m.status == "ok" and len(m.cluster.units) == units
-        assert sorted(a for u in m.cluster.units for a in u.arms) == ["eagle3-s1-a0.9", "eagle3-s4-a0.9"]
-        (b,) = [b for b in m.best if b.scenario == 0.9]
-        best[units] = b.best
-        pt = next(p for p in m.points if p.arm == b.best)
-        assert b.tok_s == pt.tok_s and b.speedup == pt.speedup and b.unit == pt.unit  # one number, one place
-        print(f"{units} unit(s): best {b.best} x{b.speedup}, wall {m.cluster.wall_s} s")
-    # synthetic acceptance 0.9 per token: depth 4 accepts ~3.1 tokens a cycle, depth 1 at most 2 (x1.4-1.8 against
-    # x0.9-1.1 here); the wall times and a finer grid: benchmarks/bench_cluster.py
-    assert best[1] == best[2] == "eagle3-s4-a0.9"
+        assert sorted(a for u in m.cluster.units for a in u.arms) == [
+            "eagle3-s1-a0.1", "eagle3-s1-a0.9", "eagle3-s4-a0.1", "eagle3-s4-a0.9"]
+        for b in m.best:
+            pt = next(p for p in m.points if p.arm == b.best)
+            assert b.tok_s == pt.tok_s and b.speedup == pt.speedup and b.unit == pt.unit  # one number, one place
+            ok = [p for p in m.points if p.scenario == b.scenario and p.status == "ok" and p.method != "none"]
+            assert b.speedup == max(p.speedup or 0 for p in ok), "the best is the highest speed-up measured"
+        best[units] = {b.scenario: b.best for b in m.best}
+        acc = {p.arm: p.accept_len for p in m.points}
+        # synthetic acceptance per token: expected tokens a cycle 1 + 0.9 = 1.9 at depth 1, 1 + 0.9 + ... + 0.9^4
+        # = 4.1 at depth 4 (cut by the 32-token end); at 0.1 both ~1.1
+        assert acc["eagle3-s4-a0.9"] > 3.0 and 1.7 < acc["eagle3-s1-a0.9"] <= 2, acc
+        print(f"{units} unit(s): best {best[units]}, speed-ups "
+              f"{ {p.arm: round(p.speedup or 0, 3) for p in m.points} }, wall {m.cluster.wall_s} s")
+    # at acceptance 0.1 depth 4 drafts three more tokens a cycle that are almost never kept: x0.28-0.37 against
+    # x0.45-0.63 for depth 1 on this CPU (a decisive truth, over one unit or two). At 0.9 depth 4 is ahead by
+    # x1.1-1.4 but the tiny draft costs about what the target does, so the two intervals can overlap: the test
+    # asks only that the best there be the highest speed-up measured (above). benchmarks/bench_cluster.py: wall times
+    assert best[1][0.1] == best[2][0.1] == "eagle3-s1-a0.1", best
 
 
 def test_a_guided_sweep_asks_the_search_whenever_a_unit_is_free(slurm, tiny_params, write_params, tmp_path):

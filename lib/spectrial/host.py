@@ -132,6 +132,25 @@ def stat_start_ticks(stat: str) -> int:
     return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
 
 
+def _exec_snapshot(p: psutil.Process) -> tuple[list[str], dict[str, str] | None]:
+    """Command line and environment of one and the same exec: a launcher chain (`nohup setsid env K=V argv`)
+    execs in place, so an environment read before the last exec and a command line read after it would pair
+    the launcher's environment with the program's name. Read the command line on both sides of the environment
+    and retry until they agree."""
+    cmdline = p.cmdline()
+    for _ in range(20):
+        try:
+            env: dict[str, str] | None = p.environ()
+        except psutil.AccessDenied:
+            env = None
+        after = p.cmdline()
+        if after == cmdline:
+            return cmdline, env
+        cmdline = after
+        time.sleep(0.005)
+    return cmdline, env
+
+
 def parse_environ(raw: bytes) -> dict[str, str]:
     """Split a `/proc/<pid>/environ` blob (NUL separated `K=V`) into a dict."""
     out: dict[str, str] = {}
@@ -497,15 +516,12 @@ class LocalHost(Host):
                 g = os.getpgid(p.pid)
                 if pgid is not None and g != pgid:
                     continue
-                try:
-                    env = p.environ()
-                except psutil.AccessDenied:
-                    env = None
+                cmdline, env = _exec_snapshot(p)
                 try:
                     ticks = stat_start_ticks(Path(f"/proc/{p.pid}/stat").read_text())
                 except OSError:
                     ticks = 0
-                out.append(ProcInfo(p.pid, p.info["ppid"] or 0, g, p.cmdline(), env, os.getsid(p.pid), ticks))
+                out.append(ProcInfo(p.pid, p.info["ppid"] or 0, g, cmdline, env, os.getsid(p.pid), ticks))
             except (psutil.Error, ProcessLookupError, OSError):
                 continue
         return out
@@ -572,7 +588,13 @@ elif mode == 'tree':
     rows = [r for r in rows if r[0] in seen]
 b64 = lambda x: base64.b64encode(x).decode() if x else ''
 for pid, ppid, pgid, sid, start in sorted(rows):
-    c, e = rd('/proc/%d/cmdline' % pid), rd('/proc/%d/environ' % pid)
+    c = rd('/proc/%d/cmdline' % pid)
+    for _ in range(20):  # one exec's pair: a launcher chain (nohup setsid env) execs in place
+        e = rd('/proc/%d/environ' % pid)
+        again = rd('/proc/%d/cmdline' % pid)
+        if again == c:
+            break
+        c = again
     sys.stdout.write('%d %d %d %d %d %s %s\\n' % (pid, ppid, pgid, sid, start, b64(c), b64(e)))
 """
 NO_PYTHON = "spectrial: no python3"

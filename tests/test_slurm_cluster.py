@@ -68,7 +68,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def read_pid(path: Path) -> int:
-    return int(path.read_text().split()[0])
+    """The pid a job script wrote with `echo $$ > FILE`: the file exists from the shell's truncation, a moment
+    before the echo writes its line, so wait for the whole line."""
+    text = poll(lambda: (t := path.read_text()).endswith("\n") and t, 10, f"a pid in {path}")
+    return int(text.split()[0])
 
 
 @pytest.fixture

@@ -83,8 +83,11 @@ class SrunHost(RemoteShellHost):
         masked = mask_launch(argv, env)
         shown = shlex.join(env_prefix(masked.env) + [str(a) for a in masked.argv])  # errors never show secrets
         inner = shlex.join(["setsid", *env_prefix(env), *[str(a) for a in argv]])
+        # the pid file appears whole (written aside, then renamed): a reader between `>`'s truncation and the
+        # echo would read nothing, remove the file and leave the echo writing into the removed one (CI saw it)
         line = (f"umask 077; {inner} > {shlex.quote(log_path)} 2>&1 < /dev/null & "
-                f"echo $! > {shlex.quote(pidfile)}; wait")
+                f"echo $! > {shlex.quote(pidfile + '.new')} && mv -f {shlex.quote(pidfile + '.new')} "
+                f"{shlex.quote(pidfile)}; wait")
         if cwd:
             line = f"cd {shlex.quote(cwd)} && {line}"
         with tempfile.TemporaryFile() as said:  # srun's own words, read only if the step fails at once
@@ -93,7 +96,9 @@ class SrunHost(RemoteShellHost):
             self.steps.append(step)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                res = self._exec(f"cat {shlex.quote(pidfile)} 2>/dev/null && rm -f {shlex.quote(pidfile)}", 60)
+                q = shlex.quote(pidfile)
+                res = self._exec(f'p=$(cat {q} 2>/dev/null) && case "$p" in ""|*[!0-9]*) exit 1;; esac '
+                                 f'&& rm -f {q} && echo "$p"', 60)
                 if res.ok and res.stdout.strip().isdigit():
                     return int(res.stdout.strip())
                 if step.poll() is not None:

@@ -45,14 +45,21 @@ def gate(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, llama_server: Path, tiny_models: Any) -> dict[str, Path]:
     """Real llama.cpp runs in one folder, oldest first: the CI trial, then one whose synthetic EAGLE-3 acceptance
-    dropped from 0.8 to 0.5, then one of another workload and sampling."""
+    dropped from 0.8 to 0.3, then one of another workload and sampling.
+
+    The drop is large (accept length -42 %) so that it is a regression whatever two starts' spread says: at 0.5
+    (-28 %) CI once measured -23.9 % [-33.3, -14.5], which straddles the gate file's 15 % and is rightly
+    inconclusive."""
     tmp = tmp_path_factory.mktemp("gate")
     out = tmp / "outputs"
-    eagle_only = ["arms=[{name: eagle3-synthetic, method: eagle3, draft: 'tiny:eagle3', synthetic_accept: 0.5}]"]
+
+    def eagle_only(a: float) -> str:
+        return f"arms=[{{name: eagle3-synthetic, method: eagle3, draft: 'tiny:eagle3', synthetic_accept: {a}}}]"
+
     return {"ci": trial(out, tmp, f"engine_bin={llama_server}"),
-            "dropped": trial(out, tmp, f"engine_bin={llama_server}", *eagle_only),
+            "dropped": trial(out, tmp, f"engine_bin={llama_server}", eagle_only(0.3)),
             "other": trial(out, tmp, f"engine_bin={llama_server}", "max_tokens=32", "sampling.temperature=0.7",
-                           *eagle_only)}
+                           eagle_only(0.5))}
 
 
 def test_the_ci_trial_passes_the_committed_reference(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -77,11 +84,11 @@ def test_a_dropped_acceptance_fails_the_gate(runs: dict[str, Path], tmp_path: Pa
     res = gate(str(runs["dropped"]), "-r", str(GOLDEN), "-t", str(gate_file), "--junit", str(tmp_path / "g.xml"),
                "--json", str(tmp_path / "g.json"))
     assert res.returncode == 1, res.stdout + res.stderr
-    assert "REGRESSION" in res.stdout and "synthetic_accept 0.8 -> 0.5" in res.stdout
+    assert "REGRESSION" in res.stdout and "synthetic_accept 0.8 -> 0.3" in res.stdout
     rec = json.loads((tmp_path / "g.json").read_text())
     accept = next(c for c in rec["checks"] if c["figure"] == "accept_len")
-    # chain acceptance a, a^2 at depth 2: accept length 1 + a + a^2 = 1.75 at a = 0.5 (2.44 at 0.8)
-    assert accept["outcome"] == "regression" and accept["candidate"] == pytest.approx(1.75, abs=0.2)
+    # chain acceptance a, a^2 at depth 2: accept length 1 + a + a^2 = 1.39 at a = 0.3 (2.44 at 0.8)
+    assert accept["outcome"] == "regression" and accept["candidate"] == pytest.approx(1.39, abs=0.15)
     suite = next(iter(JUnitXml.fromfile(str(tmp_path / "g.xml"))))
     failed = {(case.classname, case.name) for case in suite if any(isinstance(r, Failure) for r in case.result)}
     assert ("spectrial.gate.eagle3-synthetic", "accept_len") in failed

@@ -5,23 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from sshd_plugin import free_port  # one choice of port: outside the ephemeral range
 
 pytest_plugins = ["sshd_plugin", "slurm_plugin"]
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -54,6 +54,7 @@ from pathlib import Path
 from string import Template
 
 import pytest
+from sshd_plugin import free_port  # one choice of port: outside the ephemeral range
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(__file__).resolve().parent / "slurm"
@@ -82,13 +83,6 @@ def which(binary: str) -> str | None:
 
 def missing_binaries() -> list[str]:
     return [b for b in NEEDED if which(b) is None]
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    """A TCP port free on `address` right now (the daemon binds it soon after)."""
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, n: int) -> str:

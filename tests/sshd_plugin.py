@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -73,9 +74,37 @@ Host {alias}
 """
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_handed_out: set[int] = set()
+
+
 def free_port(address: str = "127.0.0.1") -> int:
-    """A TCP port free on `address` right now (the caller binds it soon after)."""
-    with socket.socket() as s:
+    """A TCP port free on `address` right now (the caller binds it soon after), chosen **outside** the kernel's
+    ephemeral range: a port from `bind(0)` is one the kernel also gives to anyone else binding port 0 meanwhile
+    (CI saw a papermill kernel's ZMQ socket take the llama-server port the test had just picked), as a server
+    port such as 8089 in real use never is. Never the same port twice in one test session."""
+    lo, hi = _ephemeral_range()
+    pool = range(15000, lo) if lo - 15000 >= 2000 else range(hi + 1, 65536)
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.choice(pool)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((address, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # a crowded machine: fall back to the kernel's choice
         s.bind((address, 0))
         return s.getsockname()[1]
 

@@ -8,12 +8,12 @@ the real shell answers them): where the double drifts from the host it stands in
 from __future__ import annotations
 
 import re
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sshd_plugin import free_port as _free_port
 
 from spectrial.errors import HostError
 from spectrial.fingerprint import GPU_QUERY, compare, fingerprint_key, host_fingerprint, stable_view
@@ -36,11 +36,6 @@ def _memory(tmp_path: Path) -> Host:
     host.on(FAIL, stdout="out\n", stderr="err\n", exit_code=3)
     return host
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import gguf
 import httpx
 import numpy as np
 import pytest
+from sshd_plugin import free_port as _free_port
 
 from spectrial.errors import ConfigError
 from spectrial.models import (
@@ -80,11 +80,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> ModelSet:
 
 # ------------------------------------------------------------ a real llama-server, started and stopped here
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

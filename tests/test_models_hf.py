@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors import safe_open
+from sshd_plugin import free_port
 from tokenizers import Tokenizer
 
 from spectrial.errors import ConfigError
@@ -267,11 +267,6 @@ def test_bad_knobs_name_the_knob(knobs: dict[str, Any], names: str) -> None:
 
 # ------------------------------------------------------------------------------ real vLLM (slow, vllm)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VllmServer:

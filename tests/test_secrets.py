@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 from pathlib import Path
 
 import pytest
 import yaml
+from sshd_plugin import free_port
 
 from spectrial.errors import HostError, ServerError
 from spectrial.host import LocalHost
@@ -98,8 +98,3 @@ def test_a_launch_is_masked_once_in_the_record_the_log_and_the_printed_command(t
     assert failed.value.exit_code == 7 and not leaked(str(failed.value))
     assert "env 'HF_TOKEN=***'" in failed.value.command and "--api-key '***'" in failed.value.command
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -15,7 +15,6 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ import httpx
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sshd_plugin import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standin"
@@ -69,11 +69,6 @@ READY = "The server is fired up and ready to roll!"
 SIGTERM_LINE = "SIGTERM received. signum=None frame=None. Draining requests and shutting down..."
 DRAINED = "Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[]."
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def raw_environ(pid: int) -> dict[str, str]:

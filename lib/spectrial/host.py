@@ -138,14 +138,19 @@ def _exec_snapshot(p: psutil.Process) -> tuple[list[str], dict[str, str] | None]
     the launcher's environment with the program's name. Read the command line on both sides of the environment
     and retry until they agree."""
     cmdline = p.cmdline()
+    empty = 0
     for _ in range(20):
         try:
-            env: dict[str, str] | None = p.environ()
+            env = p.environ()
         except psutil.AccessDenied:
-            env = None
+            return cmdline, None
         after = p.cmdline()
         if after == cmdline:
-            return cmdline, env
+            # an exec in progress also shows as an empty environment for a moment: read again (a process
+            # started with no environment at all comes back, after three reads, as it is)
+            empty = empty + 1 if not env else 0
+            if env or empty >= 3:
+                return cmdline, env
         cmdline = after
         time.sleep(0.005)
     return cmdline, env
@@ -589,10 +594,10 @@ elif mode == 'tree':
 b64 = lambda x: base64.b64encode(x).decode() if x else ''
 for pid, ppid, pgid, sid, start in sorted(rows):
     c = rd('/proc/%d/cmdline' % pid)
-    for _ in range(20):  # one exec's pair: a launcher chain (nohup setsid env) execs in place
-        e = rd('/proc/%d/environ' % pid)
+    for n in range(20):  # one exec's pair: a launcher chain (nohup setsid env) execs in place; an exec in
+        e = rd('/proc/%d/environ' % pid)  # progress shows an empty environment for a moment
         again = rd('/proc/%d/cmdline' % pid)
-        if again == c:
+        if again == c and (e or e is None or n >= 2):
             break
         c = again
     sys.stdout.write('%d %d %d %d %d %s %s\\n' % (pid, ppid, pgid, sid, start, b64(c), b64(e)))

@@ -58,7 +58,9 @@ from spectrial.trial import Trial
 params = params_from_notebook(params_file, overrides, steps=steps, topk=topk, draft_tokens=draft_tokens,
                               repeats=repeats, max_tokens=max_tokens, output_dir=output_dir, workload=workload,
                               request_format=request_format, decide=decide, slo=slo)
-trial = Trial(params, run_id=run_id)
+trial = Trial(params, run_id=run_id)  # states its plan first; a decide budget that cannot decide is refused here
+display(Markdown("**Plan, before the first start** — " + "  \n".join(x.removeprefix("plan: ")
+                                                                    for x in trial.plan.lines())))
 display(Markdown(f"**Trial** `{params.name}` on host `{params.host}` with engine `{params.engine}`, "
                  f"model `{params.model}`, steps {params.steps}, {params.repeats} requests x "
                  f"{params.max_tokens} tokens per start, {params.restarts} start(s) per arm; arms: "
@@ -112,8 +114,10 @@ trial.table_of(trial.experiment_arms)
 # ## 5 · Compare: the answer
 # `tok_s` is each arm's decode rate per request (median over requests; the engine's own rate where it reports
 # one), with its CI (bootstrap over starts then requests). The speed-up is tok/s over the baseline's, with its
-# interval and verdict; break-even = accept length / speed-up (a cycle's time in baseline tokens), so an arm
-# pays exactly when its speed-up's interval lies above 1 (docs/FIGURES.md defines every figure).
+# interval and verdict (in a `decide` run: the geometric mean of the paired per-round ratios, the same pair as
+# its confidence sequence); break-even = accept length / speed-up (a cycle's time in baseline tokens), so an arm
+# pays exactly when its speed-up's interval lies above 1. Every reader below (the figures, the analysis, the
+# doctor, report.html) shows these numbers, on one clock (docs/FIGURES.md defines every figure).
 
 # %%
 trial.compare()

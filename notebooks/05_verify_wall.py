@@ -20,8 +20,11 @@
 # acceptance `a`; the real draft) and shows, with the analysis every record gets (`spectrial.readers.explain`):
 #
 # 1. **cycle time vs drafted tokens**, fitted as `cycle(k) = fixed + per_draft x k` (least squares) per
-#    method and acceptance kind, split into drafting and verifying where the server log says;
-# 2. the **break-even accept length** per arm: `cycle / baseline ms per token`, and the verdict;
+#    method and acceptance kind, split into drafting and verifying where the server log says; every cycle is on
+#    the verdict's clock (accept length / tok/s: the cycle each arm's break-even is), the engine's own clock
+#    (decode time / verify steps) only a cross-check column;
+# 2. the **break-even accept length** per arm: `cycle / baseline ms per token` (= accept length / speed-up),
+#    and the verdict;
 # 3. **predicted vs measured throughput**: `tau(a, k) / cycle(k)` with `tau = (1 - a^(k+1)) / (1 - a)`;
 # 4. the **acceptance needed** per depth, and the baseline against the **HBM roofline**.
 #

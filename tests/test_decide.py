@@ -11,7 +11,7 @@ import pytest
 from consistency import check_run
 
 from spectrial.errors import ConfigError
-from spectrial.params import load_params
+from spectrial.params import load_params, parse_overrides
 from spectrial.plan import dry_run
 from spectrial.records import load_record
 from spectrial.trial import run_trial
@@ -30,8 +30,14 @@ def test_decide_parameters() -> None:
     with pytest.raises(ConfigError, match="max_rounds"):
         load_params(LOCAL, {"decide": {"min_rounds": 5, "max_rounds": 3}})
     with pytest.raises(ConfigError, match=r"decide.rounds: unknown parameter \(did you mean 'min_rounds' or "
-                                          r"'max_rounds'\?\); allowed here: margin, max_minutes"):
+                                          r"'max_rounds'\?\); allowed here: history, margin, max_minutes"):
         load_params(LOCAL, {"decide": {"rounds": 3}})
+    # `-p decide=true -p decide.max_minutes=7` (either order): decide's defaults with one setting changed
+    for over in (["decide=true", "decide.max_minutes=7"], ["decide.max_minutes=7", "decide=true"]):
+        r = load_params(LOCAL, parse_overrides(over))
+        assert r.decide is not None and r.decide.max_minutes == 7 and r.decide.max_rounds == 20
+    with pytest.raises(ConfigError, match="repeats"):
+        load_params(LOCAL, {"decide": {"repeats": 0}})
 
 
 def test_llamacpp_slots_follow_the_concurrency() -> None:
@@ -74,30 +80,38 @@ def test_vllm_and_sglang_name_their_slot_limits(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_decide_run_on_llamacpp_stops_by_itself(tiny_params, tmp_path):
-    """Rounds of one start per arm until every speculative arm is settled or the round budget is spent; the record
-    says how many starts and why; each arm's interval is its confidence sequence at the last look, the verdict
-    and pays follow it, and the record's readers agree."""
-    params = {**tiny_params, "repeats": 3, "max_tokens": 32,
+    """Rounds of one start of the baseline and of each undecided arm until every speculative arm is settled or the
+    round budget is spent; the record says how many starts and why; each arm's interval is its sequence at its last
+    look, the point estimate the same pair's, the verdict and pays follow it, and the record's readers agree. A
+    second run on the same host leans on the first one's spread (decisions from round 2) and says so."""
+    params = {**tiny_params, "repeats": 5, "max_tokens": 32,
               "arms": [{"name": "baseline"}, {"name": "draft", "method": "draft"}],
-              "decide": {"min_rounds": 3, "max_rounds": 9, "max_minutes": 8}}
+              "decide": {"max_rounds": 9, "max_minutes": 8}}
     result = run_trial(load_params(data=params), progress=False, raise_on_failure=False)
     m = load_record(result.run_dir)
     d = m.decide
     assert d is not None and 3 <= d.rounds <= 9 and d.starts == 2 * d.rounds
     assert d.stopped.startswith(("decided after", "start budget", "time budget")), d.stopped
     assert len([s for s in m.starts if s.arm == "draft"]) == d.rounds
+    assert m.plan is not None and m.plan.design == "decide" and m.plan.first_decision_round == 3
     seq = d.arms[0]
-    assert seq.arm == "draft" and seq.rounds == len([x for x in seq.looks if x["n"]]) > 0
+    assert seq.arm == "draft" and seq.rounds == len([x for x in seq.looks if x["n"]]) > 0 and seq.first_look == 3
     draft = m.arm("draft")
-    assert draft.ci_basis.startswith("confidence sequence over")
+    assert draft.ci_basis.startswith("group-sequential repeated intervals over")
     if seq.ci_low is not None:
         assert (draft.speedup_ci_low, draft.speedup_ci_high) == (seq.ci_low, seq.ci_high)
-        assert seq.ci_low <= seq.estimate <= seq.ci_high
+        assert draft.speedup == seq.estimate and seq.ci_low <= seq.estimate <= seq.ci_high
     expected = {"faster": "faster", "slower": "slower"}.get(seq.status, "not distinguishable at this noise")
-    if not seq.status.startswith("inconsistent"):
-        assert draft.verdict == expected
+    assert draft.verdict == expected
     if d.stopped.startswith("decided"):
-        assert seq.status in ("faster", "slower", "equivalent", "inconsistent")
+        assert seq.status in ("faster", "slower", "equivalent") and seq.decided_at == d.rounds
         assert math.isfinite(seq.ci_low) and math.isfinite(seq.ci_high)
-        assert not (seq.ci_low <= 1.0 <= seq.ci_high) or seq.status != "faster"
     check_run(result.run_dir)
+    again = run_trial(load_params(data=params), progress=False, raise_on_failure=False)
+    m2 = load_record(again.run_dir)
+    d2 = m2.decide
+    assert d2.prior_df == d.rounds * 2 - 2 and d2.prior_sd_log > 0, d2.history  # baseline and draft: n - 1 each
+    assert d2.arms[0].first_look == 2 and m2.plan.first_decision_round == 2
+    assert "earlier run(s)" in d2.history and m.fingerprint_key in d2.history
+    assert "prior spread" in d2.method
+    check_run(again.run_dir)

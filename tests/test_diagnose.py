@@ -255,6 +255,39 @@ def test_committed_h200_trial_finds_only_the_random_draft() -> None:
     assert len(d.read) == 9  # manifest, 4 logs, 4 GPU sample files
 
 
+def test_a_finding_repeated_across_arms_is_said_once_and_logs_as_a_count(tmp_path: Path) -> None:
+    """The committed local demo with one arm's steady-state warning copied onto every arm (as a run with too few
+    requests per start gets it): the doctor says it once, with the count and the arms; an arm whose same check
+    says something else stays apart; what it read is a count per folder, not one entry per log."""
+    run = tmp_path / "demo"
+    shutil.copytree(EXAMPLES / "local-cpu-demo" / "20261129-152448-02_eagle3-5522", run)
+    m = json.loads((run / "manifest.json").read_text())
+    warn = {"name": "steady_state", "ok": False, "severity": "warning", "value": 3.0, "limit": 5.0,
+            "summary": "3 measured request(s) in the smallest start (under 5)",
+            "evidence": {"requests_per_start": {"0": 3}, "warmup": 1}, "fix": "raise repeats to at least 5"}
+    for a in m["arms"]:
+        a["validity"] = {"checks": [warn], "failed": [], "warnings": ["steady_state"]}
+    m["arms"][2]["validity"]["checks"] = [{**warn, "value": 2.0, "summary": "2 measured request(s) in the smallest "
+                                                                           "start (under 5)"}]
+    (run / "manifest.json").write_text(json.dumps(m))
+    d = diagnose(run)
+    same, other = d.of("invalid_measurement")
+    assert same.title == ("2 arms (baseline and draft-simple): steady_state check failed: 3 measured request(s) in "
+                          "the smallest start (under 5)") and same.arms == ["baseline", "draft-simple"]
+    assert same.arm is None and [e.where for e in same.evidence][-1] == "arms[1].validity.checks[0].value"
+    assert other.arm == "eagle3-synthetic" and other.title.startswith("eagle3-synthetic: steady_state check failed: 2")
+    assert d.text().count("3 measured request(s)") == 1
+    assert d.read == ["manifest.json", *(f"logs/llama-server-{a}.log" for a in ("baseline", "draft-simple",
+                                                                                  "eagle3-synthetic"))]
+    assert d.text().splitlines()[-1] == "read: manifest.json, 3 server logs in logs/"
+    # any detector's repeats merge too: the same words about several arms become one finding with the count
+    from spectrial.diagnose import Finding, merge_repeats
+
+    twice = [Finding(kind="x", severity="warning", arm=a, title=f"{a}: the same") for a in ("a", "b")]
+    merged, apart = merge_repeats([*twice, Finding(kind="x", severity="warning", arm="c", title="c: another")])
+    assert merged.title == "2 arms (a and b): the same" and merged.arms == ["a", "b"] and apart.arm == "c"
+
+
 def test_committed_sweep_finds_random_drafts_and_losing_what_ifs() -> None:
     d = diagnose(SWEEP)
     assert summary(d) == [("accept_pinned", "critical", "eagle3-s1@c1"), ("accept_pinned", "critical", "eagle3-s6@c1"),
@@ -443,7 +476,7 @@ def test_earlier_records_of_the_folder_give_the_drift(tmp_path: Path) -> None:
     write_run(tmp_path, run("20261101-100000-a", "2026-11-01T10:00:00+00:00", 100.0))
     later = write_run(tmp_path, run("20261102-100000-b", "2026-11-02T10:00:00+00:00", 70.0))
     f = diagnose(later).of("stale_baseline")
-    assert [x.severity for x in f] == ["warning"] and "-30.0%" in f[0].title
+    assert [x.severity for x in f] == ["warning"] and "30.0 % below the last run on this host" in f[0].title
     assert f[0].evidence[0].where.startswith("drift (recomputed against ")
     same = write_run(tmp_path / "alone", run("20261103-100000-c", "2026-11-03T10:00:00+00:00", 70.0))
     assert diagnose(same).findings == []
@@ -548,9 +581,14 @@ def test_doctor_on_a_real_local_trial(tiny_params: dict[str, Any], write_params:
             if e.kind == "record" and e.where.split("[")[0].split(".")[0] in ("arms", "starts", "params", "drift"):
                 _resolve(manifest, e.where)
     assert set(d.kinds()) <= {"below_break_even", "invalid_measurement"}, d.text()
-    # 2 requests per start: the steady-state check says so (info: the verdict stands); nothing else failed
-    assert all(f.severity == "info" and "steady_state" in f.title for f in d.of("invalid_measurement")), d.text()
-    assert {f.arm for f in d.of("invalid_measurement")} == {"baseline", "draft", "eagle3"}, d.text()
+    # 2 requests per start: the steady-state check says so (info: the verdict stands), once for the three arms
+    # with the count (issue 36: a finding repeated across arms is said once); nothing else failed
+    (steady,) = d.of("invalid_measurement")
+    assert steady.severity == "info" and steady.arm is None and steady.arms == ["baseline", "draft", "eagle3"]
+    assert steady.title == ("3 arms (baseline, draft and eagle3): steady_state check failed: 2 measured request(s) "
+                            "in the smallest start (under 5)"), steady.title
+    assert d.text().count("steady_state check failed") == 1
+    assert d.text().splitlines()[-1] == "read: manifest.json, 3 server logs in logs/", d.text()
     for f in d.of("below_break_even"):
         arm = arms[f.arm]
         assert arm["speedup"] < 1 and arm["accept_len"] < arm["break_even_accept_len"]

@@ -73,7 +73,7 @@ def test_kimi_example_dry_run_prints_the_expert_command(tmp_path):
     res = subprocess.run([*SPECTRIAL, "trial", "params/examples/kimi-k25-pcie.yaml", "--dry-run", "--json"],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert res.returncode == 0, res.stderr
-    arms = {a["arm"]: a for a in json.loads(res.stdout)}
+    arms = {a["arm"]: a for a in json.loads(res.stdout)["launches"]}
     assert list(arms) == ["baseline", "eagle3"]
     common = ["python3", "-m", "sglang.launch_server", "--model-path", "/models/Kimi-K2.5-INT4", "--tp-size", "8",
               "--host", "0.0.0.0", "--port", "8000", "--trust-remote-code", "--mem-fraction-static", "0.88",

@@ -204,3 +204,64 @@ def test_synthetic_acceptance_is_forced_and_labelled(tmp_path, port):
     sched = [p for p in start["env_check"]["processes"] if any(a.startswith("sglang::scheduler") for a in p["cmdline"])]
     assert sched and all(p["verified_by"]["SGLANG_SIMULATE_ACC_LEN"] == "probe" for p in sched)
     no_leftovers(port, [])
+
+
+BLIND = ["--standin-drop-worker-env", "NCCL_PROTO", "--standin-drop-worker-env", "PYTHONPATH"]  # workers spawned
+# without NCCL_PROTO and without the probe's PYTHONPATH: renamed (setproctitle), so neither /proc nor the probe can
+# see what they hold; NCCL's own lines (nccl_debug) show the variable did not reach them
+
+
+def test_a_worker_that_lacks_nccl_variables_fails_a_multi_gpu_run_unless_told(tmp_path, port, write_params):
+    """tp_size 2 with NCCL_* requested (issue 36): a worker that lacks NCCL_PROTO where nothing can verify it fails
+    the run (the record says failed and why, exit 1); with env_check: warn, NCCL's own evidence fails it; with both
+    relaxed it runs, and its headline says what was not verified."""
+    def run(name: str, **over: Any) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+        data = standin_params(tmp_path / name, port, repeats=1, arms=[{"name": "baseline"}], **over)
+        res = subprocess.run([*SPECTRIAL, "trial", str(write_params(data, f"{name}.yaml")), "--quiet"],
+                             capture_output=True, text=True, timeout=300, cwd=REPO)
+        run_dir = only_run(tmp_path / name / "out")
+        return res, manifest_json(run_dir), run_dir
+
+    res, m, _ = run("strict", engine_config={"extra_args": BLIND})
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert m["status"] == "failed" and "env_check" in m["reason"], m["reason"]
+    assert "NCCL_PROTO" in m["reason"] and "not verifiable in 3 of 5 server processes" in m["reason"]
+    assert "needs them verified in every server process" in m["reason"]
+    assert "hint: see the record's env_check per process; set env_check: warn" in res.stderr
+    chk = m["starts"][0]["env_check"]
+    assert chk["ok"] is False and not chk["unverified"]  # counted as a problem, not merely listed
+    workers = [p for p in chk["processes"] if any(a.startswith("sglang::scheduler") for a in p["cmdline"])]
+    assert len(workers) == 2 and all("NCCL_PROTO" in p["unverified"] and not p["probe"] for p in workers)
+
+    res, m, _ = run("evidence", env_check="warn", engine_config={"extra_args": BLIND})
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert m["status"] == "failed" and "NCCL did not use the requested values" in m["reason"], m["reason"]
+    assert "NCCL_PROTO: NCCL in pid" in m["reason"] and "nccl_evidence_check: warn" in res.stderr
+
+    res, m, run_dir = run("relaxed", env_check="warn", engine_config={"extra_args": BLIND,
+                                                                       "nccl_evidence_check": "warn"})
+    assert res.returncode == 0 and m["status"] == "ok", res.stderr[-3000:]
+    from spectrial.readers.headline import headline
+    from spectrial.records import load_record
+
+    env = headline(load_record(run_dir)).environment or ""
+    assert env.startswith("environment NOT verified: NCCL_* 0 of 4") and "in 5 server processes (1 start" in env
+    assert "NCCL_PROTO" in env and "in 0 of 2 rank(s)" in env
+    no_leftovers(port, [])
+
+
+def test_the_headline_says_what_the_environment_check_verified(tmp_path, port):
+    """tp_size 2, NCCL_* on the launch, NCCL's evidence on: every process verified (the renamed ones by the probe),
+    and the headline (so report.html) says how many variables in how many processes, and what NCCL confirmed."""
+    data = standin_params(tmp_path, port, repeats=1, arms=[{"name": "baseline"}])
+    result = run_trial(load_params(data=data), progress=False)
+    from spectrial.readers.headline import headline
+
+    h = headline(result.manifest)
+    assert h.environment == ("environment verified: NCCL_* 4 of 4, other variables 1 of 1 in 5 server processes "
+                             "(1 start; by probe); NCCL's own log: all requested NCCL_* in 2 of 2 rank(s)")
+    assert h.environment in h.text() and h.environment.replace("_", r"\_").replace("*", r"\*") in h.markdown()
+    from spectrial.readers.render.report import headline_cells
+
+    assert "environment verified: NCCL" in headline_cells(result.manifest)[0].source  # report.html opens with it
+    no_leftovers(port, [])

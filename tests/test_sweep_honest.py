@@ -231,3 +231,20 @@ def test_cli_on_a_partial_sweep(flags, code, tmp_path, monkeypatch):
     assert last.startswith("partial: stopped by the time budget") and K6 in last, res.output
     assert "a start takes ~77 s (median of 2 warm start(s)" in res.output
     assert "confirmed: faster" not in res.output
+
+
+def test_the_partial_line_names_each_unmeasured_setting_once(tmp_path):
+    """Issue 36: with several settings left unmeasured, a headline's partial line names each once (those that could
+    beat the best measured, then the others), and the CLI's line (`partial_reason`) too."""
+    p = load_sweep_params(data={**world_sweep(steps=[1, 2, 3, 4, 6, 8], synthetic_accept=[0.9]).model_dump(
+        mode="json")}, overrides={"budget_restarts": 3})
+    run = simulate(p, QUIET, seed=1, output_dir=tmp_path).run_dir
+    manifest = load_record(run)
+    left = [x.setting for x in not_measured(manifest)]
+    assert manifest.status == "partial" and len(left) >= 3, left
+    heads = headlines(manifest)
+    assert heads
+    for h in heads:
+        assert h.partial is not None and h.partial.startswith("Partial: stopped by the restart budget")
+        assert all(h.partial.count(s) == 1 for s in left), h.partial
+    assert all((partial_reason(manifest) or "").count(s) == 1 for s in left), partial_reason(manifest)

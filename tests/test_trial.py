@@ -89,7 +89,7 @@ def test_dry_run_touches_nothing(tiny_params, write_params):
     res = subprocess.run([*SPECTRIAL, "trial", str(path), "--dry-run", "--json"], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stderr
-    arms = json.loads(res.stdout)
+    arms = json.loads(res.stdout)["launches"]
     assert [a["arm"] for a in arms] == ["baseline", "draft", "eagle3"]
     assert arms[0]["env"] == {"NCCL_PROTO": "LL", "API_TOKEN": "***"}
     assert "s3cr3t-value" not in res.stdout

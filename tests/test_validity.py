@@ -6,6 +6,7 @@ slower, and the headline, the doctor and a record read back agree."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,82 @@ def test_an_invalid_check_voids_the_verdict_everywhere():
     assert figures.compare(arm.model_copy(update={"validity": warn}), base).verdict == "faster"
 
 
+# ------------------------------------------------------------------ what the params decide before anything runs
+# Files under params/ that are not the params of a run: what they are instead. Every other file must load as a
+# trial's or a sweep's params and plan no validity warning.
+NOT_RUN_PARAMS = {"hardware.yaml": "GPU vendor figures (spectrial.analysis.load_hardware)",
+                  "gate/ci-gate.yaml": "a gate's tolerances (spectrial gate -t)",
+                  "nccl-check-cpu.yaml": "spectrial nccl-check (collectives, no requests)",
+                  "nccl-check-h200x2.yaml": "spectrial nccl-check (collectives, no requests)"}
+COMMITTED = sorted(p for p in (REPO / "params").rglob("*.yaml"))
+README_RUN = re.compile(r"spectrial (trial|sweep) (params/\S+\.yaml)((?:\s+-p\s+[^\s`]+)*)")
+
+
+def planned_checks_of(path: Path, overrides: dict | None = None) -> list[validity.Check]:
+    """The validity checks a run of `path` fails whatever it measures (`session.planned_checks`, the run's own
+    rules on its planned windows: a trial's one window per start, a sweep's one per concurrency level)."""
+    from spectrial.params import read_params_yaml
+    from spectrial.session import WindowPlan, planned_checks
+    from spectrial.sweep.params import load_sweep_params
+    from spectrial.sweep.run import level_windows
+
+    raw, _ = read_params_yaml(path)
+    if "grid" in raw or "strategy" in raw:
+        sweep = load_sweep_params(path, overrides)
+        params = sweep.trial_params()
+        return planned_checks(params, level_windows(params, sweep.concurrency_levels()))
+    params = load_params(path, overrides)
+    return planned_checks(params, [WindowPlan(params.concurrency, params.repeats, params.seed)])
+
+
+def test_the_params_files_are_all_accounted_for():
+    names = {p.relative_to(REPO / "params").as_posix() for p in COMMITTED}
+    assert set(NOT_RUN_PARAMS) <= names, set(NOT_RUN_PARAMS) - names
+    assert {"local.yaml", "sweep-local.yaml", "examples/vllm-cpu.yaml", "gate/ci-trial.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", [p for p in COMMITTED if p.relative_to(REPO / "params").as_posix()
+                                  not in NOT_RUN_PARAMS], ids=lambda p: p.relative_to(REPO / "params").as_posix())
+def test_every_committed_params_file_plans_no_validity_warning(path):
+    """A committed params file (the embedded default params/local.yaml first) runs with no warning it could have
+    avoided: enough measured requests per start and a warm-up (steady_state), no concurrency above the slots."""
+    bad = planned_checks_of(path)
+    assert not bad, [f"{c.name}: {c.summary} (fix: {c.fix})" for c in bad]
+
+
+def test_every_readme_example_plans_no_validity_warning():
+    runs = README_RUN.findall((REPO / "README.md").read_text())
+    assert len(runs) >= 8, runs  # the trial and sweep examples the README shows
+    for _, path, over in runs:
+        from spectrial.params import parse_overrides
+
+        overrides = parse_overrides([o for o in re.findall(r"-p\s+(\S+)", over)])
+        bad = planned_checks_of(REPO / path, overrides)
+        assert not bad, (path, over, [c.summary for c in bad])
+
+
+def test_planned_and_measured_checks_are_one_rule():
+    """What a params file plans and what its run measures come from one function: the same check, the same words,
+    for the same number of requests per start; a start that lost requests can only do worse than planned."""
+    s = validity.Setting(warmup=1)
+    for n in (3, 5):
+        measured = validity.steady_state([req(i, 40.0) for i in range(n)], s)
+        planned = validity.steady_state_of({0: n}, s)
+        assert measured == planned
+        assert [c.summary for c in validity.planned(n, s)] == ([] if n >= 5 else [measured.summary])
+    assert "raise repeats to at least 5" in (validity.planned(3, s)[0].fix or "")
+    cold = validity.planned(5, validity.Setting(warmup=0))
+    assert [c.name for c in cold] == ["steady_state"] and "warm-up" in cold[0].summary
+    queued = validity.planned(6, validity.Setting(concurrency=4, slots=2, slots_setting="engine_config.parallel"))
+    assert [c.name for c in queued] == ["concurrency"] and "engine_config.parallel" in (queued[0].fix or "")
+    # a repeats below min_requests is found in a params file before it runs
+    assert [c.name for c in planned_checks_of(REPO / "params" / "local.yaml", {"repeats": 3})] == ["steady_state"]
+    assert not planned_checks_of(REPO / "params" / "local.yaml", {"repeats": 3, "validity.min_requests": 3})
+    # a sweep window is a multiple of its level: repeats 5 at concurrency 2 measures 6
+    sweep = planned_checks_of(REPO / "params" / "sweep-local.yaml", {"repeats": 4})
+    assert [c.summary for c in sweep] == ["4 measured request(s) in the smallest start (under 5)"]
+
+
 # ------------------------------------------------------------------ for real, on llama-server
 def _trial(tiny_params, tmp_path, name, **over):
     data = {**tiny_params, "output_dir": str(tmp_path / name), "arms": tiny_params["arms"][:2], **over}
@@ -150,7 +227,9 @@ def test_a_prefix_cached_workload_is_invalid(tiny_params, tmp_path):
     assert draft.verdict.startswith("invalid measurement (prefix_cache") and draft.pays == "undecided"
     d = diagnose(res.run_dir)
     crit = [f for f in d.of("invalid_measurement") if f.severity == "critical"]
-    assert {f.arm for f in crit} == {"baseline", "draft"} and all("prefix_cache" in f.title for f in crit)
+    # one finding per arm, or one for both where the check said the same of each (said once, with the count)
+    assert {a for f in crit for a in (f.arms or [f.arm])} == {"baseline", "draft"}
+    assert all("prefix_cache" in f.title for f in crit)
     assert headline(m).title.startswith("Not valid")
 
 

@@ -26,6 +26,7 @@ import httpx
 import psutil
 import pytest
 import yaml
+from consistency import check_run
 
 from spectrial.errors import ConfigError, MeasurementRejected, ResourceBusyError
 from spectrial.host import LocalHost
@@ -148,6 +149,7 @@ def test_cli_trial_measures_the_truth_with_env_check_fail(vllm_cpu, tmp_path, po
     assert eagle["accept_len_request_n"] == n_req and eagle["accept_len_request_source"] == "counters around each request"
     assert abs(eagle["accept_len_request_mean"] - 4 / 3) <= 0.2 and draft["accept_len_request_mean"] == pytest.approx(K + 1)
     assert tree_gone(pids) and not LocalHost().port_holders(port)
+    check_run(run)  # one answer: the record's comparison in every reader's output (tests/consistency.py)
     print(f"4 arms in {wall:.0f} s; baseline {base['tok_s']:.1f} tok/s; eagle3 {eagle['tok_s']:.1f} tok/s accept "
           f"{eagle['accept_len']:.3f}; draft {draft['tok_s']:.1f} accept {draft['accept_len']:.2f}; ngram "
           f"{ngram['tok_s']:.1f} accept {ngram['accept_len']}")

@@ -141,8 +141,11 @@ def trial(params_file: Annotated[Path | None, typer.Argument(
               "--output-dir", help="Folder of run records (same as -p output_dir=DIR; default outputs).")] = None,
           write_report: Annotated[bool, typer.Option(
               "--report/--no-report", help="Write report.html into the run record after the trial.")] = True,
-          dry_run: Annotated[bool, typer.Option("--dry-run", help="Print commands per arm; touch nothing.")] = False,
-          as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: JSON list of arms.")] = False,
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (server starts, time and its basis) "
+                                                                  "and the command of every arm; touch nothing.")]
+          = False,
+          as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON (record, launches, "
+                                                              "scripts).")] = False,
           run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
           quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
           wide: Annotated[bool, typer.Option("--wide", help="Also print every figure of every arm (a wide table).")]
@@ -153,26 +156,28 @@ def trial(params_file: Annotated[Path | None, typer.Argument(
 
     try:
         if params_file is None:
-            typer.secho(f"no params file given: using the embedded default {DEFAULT_PARAMS} (a local llama.cpp "
-                        "trial on CPU with spectrial's tiny models); give a file to run your own",
-                        fg="cyan", err=True)
+            from rich.console import Console  # wrapped to the terminal between words
+
+            Console(stderr=True).print(f"no params file given: using the embedded default {DEFAULT_PARAMS} (a local "
+                                       "llama.cpp trial on CPU with spectrial's tiny models); give a file to run "
+                                       "your own", style="cyan", markup=False, highlight=False)
         overrides = parse_overrides(param)
         if output_dir is not None:
             overrides["output_dir"] = output_dir
         params = load_params(params_file or DEFAULT_PARAMS, overrides)
         if dry_run:
-            from spectrial.plan import dry_run as plan
+            from spectrial.plan import make_plan
 
-            arms = plan(params)
-            if as_json:
-                typer.echo(json.dumps([a.model_dump() for a in arms], indent=2))
-            else:
-                for a in arms:
-                    typer.echo(a.display)
+            plan = make_plan(params)
+            typer.echo(plan.model_dump_json(indent=2) if as_json else plan.text())
             return
         if params.cluster is not None:
             from spectrial.cluster.cli import cluster_command
+            from spectrial.plan import make_plan
 
+            lines = make_plan(params, launches=False).lines()
+            if not quiet:
+                typer.echo("\n".join(lines), err=True)
             cluster_command("trial", params, run_id, quiet)
             return
         with interrupts.interruptible():
@@ -320,11 +325,20 @@ def report(run_dir: Annotated[Path | None, typer.Argument(
            = "outputs",
            show_code: Annotated[bool, typer.Option("--show-code", help="Include the notebook's code cells.")] = False
            ) -> None:
-    """Write RUN_DIR/report.html (plotly embedded, readable offline) and link it from the run record."""
+    """Write RUN_DIR/report.html (plotly embedded, readable offline) and link it from the run record; the record's
+    headline first, as the report opens with it."""
+    from rich.console import Console
+
+    from spectrial.readers.headline import headlines
     from spectrial.readers.render.report import latest_run, write_report
+    from spectrial.records import load_record
 
     try:
-        path = write_report(run_dir if run_dir is not None else latest_run(output_dir), show_code=show_code)
+        run = run_dir if run_dir is not None else latest_run(output_dir)
+        path = write_report(run, show_code=show_code)
+        console = Console()
+        for h in headlines(load_record(run)):
+            h.print(console)
     except SpectrialError as exc:
         _fail(exc)
         return

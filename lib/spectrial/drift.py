@@ -1,93 +1,112 @@
 """Baseline drift: is this run's baseline where earlier baselines of the same fingerprint were?
 
-Earlier runs are the run records under a folder whose `fingerprint_key` (host state + engine build) and
-workload (model identity and `params.workload_identity`: the items asked, their format, sampling and length) match. The current baseline is flagged when its confidence
-interval lies outside the band spanned by the earlier baselines' intervals, widened by the server-start to
-server-start spread: a request-level interval does not cover it (restarts differ by several percent even on
-an unchanged machine, see benchmarks/bench_noise.py). The widening is `tolerance` (default 10 %), or three
-times the relative spread of the earlier medians once there are three or more of them, whichever is larger.
-The message names what else differs from those runs (argv, environment), the usual culprits.
+Earlier runs (spectrial.earlier) are the run records under a folder with this run's `fingerprint_key` (host state +
+engine build), engine, model (and model files) and workload. The unit is the server start, as in a decide run: each
+earlier baseline start contributes its median decode rate (tok/s per request), so the band does not widen with
+how few requests a start had (a request-level interval would: 3-request baselines made a band of 74-532 tok/s).
+
+The band is a 95 % prediction interval, on the log scale, for the median of this run's k baseline starts from the m
+earlier starts' medians: mean +- t(0.975, m - 1) x SD x sqrt(1/m + 1/k), where the SD of the earlier starts holds
+both start-to-start and run-to-run spread; its half-width is at least `tolerance` (default 10 %), and with a single
+earlier start it is `tolerance` alone. This run's baseline (the median of its start medians) is flagged when it
+lies outside; the message says inside or outside, by how much, against what, and what else differs from the last
+of those runs (argv, environment), the usual culprits.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import statistics
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import JsonValue
 
 from spectrial.figures import pick_baseline
-from spectrial.params import workload_identity
-from spectrial.records import list_runs, load_record
 from spectrial.schema import ArmRecord, DriftRecord, Manifest
 
-
-def _baseline(manifest: Manifest) -> ArmRecord | None:
-    return pick_baseline(manifest.arms)
-
-
-def _workload(manifest: Manifest) -> tuple[Any, ...]:
-    p = manifest.params
-    models = tuple(sorted((m.size, m.head_tail_sha256) for m in manifest.models))
-    return p.get("engine"), p.get("model"), json.dumps(workload_identity(p), sort_keys=True), models
+LEVEL = 0.95
 
 
 def check_drift(manifest: Manifest, folder: str | Path, tolerance: float = 0.10) -> DriftRecord:
-    """Compare the manifest's baseline with earlier same-fingerprint baselines under `folder`."""
-    base = _baseline(manifest)
+    """Compare the manifest's baseline starts with earlier same-fingerprint baseline starts under `folder`."""
+    from spectrial.earlier import find, summarize
+
+    base = pick_baseline(manifest.arms)
     out = DriftRecord()
-    if base is None or base.tok_s is None:
+    mine = [float(s.tok_s) for s in (base.starts if base else []) if s.status == "ok" and s.tok_s and s.tok_s > 0]
+    if base is not None and not mine and base.tok_s and base.tok_s > 0:
+        mine = [float(base.tok_s)]  # a record without per-start figures (hand-made, old): its rate as one start
+    if base is None or not mine:
         out.message = "no baseline arm completed: drift not checked"
         return out
-    key, work = manifest.fingerprint_key, _workload(manifest)
-    earlier: list[tuple[Manifest, ArmRecord]] = []
-    for run in list_runs(folder) if Path(folder).is_dir() else []:
-        if run.name == manifest.run_id:
-            continue
-        try:
-            m = load_record(run)
-        except (OSError, ValueError):
-            continue
-        b = _baseline(m)
-        if b and m.status in ("ok", "partial") and m.fingerprint_key == key and _workload(m) == work \
-                and (m.started_at or "") < (manifest.started_at or "~"):
-            earlier.append((m, b))
-    out.checked, out.n_earlier = True, len(earlier)
-    out.current, out.current_ci = base.tok_s, [base.tok_s_ci_low, base.tok_s_ci_high]
-    if not earlier:
-        out.message = "no earlier baseline with this fingerprint: this run starts the history"
+    runs, skipped = find(folder, manifest.params, fingerprint_key=manifest.fingerprint_key,
+                         exclude=manifest.run_id, before=manifest.started_at or "~", kinds=(manifest.kind,))
+    models = _models(manifest)
+    runs = [m for m in runs if _models(m) == models]
+    earlier = summarize(runs, folder, skipped)
+    current = statistics.median(mine)
+    out.checked, out.n_earlier = True, len(earlier.baselines)
+    out.current, out.current_ci = current, [base.tok_s_ci_low, base.tok_s_ci_high]
+    out.current_starts = mine
+    if not earlier.baselines:
+        out.message = (f"no earlier baseline with this fingerprint ({manifest.fingerprint_key}): this run starts "
+                       "the history")
         return out
-    meds = [float(b.tok_s) for _, b in earlier]  # type: ignore[arg-type]
-    lows = [b.tok_s_ci_low or b.tok_s for _, b in earlier]
-    highs = [b.tok_s_ci_high or b.tok_s for _, b in earlier]
-    widen = tolerance
-    if len(meds) >= 3:
-        mean = sum(meds) / len(meds)
-        sd = (sum((m - mean) ** 2 for m in meds) / (len(meds) - 1)) ** 0.5
-        widen = max(widen, 3 * sd / mean)
-    band = (min(lows) * (1 - widen), max(highs) * (1 + widen))  # type: ignore[type-var, operator]
-    cur_lo = base.tok_s_ci_low or base.tok_s
-    cur_hi = base.tok_s_ci_high or base.tok_s
-    ref = sorted(meds)[len(meds) // 2]
-    shift = (base.tok_s - ref) / ref
-    flagged = cur_hi < band[0] or cur_lo > band[1]
-    out.earlier_runs, out.earlier_medians, out.band = [m.run_id for m, _ in earlier], meds, list(band)
-    out.widened_by, out.shift_pct, out.flagged = widen, round(100 * shift, 2), flagged
+    values = [v for b in earlier.baselines for v in b.start_medians]
+    center, half, sd, basis = prediction_band(values, len(mine), tolerance, len(earlier.baselines))
+    m = len(values)
+    ref = math.exp(center)
+    band = (math.exp(center - half), math.exp(center + half))
+    shift = current / ref - 1.0
+    flagged = not band[0] <= current <= band[1]
+    n_runs = len(earlier.baselines)
+    out.earlier_runs = [b.run_id for b in earlier.baselines]
+    out.earlier_medians = [statistics.median(b.start_medians) for b in earlier.baselines]
+    out.earlier_starts, out.reference = m, ref
+    out.band, out.widened_by, out.shift_pct, out.flagged = list(band), half, round(100 * shift, 2), flagged
+    out.sd_log, out.basis = sd, basis
+    out.fingerprint_key = manifest.fingerprint_key
+    last = runs[-1] if runs else None
+    last_base = pick_baseline(last.arms) if last is not None else None
+    diffs = _what_differs(base, last_base) if last_base is not None else []
+    out.differences_from_last = diffs
+    where = f"the last {n_runs} run(s) on this host" if n_runs > 1 else "the last run on this host"
+    numbers = (f"{current:.1f} vs {ref:.1f} tok/s (band {band[0]:.1f}-{band[1]:.1f} tok/s: {basis}; "
+               f"fingerprint {manifest.fingerprint_key})")
     if flagged:
-        last_m, last_b = earlier[-1]
-        diffs = _what_differs(base, last_b)
-        out.differences_from_last = diffs
-        out.message = (f"baseline drift: {base.tok_s:.1f} tok/s is {shift:+.1%} from the earlier median "
-                       f"{ref:.1f} (band {band[0]:.1f}-{band[1]:.1f} over {len(earlier)} run(s) with the same "
-                       f"fingerprint, start-to-start spread {widen:.0%} included)"
-                       + (f"; differs from {last_m.run_id} in: {'; '.join(diffs)}" if diffs
-                          else "; no difference in argv or environment was recorded"))
+        direction = "below" if shift < 0 else "above"
+        out.headline = f"baseline {abs(shift) * 100:.0f} % {direction} {where}: {current:.1f} vs {ref:.1f} tok/s"
+        out.message = (f"baseline drift: {abs(shift) * 100:.1f} % {direction} {where}, outside the band: {numbers}"
+                       + (f"; differs from {last.run_id} in: {'; '.join(diffs)}" if diffs and last else
+                          "; no difference in argv or environment was recorded: look at the machine (clocks, "
+                          "neighbours, thermals)"))
     else:
-        out.message = (f"baseline {base.tok_s:.1f} tok/s within the band {band[0]:.1f}-{band[1]:.1f} of "
-                       f"{len(earlier)} earlier run(s) with the same fingerprint ({shift:+.1%})")
+        out.message = f"baseline inside the band of {where} ({shift * 100:+.1f} %): {numbers}"
     return out
+
+
+def prediction_band(values: list[float], k: int, tolerance: float, runs: int) -> tuple[float, float, float | None,
+                                                                                    str]:
+    """The log-scale band for the median of k new baseline starts from earlier starts' medians `values` (tok/s):
+    (centre, half-width, SD or None, basis in words); see the module docstring."""
+    from scipy.stats import t as student_t
+
+    logs = [math.log(v) for v in values]
+    m = len(logs)
+    center = statistics.fmean(logs)
+    floor = math.log1p(tolerance)
+    if m >= 2:
+        sd = statistics.stdev(logs)
+        half = max(floor, float(student_t.ppf(0.5 + LEVEL / 2, m - 1)) * sd * math.sqrt(1 / m + 1 / max(k, 1)))
+        basis = (f"{LEVEL:.0%} prediction from {m} earlier start(s) of {runs} run(s), start-to-start SD {sd:.1%}"
+                 + (f", at least ±{tolerance:.0%}" if half == floor else ""))
+        return center, half, sd, basis
+    return center, floor, None, f"one earlier start: ±{tolerance:.0%} (drift_tolerance), no spread to judge by"
+
+
+def _models(m: Manifest) -> tuple[tuple[object, object], ...]:
+    return tuple(sorted((x.size, x.head_tail_sha256) for x in m.models))
 
 
 def _what_differs(a: ArmRecord, b: ArmRecord) -> list[str]:

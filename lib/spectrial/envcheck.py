@@ -20,18 +20,27 @@ Per process and variable the check records how it knows: `probe` (the interprete
 (the exec-time environment) or nothing (`unverified`: a blanked process without a probe record). A variable
 missing or different where it is known fails the check; an unverified one is listed, not failed. NCCL's own
 "set by environment" lines (spectrial.engines.nccl_evidence) confirm NCCL_* variables per rank after the run.
+
+Strict where it matters (`strict_names`, `require_verified`): on a multi-GPU launch (tensor or data parallel
+ranks > 1, or several nodes) the requested NCCL_* variables steer the collectives every rank runs, so there an
+NCCL_* variable that nothing could verify in a server process fails the check too, and NCCL's own evidence
+(with `engine_config.nccl_debug: true`) fails the start by default (`engine_config.nccl_evidence_check`); each
+is relaxed only by `env_check: warn` / `engine_config.nccl_evidence_check: warn`.
+
+`verified(starts)` says, for every reader, what a run's checks verified: how many requested variables (NCCL_*
+apart), in how many server processes, by what (`EnvVerified.line`, on the headline and in report.html).
 """
 
 from __future__ import annotations
 
 import hashlib
 import shlex
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from pydantic import BaseModel
 
 from spectrial.host import ProcInfo
-from spectrial.schema import EnvCheckRecord, ProcessEnvCheck
+from spectrial.schema import EnvCheckRecord, ProcessEnvCheck, StartRecord
 from spectrial.secrets import is_secret_name, mask_argv, mask_env
 
 PROBE_DIR_VAR = "SPECTRIAL_ENV_PROBE"
@@ -217,3 +226,135 @@ def summarize_check(check: EnvCheckRecord) -> str:
     if unverified:
         text += f"; {len(unverified)} process(es) unverified: " + "; ".join(unverified)
     return text
+
+
+NCCL_PREFIX = "NCCL_"
+
+
+def strict_names(requested: Mapping[str, str], ranks: int, nodes: int = 1) -> list[str]:
+    """The requested variables that must be verified in every server process: the NCCL_* ones on a multi-GPU
+    launch (`ranks` > 1: tensor x data parallel, or `nodes` > 1); none otherwise."""
+    if ranks <= 1 and nodes <= 1:
+        return []
+    return [k for k in requested if k.startswith(NCCL_PREFIX)]
+
+
+def require_verified(check: EnvCheckRecord, names: Collection[str], why: str) -> EnvCheckRecord:
+    """`check` with the processes where one of `names` could not be verified counted as one problem (`ok` False):
+    where these variables decide what is measured (`why`, e.g. "a multi-GPU launch (2 ranks)"), not knowing is not
+    passing. Unchanged when every process verified them."""
+    strict = [k for k in names if k in check.requested] or list(names)
+    blind = [(row, [k for k in row.unverified if k in strict]) for row in check.processes]
+    blind = [(row, ks) for row, ks in blind if ks]
+    if not blind:
+        return check
+    out = check.model_copy(deep=True)
+    who = "; ".join(f"pid {row.pid} {_short_cmd(row.cmdline)} ({row.environ or 'unreadable'} environment, no probe "
+                    "record)" for row, _ in blind)
+    lacking = sorted({k for _, ks in blind for k in ks}, key=strict.index)
+    out.problems = [*out.problems, f"{', '.join(lacking)} not verifiable in {len(blind)} of {len(check.processes)} "
+                                   f"server processes: {who}; {why} needs them verified in every server process"]
+    pids = {row.pid for row, _ in blind}
+    out.unverified = [u for u in out.unverified if not any(u.startswith(f"pid {pid} ") for pid in pids)]
+    out.ok = False
+    out.summary = summarize_check(out)
+    return out
+
+
+def _short_cmd(cmdline: Sequence[str]) -> str:
+    """A process's command line for a message: empty arguments (a renamed process's blanked ones) dropped."""
+    return shlex.join([a for a in cmdline if a])[:80]
+
+
+class EnvVerified(BaseModel):
+    """What a run's environment checks verified, over every start that has one (`verified`): the requested
+    variables (NCCL_* apart), in how many server processes and starts, by what, and what failed."""
+
+    starts: int = 0
+    failed: int = 0  # starts whose check failed (a variable missing, or unverifiable where it must be verified)
+    processes: int = 0
+    nccl: list[str] = []  # requested NCCL_* variables
+    nccl_verified: int = 0  # of those, present in every process of every start
+    other: list[str] = []
+    other_verified: int = 0
+    how: list[str] = []  # probe, proc
+    missing: dict[str, int] = {}  # variable -> processes that lack it (or hold another value)
+    unverified: dict[str, int] = {}  # variable -> processes where nothing could verify it
+    nccl_ranks: int = 0  # ranks NCCL's own log confirmed every requested NCCL_* variable in
+    nccl_ranks_seen: int = 0  # ranks NCCL's log showed
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.unverified and not self.failed
+
+    @property
+    def line(self) -> str | None:
+        """One line for the headline, e.g. "environment verified: NCCL_* 6 of 6 in 9 server processes (1 start;
+        by probe and /proc)"; None when no start requested any variable."""
+        if not self.starts or not (self.nccl or self.other):
+            return None
+        counts = []
+        if self.nccl:
+            counts.append(f"NCCL_* {self.nccl_verified} of {len(self.nccl)}")
+        if self.other:
+            counts.append(f"{'other variables ' if self.nccl else 'requested variables '}"
+                          f"{self.other_verified} of {len(self.other)}")
+        hows = " and ".join({"probe": "probe", "proc": "/proc"}.get(h, h) for h in self.how)
+        head = ("environment verified" if self.ok else
+                "environment NOT verified" if self.missing or self.failed else "environment partly verified")
+        text = (f"{head}: {', '.join(counts)} in {self.processes} server process{'es' if self.processes != 1 else ''} "
+                f"({self.starts} start{'s' if self.starts != 1 else ''}" + (f"; by {hows}" if hows else "") + ")")
+        if self.missing:
+            text += "; " + _by_count(self.missing, "missing or different")
+        if self.unverified:
+            text += "; " + _by_count(self.unverified, "unverifiable")
+        if self.failed:
+            text += f"; the check failed in {self.failed} of {self.starts} start{'s' if self.starts != 1 else ''}"
+        if self.nccl_ranks_seen:
+            text += (f"; NCCL's own log: all requested NCCL_* in {self.nccl_ranks} of {self.nccl_ranks_seen} "
+                     "rank(s)")
+        return text
+
+
+def _by_count(per_var: Mapping[str, int], what: str) -> str:
+    """"A, B unverifiable in 3 processes; C ... in 1 process": the variables of one count named together."""
+    counts: dict[int, list[str]] = {}
+    for k, n in per_var.items():
+        counts.setdefault(n, []).append(k)
+    return "; ".join(f"{', '.join(ks)} {what} in {n} process{'es' if n != 1 else ''}"
+                     for n, ks in sorted(counts.items(), reverse=True))
+
+
+def verified(starts: Sequence[StartRecord]) -> EnvVerified:
+    """What the environment checks of `starts` verified (those without a check are left out)."""
+    checked = [s for s in starts if s.env_check is not None and s.env_check.requested]
+    if not checked:
+        return EnvVerified()
+    names = list(dict.fromkeys(k for s in checked for k in s.env_check.requested))  # type: ignore[union-attr]
+    nccl = [k for k in names if k.startswith(NCCL_PREFIX)]
+    other = [k for k in names if not k.startswith(NCCL_PREFIX)]
+    rows = [(s.env_check, r) for s in checked for r in s.env_check.processes]  # type: ignore[union-attr]
+    missing: dict[str, int] = {}
+    blind: dict[str, int] = {}
+    everywhere = set(names)
+    for chk, r in rows:
+        for k in chk.requested:
+            if k in r.present:
+                continue
+            everywhere.discard(k)
+            if k in r.missing or k in r.wrong:
+                missing[k] = missing.get(k, 0) + 1
+            else:
+                blind[k] = blind.get(k, 0) + 1
+    if not rows:
+        everywhere = set()
+    ev = [s.nccl_evidence for s in checked if s.nccl_evidence is not None and s.nccl_evidence.processes]
+    seen = sum(len(e.processes) for e in ev)
+    good = sum(1 for e in ev for p in e.processes
+               if all(p.pid in v.confirmed for v in e.variables.values()))
+    return EnvVerified(starts=len(checked), failed=sum(s.env_check.ok is False for s in checked),  # type: ignore[union-attr]
+                       processes=len(rows), nccl=nccl,
+                       nccl_verified=sum(1 for k in nccl if k in everywhere), other=other,
+                       other_verified=sum(1 for k in other if k in everywhere),
+                       how=sorted({h for _, r in rows for h in r.verified_by.values()}), missing=missing,
+                       unverified=blind, nccl_ranks=good, nccl_ranks_seen=seen)

@@ -12,7 +12,8 @@
     ServerError           a server did not start, never became ready, or died mid-run (`phase`): exit code,
                           command, log path and tail
     MeasurementRejected   a server start ran, but a check the params make binding failed (env_check: fail,
-                          nccl_evidence_check: fail): `check`, `arm`, `result` (the typed check result); the
+                          engine_config.nccl_evidence_check: fail, the default of a multi-GPU launch with NCCL_*
+                          variables): `check`, `arm`, `result` (the typed check result); the
                           start's record says failed and why, and the run stops
     RunFailed             a trial or sweep ran but did not measure what it should: `result` is the partial
                           result (run folder, manifest, requests), the record says `failed` and why

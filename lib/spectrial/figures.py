@@ -11,19 +11,25 @@ numbers from here (docs/FIGURES.md lists every figure with its unit).
     cycle             `cycle_ms` = accept_len / tok_s x 1000: a verify cycle on the decode rate's clock (the
                       engine's own clock is kept apart as `engine_cycle_ms` = decode time / verify steps)
     baseline          the first completed arm with method "none" (or the one named); its `ms_per_token` = 1000 / tok_s
-    speed-up          tok_s / baseline tok_s; interval: bootstrap of the ratio of medians, or a decide run's
-                      confidence sequence
+    speed-up          tok_s / baseline tok_s; interval: bootstrap of the ratio of medians. A decide run's arm: the
+                      geometric mean of its paired per-round ratios, exp(mean log(arm rate / baseline rate)) over
+                      the rounds (the sequence's `estimate`), with the confidence sequence as its interval: one
+                      pair, never tok_s / baseline tok_s beside the sequence's interval (`ci_basis` names the rounds)
     verdict           faster / slower (interval wholly above / below 1), equivalent (inside a decide margin),
                       else not distinguishable
     break-even        cycle_ms / baseline ms_per_token = accept_len / speed-up: the accept length at which this
                       arm's cycle would just match the baseline; interval accept_len / the speed-up's interval
+    verdict's cycle   `verdict_cycle_ms` = break-even x the baseline's ms_per_token: the cycle the speed-up implies,
+                      what readers show beside the break-even (= cycle_ms, but for a decide run's arm); the
+                      engine's own clock (`engine_cycle_ms`) is a cross-check, never a second break-even
     pays              the verdict said with the break-even: yes (accept_len above the break-even interval), no
                       (below it), undecided (inside it)
     validity          an arm (or its baseline) that failed a check of severity "invalid" (spectrial.validity)
                       gets the verdict "invalid measurement (...)" and pays undecided: never faster or slower
     per category      the same definitions over the requests of one workload category
-Because speed-up, break-even and pays derive from the same two decode rates, they cannot disagree: accept_len >
-break_even exactly when speedup > 1, and pays is yes exactly when the verdict is faster.
+Because speed-up, break-even and pays derive from the same two decode rates (a decide run: the same paired
+rounds), they cannot disagree: accept_len > break_even exactly when speedup > 1, and pays is yes exactly when the
+verdict is faster.
 """
 
 from __future__ import annotations
@@ -289,6 +295,42 @@ def speedup(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord) -
     return a / b if a and b else None
 
 
+def paired_rounds(basis: str | None) -> bool:
+    """Whether an interval's basis (`ci_basis`) names a decide run's paired rounds: its speed-up is then the
+    sequence's estimate, not tok_s / baseline tok_s."""
+    return bool(basis) and (str(basis).startswith("confidence sequence") or "paired round" in str(basis))
+
+
+def decide_estimates(m: Manifest) -> dict[str, float]:
+    """A decide run's speed-up per speculative arm that has an interval: the sequence's estimate (geometric mean of
+    the paired per-round ratios) that goes with it, as its `decide` record holds them; empty for any other run.
+    (An arm whose sequence has no interval yet has no pair: its speed-up is tok_s / baseline tok_s.)"""
+    if m.decide is None:
+        return {}
+    return {d.arm: float(d.estimate) for d in m.decide.arms  # type: ignore[arg-type]
+            if positive(d.estimate) and d.ci_low is not None and d.ci_high is not None}
+
+
+def decide_stale(m: Manifest) -> bool:
+    """A decide run's record written while its arms' speed-up was tok_s / baseline tok_s beside the sequence's
+    interval (before the pair was one): `rederive` gives it the sequence's estimate."""
+    est = decide_estimates(m)
+    return any(a.name in est and paired_rounds(a.ci_basis) and positive(a.speedup) is not None
+               and not math.isclose(float(a.speedup), est[a.name], rel_tol=1e-12)  # type: ignore[arg-type]
+               for a in m.arms)
+
+
+def verdict_cycle_ms(arm: ArmRecord) -> float | None:
+    """A verify cycle on the verdict's clock (ms): break-even x the baseline's ms per token (1000 / baseline tok_s),
+    the cycle that the arm's speed-up and accept length imply. It is `cycle_ms` (accept_len / tok_s x 1000) for
+    every arm but a decide run's, whose speed-up is the paired rounds' estimate; without a break-even, `cycle_ms`.
+    What readers show beside the break-even; the engine's own clock (`engine_cycle_ms`) is only a cross-check."""
+    be, rate = positive(arm.break_even_accept_len), positive(arm.baseline_tok_s)
+    if be and rate and arm.speculative:
+        return be * 1000.0 / rate
+    return positive(arm.cycle_ms)
+
+
 def break_even(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord) -> float | None:
     """The accept length at which `arm`'s cycle would just match the baseline: cycle_ms / baseline ms_per_token
     = accept_len / speed-up; a hand-made arm with a cycle time (say, a profiled verify time) but no decode rate
@@ -326,14 +368,16 @@ def pays_of(verdict: str | None, speedup: float | None = None) -> Pays | None:
 
 
 def judged(arm: ArmRecord | CategoryRecord, base: ArmRecord | CategoryRecord, low: float | None,
-           high: float | None, verdict: str | None, **extra: Any) -> Comparison:
-    """The comparison of `arm` with `base` given the speed-up's interval and verdict: every field derived here."""
-    s = speedup(arm, base)
+           high: float | None, verdict: str | None, estimate: float | None = None, **extra: Any) -> Comparison:
+    """The comparison of `arm` with `base` given the speed-up's interval and verdict: every field derived here.
+    `estimate`: the speed-up that goes with the interval where it is not tok_s / baseline tok_s (a decide run's
+    sequence estimate); break-even, its interval, pays and the verdict then all follow from that one pair."""
+    s = positive(estimate) or speedup(arm, base)
     bad = validity.invalid_names(arm, base)
     if bad and verdict is not None and verdict not in (NO_BASELINE,):
         verdict = validity.invalid_verdict(bad)  # an invalid measurement is never faster or slower
     al = positive(arm.accept_len)
-    be = break_even(arm, base)
+    be = (al / s if al else None) if s else break_even(arm, base)
     be_lo = al / high if al and high else None
     be_hi = al / low if al and low else None
     return Comparison(baseline_arm=getattr(base, "name", None) or getattr(base, "category", None),
@@ -361,15 +405,18 @@ def compare_requests(a: Sequence[RequestRecord], b: Sequence[RequestRecord], lev
 
 def compare(arm: ArmRecord, base: ArmRecord, requests: Mapping[str, Sequence[RequestRecord]] | None = None,
             level: float = 0.95, seed: int = 0, key: str | None = None, base_key: str | None = None,
-            interval: Mapping[str, Any] | None = None) -> Comparison:
+            interval: Mapping[str, Any] | None = None, estimate: float | None = None) -> Comparison:
     """`arm` against `base`. The speed-up's interval comes from, in order: `interval` (a decide run's confidence
-    sequence: low, high, verdict, basis), the two arms' requests (`requests[key]`, keys default to the arms' names:
-    a bootstrap), the interval the record holds, else a bootstrap over the rates the record kept."""
+    sequence: low, high, verdict, basis, and `estimate`, the sequence's speed-up that goes with it), the two arms'
+    requests (`requests[key]`, keys default to the arms' names: a bootstrap), the interval the record holds (a
+    decide run's read back keeps its pair: the recorded speed-up, or `estimate`, the sequence's), else a
+    bootstrap over the rates the record kept."""
     if arm is base:
         return judged(arm, base, None, None, None)
     if interval is not None:
         return judged(arm, base, interval.get("low"), interval.get("high"), interval.get("verdict"),
-                      ci_level=interval.get("level"), ci_basis=interval.get("basis"))
+                      estimate=interval.get("estimate"), ci_level=interval.get("level"),
+                      ci_basis=interval.get("basis"))
     if requests is not None:
         ra, rb = requests.get(key or arm.name) or [], requests.get(base_key or base.name) or []
         cmp = compare_requests(ra, rb, level, seed)
@@ -378,6 +425,12 @@ def compare(arm: ArmRecord, base: ArmRecord, requests: Mapping[str, Sequence[Req
         two = _frame(ra)["restart"].nunique() > 1 and _frame(rb)["restart"].nunique() > 1
         return judged(arm, base, cmp.ci_low, cmp.ci_high, cmp.verdict, min_detectable_ratio=cmp.min_detectable_ratio,
                       ci_level=level, ci_basis="restarts then requests" if two else "requests of one start")
+    if paired_rounds(arm.ci_basis):  # a decide run read back: the sequence's pair as recorded, never re-sampled
+        lo, hi = positive(arm.speedup_ci_low), positive(arm.speedup_ci_high)
+        v = arm.verdict if lo is None or hi is None or (arm.verdict or "").startswith(("equivalent", "inconsistent")) \
+            else verdict_of(lo, hi)
+        return judged(arm, base, lo, hi, v, estimate=estimate if estimate is not None else arm.speedup,
+                      min_detectable_ratio=arm.min_detectable_ratio, ci_level=arm.ci_level, ci_basis=arm.ci_basis)
     if positive(arm.speedup_ci_low) and positive(arm.speedup_ci_high):  # as measured (a record read back)
         lo, hi = float(arm.speedup_ci_low), float(arm.speedup_ci_high)  # type: ignore[arg-type]
         v = arm.verdict if arm.verdict and arm.verdict.startswith("equivalent") else verdict_of(lo, hi)
@@ -571,13 +624,16 @@ def filled(arm: ArmRecord) -> ArmRecord:
 
 def rederive(m: Manifest) -> Manifest:
     """Every figure of a record that follows from what it measured, recomputed with the definitions above (the
-    migration of records written before schema 3): derived figures of every arm and point, comparisons against
-    their baselines (the intervals they hold), categories, a sweep's best rows. Returns a new manifest."""
+    migration of records written before schema 3, and of a decide run's whose speed-up was not yet the sequence's
+    estimate): derived figures of every arm and point, comparisons against their baselines (the intervals they
+    hold; a decide run's arm keeps its sequence's pair), categories, a sweep's best rows. Returns a new manifest."""
     arms = [_rederive_arm(a) for a in m.arms]
+    est = decide_estimates(m)
     if arms and not m.points:
         refs = [reference(a, arms) for a in arms]
         for i, (a, ref) in enumerate(zip(arms, refs, strict=True)):
-            arms[i] = with_comparison(a, compare(a, ref) if ref is not None and a.status == "ok" else
+            arms[i] = with_comparison(a, compare(a, ref, estimate=est.get(a.name))
+                                      if ref is not None and a.status == "ok" else
                                       Comparison(verdict=NO_BASELINE if a.status == "ok" else None))
         for ref in {r.name: r for r in refs if r is not None}.values():
             group = [a for a, r in zip(arms, refs, strict=True) if r is not None and r.name == ref.name]

@@ -1,9 +1,11 @@
 """`spectrial migrate RUN_DIR...`: rewrite run records written by an older spectrial in the current schema.
 
 Loading any record already migrates it in memory (`spectrial.schema.as_manifest`: old field names, and from
-schema 3 every comparison re-derived by `spectrial.figures.rederive`); this writes the result back, so that
-tools reading manifest.json without spectrial see the same numbers, and adds what the run folder still allows:
-the serving figures of each arm (or sweep point) from its requests.csv (and stream.csv where there is one).
+schema 3 every comparison re-derived by `spectrial.figures.rederive`; a decide run's record whose speed-up was
+the ratio of pooled medians beside its sequence's interval gets the sequence's estimate); this writes the result
+back, so that tools reading manifest.json without spectrial see the same numbers, and adds what the run folder
+still allows: the serving figures of each arm (or sweep point) from its requests.csv (and stream.csv where there
+is one).
 The file as it was is kept beside it as `manifest.v<N>.json`.
 """
 
@@ -14,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from spectrial.errors import ConfigError
+from spectrial.figures import decide_stale
 from spectrial.records import as_manifest, dump_json, list_runs
 from spectrial.schema import SCHEMA_VERSION, ArmRecord, Manifest
 
@@ -52,13 +55,17 @@ def migrate_run(run_dir: str | Path) -> str:
                           parameter="RUN_DIR")
     raw = json.loads(path.read_text())
     version = int(raw.get("schema_version") or 1)
-    if version >= SCHEMA_VERSION:
+    stale = version >= SCHEMA_VERSION and decide_stale(Manifest.model_validate({"run_id": "?", **raw}))
+    if version >= SCHEMA_VERSION and not stale:
         return f"{run}: already schema {version}"
     m = _with_serving(as_manifest(raw), run)
     backup = run / f"manifest.v{version}.json"
     if not backup.exists():
         shutil.copy2(path, backup)
     dump_json(path, m.model_dump(mode="python", serialize_as_any=True))
+    if stale:
+        return (f"{run}: schema {version}, a decide run's speed-up -> its sequence's estimate, the same pair as its "
+                f"interval (the old file: {backup.name})")
     return f"{run}: schema {version} -> {SCHEMA_VERSION} (the old file: {backup.name})"
 
 

@@ -193,19 +193,42 @@ class ValidityParams(BaseModel):
 
 
 class DecideParams(BaseModel):
-    """`decide:` in params: keep interleaving rounds of starts (one start of every arm per round) until every
-    speculative arm's speed-up is decided by an anytime-valid confidence sequence over paired rounds
-    (spectrial.sequential), or a budget runs out. `decide: true` takes these defaults."""
+    """`decide:` in params: keep interleaving rounds of starts (one start of every undecided arm and the baseline per
+    round) until every speculative arm's speed-up is decided, or a budget runs out (spectrial.sequential;
+    docs/STATISTICS.md). `decide: true` takes these defaults."""
 
     model_config = ConfigDict(extra="forbid")
 
     margin: float | None = Field(None, gt=0, lt=1, description="Equivalence margin: an arm whose speed-up interval "
                                                                "lies within [1/(1+m), 1+m] is decided 'equivalent' "
-                                                               "(e.g. 0.03); None: only faster/slower decide.")
-    min_rounds: int = Field(3, ge=2, description="Rounds before the first look.")
-    max_rounds: int = Field(20, ge=2, description="Rounds at most (each: one start of every arm).")
+                                                               "(e.g. 0.03); None: only faster/slower decide, and "
+                                                               "an arm as fast as the baseline runs to the budget.")
+    min_rounds: int = Field(2, ge=2, description="Rounds before the first look (the design's own first look: round "
+                                                 "2 with this host's history, 3 without).")
+    max_rounds: int = Field(20, ge=2, le=500, description="Rounds at most (each: one start of the baseline and of "
+                                                          "every undecided arm); the design's horizon.")
     max_minutes: float | None = Field(30, gt=0, description="Wall-clock budget of the rounds (minutes; None: "
-                                                            "no limit). A round in progress is finished.")
+                                                            "no limit). A round in progress is finished; a budget "
+                                                            "that cannot reach the first decision is refused.")
+    method: Literal["group-sequential", "confidence-sequence"] = Field(
+        "group-sequential", description="group-sequential: repeated t-intervals with error spent over max_rounds "
+                                        "(decides from round 3, or 2 with history); confidence-sequence: savvi's "
+                                        "anytime-valid sequence (no horizon, from round 6).")
+    history: Literal["auto", "off"] = Field(
+        "auto", description="auto: the start-to-start spread of earlier runs with this fingerprint key (output_dir) "
+                            "is a prior on the rounds' variance, dropped when today's starts spread more; off: "
+                            "today's rounds alone.")
+    repeats: int | Literal["auto"] | None = Field(
+        "auto", description="Requests per start in a decide run: auto sets them from this host's history (the "
+                            "optimal allocation: a costly start carries more requests, when requests are noisy "
+                            "relative to starts), else `repeats`; a number fixes them; None: `repeats`.")
+
+    @field_validator("repeats")
+    @classmethod
+    def _repeats_ok(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"decide.repeats must be >= 1 or 'auto', got {v}")
+        return v
 
     @model_validator(mode="after")
     def _rounds_ok(self) -> DecideParams:
@@ -312,7 +335,8 @@ class TrialParams(BaseModel):
     topk: int = Field(1, ge=1, description="Draft top-k (SGLang EAGLE trees).")
     draft_tokens: int | None = Field(None, ge=1, description="Draft tokens per verify (SGLang); default steps+1.")
     arms: list[Arm] = Field(default_factory=default_arms, description="Arms in launch order.")
-    repeats: int = Field(3, ge=1, description="Measured requests per server start of an arm (after warm-up).")
+    repeats: int = Field(5, ge=1, description="Measured requests per server start of an arm (after warm-up); "
+                                              "under `validity.min_requests` (5) every arm carries a warning.")
     restarts: int = Field(1, ge=1, description="Server starts per arm; spread between starts is reported apart.")
     order: Literal["interleaved", "blocked", "random"] = Field(
         "interleaved", description="Order of server starts: A B A B (interleaved), A A B B (blocked), or "
@@ -352,7 +376,10 @@ class TrialParams(BaseModel):
     decide: DecideParams | None = Field(None, description="Sample until decided: true, or {margin, min_rounds, "
                                                           "max_rounds, max_minutes}; replaces `restarts`.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment put on every launch command.")
-    env_check: Literal["fail", "warn"] = Field("fail", description="What a missing requested variable does.")
+    env_check: Literal["fail", "warn"] = Field(
+        "fail", description="What a requested variable missing or different in a server process does: fail the run "
+                            "(exit 1) or warn. On a multi-GPU launch (tensor parallel > 1 or several hosts) an NCCL_* "
+                            "variable that nothing could verify in a server process counts as missing.")
     port: int = Field(8089, ge=1, le=65535, description="Server port on the host.")
     bind: str = Field("127.0.0.1", description="Address the server listens on (host side): an IPv4 or IPv6 address "
                                                 "or a host name.")
@@ -363,6 +390,10 @@ class TrialParams(BaseModel):
     gpu_free_mib: int = Field(1024, ge=0, description="A GPU counts as free below this many MiB used.")
     gpu_wait_s: float = Field(60, ge=0, description="How long to wait for GPUs to become free.")
     ready_timeout_s: float = Field(600, gt=0, description="How long a server may take to become ready.")
+    expected_start_s: float | None = Field(None, gt=0, description="Seconds one server start takes to load and "
+                                                                  "become ready, for the plan and its budget "
+                                                                  "checks (default: measured by earlier runs here, "
+                                                                  "else estimated from the model's size).")
     stop_grace_s: float = Field(15, ge=0, description="SIGTERM grace before SIGKILL.")
     request_timeout_s: float = Field(300, gt=0, description="Timeout of one benchmark request.")
     engine_bin: str = Field("auto", description="Engine executable on the host; 'auto' = spectrial's build.")
@@ -682,5 +713,9 @@ def load_params(path: str | os.PathLike[str] | None = None, overrides: dict[str,
                                                    else default)  # e.g. `-p ssh.key_filename=...`
             if raw[top] is None:  # an optional section (`-p cluster.executor=slurm`, `-p decide.margin=0.05`)
                 raw[top] = {}
+        if "." in name and (raw.get(top) is True or (top in raw and raw[top] is None)):
+            raw[top] = {}  # `decide: true` (or `-p decide=true`) then `-p decide.max_minutes=7`: its defaults, one changed
+        if "." not in name and value is True and isinstance(raw.get(top), dict):
+            continue  # `-p decide.max_minutes=7 -p decide=true`: the section is already on, with that setting
         apply_override(raw, name, value)
     return validate(raw, source)

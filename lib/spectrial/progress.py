@@ -73,6 +73,25 @@ def _line(text: str) -> None:
     print(f"[spectrial] {text}", file=_out(), flush=True)
 
 
+def note(text: str, enabled: bool = True) -> None:
+    """A status line beside the bars (the plan, a decide run's round): "[spectrial] text" unless progress is off;
+    in a terminal wrapped to its width between words, an interval "[a, b]" kept whole."""
+    if not enabled or mode() == "off":
+        return
+    if mode() == "bar":
+        import re
+        import shutil
+        import textwrap
+
+        width = shutil.get_terminal_size((100, 24)).columns
+        kept = re.sub(r"\[[^\]\n]{0,40}\]", lambda m: m[0].replace(" ", "\u00a0"), f"[spectrial] {text}")
+        lines = textwrap.wrap(kept, width=max(width - 1, 40), subsequent_indent="    ", break_long_words=False,
+                              break_on_hyphens=False)
+        print("\n".join(x.replace("\u00a0", " ") for x in lines), file=_out(), flush=True)
+        return
+    _line(text)
+
+
 class Progress:
     """A progress bar with tqdm's verbs (update, set_postfix_str, close), shown as `mode()` says."""
 

@@ -25,7 +25,7 @@ import pandas as pd
 
 from spectrial import __version__, interrupts
 from spectrial.errors import RecordWriteError
-from spectrial.figures import rederive
+from spectrial.figures import decide_stale, rederive
 from spectrial.ownership import controller, describe, owner_state
 from spectrial.schema import ArmRecord, Manifest, StepRecord, migrate, utc_now
 from spectrial.secrets import mask_mapping, redact
@@ -311,8 +311,8 @@ def as_manifest(source: Manifest | Mapping[str, Any]) -> Manifest:
     data = migrate(source)
     data.setdefault("run_id", "?")
     m = Manifest.model_validate(data)
-    if version < 3:
-        m = rederive(m)  # figures derive from this schema
+    if version < 3 or decide_stale(m):
+        m = rederive(m)  # figures derive from this schema (a decide run's speed-up: its sequence's estimate)
     return m
 
 

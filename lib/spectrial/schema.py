@@ -490,7 +490,8 @@ class Comparison(Record):
     """An arm against the baseline (`spectrial.figures.compare`): every field derives from the two arms' decode
     rates and the arm's accept length, so that none can contradict another.
 
-    speedup          tok_s / baseline tok_s (decode rate per request, medians)
+    speedup          tok_s / baseline tok_s (decode rate per request, medians); a `decide` run's arm with an
+                     interval: its sequence's estimate, the geometric mean of the paired per-round ratios
     speedup_ci_*     its interval: percentile bootstrap of the ratio of medians (over starts, then requests),
                      or the anytime-valid confidence sequence of a `decide` run (`ci_basis` says which)
     verdict          faster (interval above 1), slower (below 1), equivalent (inside the decide margin), else
@@ -510,7 +511,9 @@ class Comparison(Record):
                                                               "speedup CI high)")
     break_even_ci_high: float | None = Field(None, description="Break-even's interval, high end (accept_len / "
                                                                "speedup CI low)")
-    speedup: float | None = Field(None, description="tok_s / baseline tok_s (decode rate per request, medians)")
+    speedup: float | None = Field(None, description="tok_s / baseline tok_s (decode rate per request, medians); a "
+                                                    "decide run's arm: its sequence's estimate, the geometric mean "
+                                                    "of the paired per-round ratios (the same pair as its interval)")
     speedup_ci_low: float | None = Field(None, description="The speed-up's interval, low end (bootstrap of the "
                                                            "ratio of medians, or a decide run's confidence "
                                                            "sequence)")
@@ -972,6 +975,20 @@ class DriftRecord(Record):
     flagged: bool = Field(False, description="This baseline moved beyond the earlier runs' band")
     n_earlier: int = Field(0, description="Earlier runs compared with")
     message: str = Field("", description="The comparison in words")
+    headline: str | None = Field(None, description="A flagged drift in a few words, for the headline and the "
+                                                   "terminal (None when not flagged)")
+    current: float | None = Field(None, description="This run's baseline: the median of its starts' median decode "
+                                                     "rates, tok/s per request")
+    current_starts: list[float] = Field(default_factory=list, description="This run's baseline start medians, tok/s")
+    reference: float | None = Field(None, description="The earlier starts' centre (geometric mean), tok/s")
+    band: list[float] | None = Field(None, description="Low and high end of the band, tok/s (95 % prediction for "
+                                                       "this run's baseline from the earlier starts)")
+    basis: str | None = Field(None, description="How the band was made, in words")
+    shift_pct: float | None = Field(None, description="(current / reference - 1) x 100")
+    earlier_runs: list[str] = Field(default_factory=list, description="The earlier run ids, oldest first")
+    earlier_medians: list[float] = Field(default_factory=list, description="Each earlier run's baseline, tok/s "
+                                                                           "(median of its start medians)")
+    earlier_starts: int = Field(0, description="Earlier baseline starts the band is built from")
 
 
 class DecideArmRecord(Record):
@@ -986,6 +1003,11 @@ class DecideArmRecord(Record):
     status: str = Field("undecided", description="Faster, slower, equivalent, undecided, inconsistent (the ratio "
                                                  "drifted)")
     looks: list[dict[str, Any]] = Field(default_factory=list, description="Per round: n, estimate, low, high")
+    first_look: int | None = Field(None, description="The first round at which this arm's design can decide "
+                                                     "(None: a record from before designs had one)")
+    decided_at: int | None = Field(None, description="The round at which it was settled (it left later rounds)")
+    prior_dropped_at: int | None = Field(None, description="The round at which today's starts overturned the "
+                                                           "host's prior spread (None: kept, or no prior)")
 
 
 class DecideRecord(Record):
@@ -1005,6 +1027,43 @@ class DecideRecord(Record):
                                                                           "sequence")
     fixed_design_rounds: dict[str, int | None] = Field(
         default_factory=dict, description="Same precision without looks")
+    history: str | None = Field(None, description="What this host's earlier runs gave the design (the prior "
+                                                  "spread, or why none)")
+    prior_sd_log: float | None = Field(None, description="The prior SD of log(arm/base) per round")
+    prior_df: int | None = Field(None, description="Its degrees of freedom")
+    requests_per_start: int | None = Field(None, description="Measured requests per start in this run")
+    allocation: str | None = Field(None, description="Why that many requests per start")
+
+
+class ExpectedStarts(Record):
+    """A decide plan's forecast for one true speed-up (simulated with the design the run will use)."""
+
+    effect: float = Field(description="The true speed-up assumed (ratio)")
+    median: float = Field(description="Median server starts to the decision (the budget when undecided)")
+    p90: float = Field(description="90th percentile of the starts")
+    decided: float = Field(description="Share of simulated trials decided within the budget")
+
+
+class PlanRecord(Record):
+    """The price stated before spending (`spectrial.plan`): how many server starts, how long, on what basis."""
+
+    design: str = Field(description="fixed (restarts per arm) or decide (rounds until decided)")
+    starts_per_round: int | None = Field(None, description="Decide: starts of one round (baseline and every arm)")
+    starts: int | None = Field(None, description="Fixed: the exact number of server starts")
+    first_decision_round: int | None = Field(None, description="Decide: the first round that can decide")
+    first_decision_starts: int | None = Field(None, description="Decide: starts to the first possible decision")
+    max_rounds: int | None = Field(None, description="Decide: rounds the budget allows (max_rounds, max_minutes)")
+    max_starts: int | None = Field(None, description="Decide: starts the budget allows")
+    expected: list[ExpectedStarts] = Field(default_factory=list, description="Decide: starts for stated effects")
+    spread: float | None = Field(None, description="Start-to-start SD of a start's log rate the forecast assumes")
+    spread_basis: str | None = Field(None, description="Where that spread comes from")
+    start_s: float | None = Field(None, description="Estimated seconds of one server start, load to stop")
+    start_basis: str | None = Field(None, description="How that estimate was made (measured here, or stated)")
+    wall_s: list[float] = Field(default_factory=list, description="Estimated wall time: least, expected (decide: "
+                                                                  "for the first stated effect), most (s)")
+    history: str | None = Field(None, description="The earlier runs the plan read")
+    units: list[str] = Field(default_factory=list, description="A cluster run: each unit and its arms")
+    notes: list[str] = Field(default_factory=list, description="What else the plan says")
 
 
 # --- what a run found: its controller, host, engine, model files, workload ---------------------------------
@@ -1627,6 +1686,7 @@ class Manifest(Record):
     drift: DriftRecord | None = Field(None, description="This run's baseline against earlier runs of the same "
                                                         "fingerprint")
     decide: DecideRecord | None = Field(None, description="How a decide run sampled and why it stopped")
+    plan: PlanRecord | None = Field(None, description="The plan stated before the first start (starts, time)")
     files: list[str] = Field(default_factory=list, description="Files of the run folder")
     notebook: str | None = Field(None, description="The notebook that made the run")
     # sweeps

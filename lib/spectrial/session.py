@@ -32,6 +32,7 @@ from spectrial.bench import run_requests
 from spectrial.connect import get_host
 from spectrial.engines.base import Engine, Window, Workers, get_engine
 from spectrial.engines.nccl_evidence import evidence_summary, nccl_evidence
+from spectrial.envcheck import require_verified, strict_names
 from spectrial.errors import ConfigError, HostError, MeasurementRejected
 from spectrial.figures import median, window_rates
 from spectrial.fingerprint import compare as fp_compare
@@ -43,6 +44,7 @@ from spectrial.logs.api import ServerLog
 from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
 from spectrial.schema import (
+    Check,
     EngineInfo,
     GpusSeen,
     HostInfo,
@@ -56,7 +58,7 @@ from spectrial.schema import (
 )
 from spectrial.secrets import mask_launch, secret_values
 from spectrial.server import Abandoned, KillReport, LaunchSpec, Server, stop_previous
-from spectrial.validity import Setting
+from spectrial.validity import Setting, planned
 from spectrial.workloads import (
     WorkItem,
     Workload,
@@ -125,6 +127,16 @@ def validity_setting(params: TrialParams, engine: Engine | None, concurrency: in
     return Setting(concurrency=concurrency or params.concurrency, slots=slots, slots_setting=what,
                    fixed_length=params.output_len == "fixed", warmup=params.warmup,
                    limits=params.validity.limits())
+
+
+def planned_checks(params: TrialParams, windows: list[WindowPlan], engine: Engine | None = None) -> list[Check]:
+    """The validity checks every start measuring `windows` will fail, known from the params alone (each window's
+    planned requests through `spectrial.validity.planned`, the run's own rules); one per check and window size."""
+    out: dict[tuple[str, str], Check] = {}
+    for w in windows:
+        for c in planned(w.requests, validity_setting(params, engine, w.concurrency)):
+            out.setdefault((c.name, c.summary), c)
+    return list(out.values())
 
 
 class OfflineSource:
@@ -422,6 +434,12 @@ class Session:
                     server.record_members()
                 with rec.step(f"env_check:{label}", **tags):
                     entry.env_check = server.verify_env()
+                    ranks, nodes = engine.ranks(), max(len(p.hosts), 1)
+                    strict = strict_names(spec.env, ranks, nodes)
+                    if strict:  # NCCL_* on a multi-GPU launch: a process nothing could verify does not pass
+                        entry.env_check = require_verified(
+                            entry.env_check, strict, f"a multi-GPU launch ({ranks} rank(s)" + (
+                                f" per node, {nodes} nodes" if nodes > 1 else "") + ") with NCCL_* variables")
                     if not entry.env_check.ok and spec.env and p.env_check == "fail":
                         raise MeasurementRejected(
                             f"env_check: requested variables did not reach the server of arm {arm.name}: "
@@ -531,7 +549,7 @@ class Session:
             entry.connection_events = events
         rec.save()
         ev = entry.nccl_evidence
-        if entry.status == "ok" and ev and ev.ok is False and self.engine.nccl_evidence_check == "fail":
+        if entry.status == "ok" and ev and ev.ok is False and self.engine.nccl_evidence_check(spec.env) == "fail":
             entry.status = "failed"
             entry.reason = "NCCL did not use the requested values: " + "; ".join(ev.problems[:8])
             rec.save()

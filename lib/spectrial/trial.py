@@ -42,6 +42,7 @@ from spectrial.figures import (
     category_figures,
     category_table,
     merge_stats,
+    verdict_cycle_ms,
     with_figures,
 )
 from spectrial.gpu import GpuStatus
@@ -92,6 +93,7 @@ def arms_table(arms: list[ArmRecord]) -> pd.DataFrame:
             row[f"{name}_p50_ms"] = dist.p50 if dist else None
         for name in ("output_tok_s", "request_rate", "goodput"):
             row[name] = getattr(sv, name) if sv else None
+        row["cycle_ms"] = verdict_cycle_ms(a) if a.status == "ok" else a.cycle_ms  # the verdict's clock (one voice)
         row["env_ok"] = a.env_check.ok if a.env_check else None
         row["starts"] = len(a.starts) or None
         rows.append(row)
@@ -118,11 +120,21 @@ class Trial:
         elif overrides:
             params = load_params(data=params.model_dump(mode="json"), overrides=overrides)
         self.params = params
+        from spectrial.plan import make_plan
+
+        self.plan = make_plan(params, launches=False)  # a budget that cannot decide is refused before anything
         self.record = RunRecord(params.output_dir, params.name, kind="trial", run_id=run_id, params=params)
+        self.record.manifest.plan = self.plan.record
         self.session = Session(params, self.record, progress)
+        if progress:
+            from spectrial.progress import note
+
+            for line in self.plan.lines():
+                note(line)
         self.starts: dict[str, list[MeasuredStart]] = {a.name: [] for a in params.arms}
         self.failures: dict[str, list[str]] = {}  # per step ("kill_old_server", "arm baseline", ...): what failed
         self.intervals: dict[str, dict[str, Any]] = {}  # a decide run's confidence sequences, per arm
+        self._decide_repeats: int | None = None  # a decide run's requests per start (its allocation)
         self._active: str | None = None  # the arm whose start is running ("arm NAME"), for failure reasons
         self.closed = False
 
@@ -215,7 +227,8 @@ class Trial:
         p = self.params
         self._active = f"arm {arm.name}"
         try:
-            m = self.session.start(arm, restart, [WindowPlan(p.concurrency, p.repeats, p.seed + restart)])
+            repeats = self._decide_repeats or p.repeats
+            m = self.session.start(arm, restart, [WindowPlan(p.concurrency, repeats, p.seed + restart)])
             self.starts[arm.name].append(m)
             if m.record.status != "ok":
                 self._fail(f"arm {arm.name}", f"start {restart + 1}: {m.record.reason}")
@@ -233,14 +246,16 @@ class Trial:
             self._summarise([arm])
 
     def _run_decide(self, arms: list[Arm]) -> None:
-        """Rounds of one start per arm (in `order`), a confidence sequence per speculative arm over the paired
-        rounds (spectrial.sequential), until every arm is decided or the budget is spent; the record's `decide`
-        says how many starts and why it stopped, and the arms' intervals are the sequences'."""
+        """Rounds of one start of the baseline and of every arm not yet settled (in `order`), a sequence per
+        speculative arm over the paired rounds (spectrial.sequential: the group-sequential design by default, with
+        this host's earlier spread as a prior), until every arm is decided or the budget is spent; the record's
+        `decide` says how many starts, the design and why it stopped, and the arms' intervals are the sequences'."""
         import time
 
         from spectrial.figures import median
+        from spectrial.progress import note
         from spectrial.schema import DecideArmRecord, DecideRecord
-        from spectrial.sequential import PairedSequence, decide
+        from spectrial.sequential import ArmSequence, GroupSequential, PairedSequence, decide
 
         p, d = self.params, self.params.decide
         assert d is not None
@@ -249,15 +264,28 @@ class Trial:
         if base is None or not spec:
             raise ConfigError("decide: needs a baseline arm (method none) and at least one speculative arm",
                               parameter="decide")
-        seqs = {a.name: PairedSequence(level=p.confidence, margin=d.margin) for a in spec}
-        method = next(iter(seqs.values())).method()
+        history, prior, repeats, why, found = self._decide_history()
+
+        def sequences(prior: Any) -> dict[str, ArmSequence]:
+            if d.method == "confidence-sequence":
+                return {a.name: PairedSequence(level=p.confidence, margin=d.margin) for a in spec}
+            return {a.name: GroupSequential(level=p.confidence, margin=d.margin, max_rounds=d.max_rounds,
+                                            min_rounds=d.min_rounds, prior=prior) for a in spec}
+
+        seqs = sequences(prior)
+        first = next(iter(seqs.values()))
         rec = DecideRecord(level=p.confidence, margin=d.margin, min_rounds=d.min_rounds, max_rounds=d.max_rounds,
-                           max_minutes=d.max_minutes,
-                           method=method, arms=[DecideArmRecord(arm=a.name) for a in spec])
+                           max_minutes=d.max_minutes, method=first.method(),  # type: ignore[attr-defined]
+                           arms=[DecideArmRecord(arm=a.name, first_look=getattr(seqs[a.name], "first_look", None))
+                                 for a in spec],
+                           history=history, prior_sd_log=prior.sd_log if prior else None,
+                           prior_df=prior.df if prior else None, requests_per_start=repeats, allocation=why)
         self.manifest.decide = rec
+        self._decide_repeats = repeats
         t0 = time.monotonic()
         for rnd in range(d.max_rounds):
-            order = list(arms)
+            open_arms = {s.arm for s in rec.arms if s.decided_at is None}
+            order = [a for a in arms if not a.speculative or a.name in open_arms]
             if p.order == "random":
                 random.Random(p.seed + rnd).shuffle(order)
             rates: dict[str, float | None] = {}
@@ -266,31 +294,102 @@ class Trial:
                 rec.starts += 1
                 rates[arm.name] = median(r.tok_s for w in (m.windows if m else []) for r in w.requests if r.ok)
             rec.rounds = rnd + 1
+            if rnd == 0 and prior is not None and (moved := _moved(found, rates.get(base.name), p.drift_tolerance)):
+                prior = None  # the host is not where its history was: today's rounds alone
+                seqs = sequences(None)
+                rec.history = f"{history}; not used: {moved}"
+                rec.prior_sd_log = rec.prior_df = None
+                rec.method = next(iter(seqs.values())).method()  # type: ignore[attr-defined]
+                for s in rec.arms:
+                    s.first_look = getattr(seqs[s.arm], "first_look", None)
             for s in rec.arms:
+                if s.arm not in open_arms:
+                    continue
                 b, a = rates.get(base.name), rates.get(s.arm)
                 if b and a:
-                    seqs[s.arm].add(b, a)
+                    seqs[s.arm].add(b, a)  # type: ignore[attr-defined]
                 q = seqs[s.arm]
                 ci = q.interval()
                 s.rounds, s.estimate, s.status = q.n, q.estimate(), q.status()
                 s.ci_low, s.ci_high = ci if ci else (None, None)
+                s.prior_dropped_at = getattr(q, "prior_dropped_at", None)
                 s.looks.append({"round": rnd + 1, "n": q.n, "estimate": s.estimate, "low": s.ci_low,
                                 "high": s.ci_high, "status": s.status})
+                if s.status != "undecided":
+                    s.decided_at = rnd + 1
             rec.elapsed_s = round(time.monotonic() - t0, 2)
-            stop, why = decide(seqs, min_rounds=d.min_rounds, max_rounds=d.max_rounds, elapsed_s=rec.elapsed_s,
-                               max_s=d.max_minutes * 60 if d.max_minutes else None,
-                               round_s=rec.elapsed_s / rec.rounds)
-            rec.stopped = why
+            round_s = rec.elapsed_s / rec.rounds
+            stop, why_stop = decide(seqs, min_rounds=d.min_rounds, max_rounds=d.max_rounds, elapsed_s=rec.elapsed_s,
+                                    max_s=d.max_minutes * 60 if d.max_minutes else None, round_s=round_s,
+                                    rounds=rec.rounds)
+            rec.stopped = why_stop
             self.record.save()
+            if self.session.progress:
+                note(self._decide_line(rec, seqs, round_s, stop), enabled=True)
             if stop:
                 break
         for s in rec.arms:
             q = seqs[s.arm]
-            rec.fixed_design_rounds[s.arm] = q.fixed_design_rounds()
+            rec.fixed_design_rounds[s.arm] = q.fixed_design_rounds()  # type: ignore[attr-defined]
             self.intervals[s.arm] = {"low": s.ci_low, "high": s.ci_high, "level": p.confidence,
+                                     "estimate": s.estimate if s.ci_low is not None else None,
                                      "verdict": _sequence_verdict(s.status, d.margin),
-                                     "basis": f"confidence sequence over {q.n} paired rounds"}
+                                     "basis": f"{_basis(d.method)} over {q.n} paired rounds"}
         self.record.save()
+
+    def _decide_history(self) -> tuple[str, Any, int, str, Any]:
+        """What this host's earlier runs give a decide run: the prior spread (or why none) and the requests per
+        start (the optimal allocation, or `repeats`)."""
+        from spectrial.earlier import earlier
+        from spectrial.sequential import allocate
+
+        p, d = self.params, self.params.decide
+        assert d is not None
+        found = None
+        if d.history == "auto" and self.manifest.fingerprint_key:
+            found = earlier(p.output_dir, self.manifest.params, fingerprint_key=self.manifest.fingerprint_key,
+                            exclude=self.record.run_id)
+        prior = found.prior if found is not None else None
+        if d.history == "off":
+            history = "history off (decide.history): today's rounds alone"
+        elif found is None:
+            history = "no fingerprint yet: today's rounds alone"
+        elif prior is None:
+            history = f"{found.describe()}: no start-to-start spread in them (one start per arm): today's rounds alone"
+        else:
+            history = (f"{found.describe()}: prior spread {prior.sd_log:.1%} per round ({prior.df} df), dropped "
+                       "if today's starts spread more")
+        if isinstance(d.repeats, int):
+            return history, prior, d.repeats, "decide.repeats as given", found
+        if d.repeats is None or found is None:
+            return history, prior, p.repeats, "`repeats` as given", found
+        alloc = allocate(found.overhead_s, found.request_s, found.within_sd_log,
+                         prior.sd_log / 2 ** 0.5 if prior else None, found.requests_per_start, default=p.repeats,
+                         lo=max(p.validity.min_requests, 1), hi=max(8 * p.repeats, p.validity.min_requests))
+        return history, prior, alloc.requests, alloc.reason, found
+
+    def _decide_line(self, rec: Any, seqs: dict[str, Any], round_s: float, stop: bool) -> str:
+        """The progress line after a round: the round, each arm's interval so far, starts left and the ETA."""
+        d = self.params.decide
+        assert d is not None
+        parts = []
+        for s in rec.arms:
+            q = seqs[s.arm]
+            if s.ci_low is not None and s.estimate is not None:
+                iv = f"{s.estimate:.2f}x [{s.ci_low:.2f}, {s.ci_high:.2f}] {s.status}"
+            else:
+                first = getattr(q, "first_look", None)
+                iv = (f"{s.estimate:.2f}x, no interval before round {first}" if s.estimate and first
+                      else "no interval yet")
+            parts.append(f"{s.arm} {iv}" + (" (settled)" if s.decided_at else ""))
+        open_arms = len([s for s in rec.arms if s.decided_at is None])
+        left_rounds = 0 if stop else d.max_rounds - rec.rounds
+        if d.max_minutes and not stop:
+            left_rounds = min(left_rounds, max(0, int((d.max_minutes * 60 - rec.elapsed_s) // max(round_s, 1e-9))))
+        starts_left = left_rounds * (1 + open_arms)
+        eta = f", ETA at most {_duration(left_rounds * round_s)}" if starts_left else ""
+        head = "decided" if stop else f"round {rec.rounds}/{d.max_rounds}"
+        return f"decide {head}: {'; '.join(parts)}; {starts_left} start(s) left at most{eta}"
 
     def table_of(self, names: list[str] | None = None, wide: bool = False) -> pd.DataFrame:
         """What the named arms (default all) measured so far: MEASURED_COLUMNS, rounded (`wide`: ARM_COLUMNS)."""
@@ -471,6 +570,31 @@ def describe_exc(exc: BaseException) -> str:
     from spectrial import interrupts
 
     return interrupts.describe(exc)
+
+
+def _moved(found: Any, rate: float | None, tolerance: float) -> str | None:
+    """Why this host's history no longer describes it: the first baseline start of a decide run outside the band of
+    the earlier baselines (spectrial.drift's band for one start); None when it is inside (or nothing to judge)."""
+    import math
+
+    from spectrial.drift import prediction_band
+
+    values = [v for b in (found.baselines if found is not None else []) for v in b.start_medians]
+    if not values or not rate:
+        return None
+    center, half, _, basis = prediction_band(values, 1, tolerance, len(found.baselines))
+    if abs(math.log(rate) - center) <= half:
+        return None
+    return (f"this run's first baseline start ({rate:.1f} tok/s) lies outside the band of the earlier baselines "
+            f"({math.exp(center - half):.1f}-{math.exp(center + half):.1f} tok/s: {basis}); the host changed")
+
+
+def _basis(method: str) -> str:
+    return "group-sequential repeated intervals" if method == "group-sequential" else "confidence sequence"
+
+
+def _duration(secs: float) -> str:
+    return f"{secs:.0f} s" if secs < 120 else f"{secs / 60:.0f} min" if secs < 7200 else f"{secs / 3600:.1f} h"
 
 
 def _sequence_verdict(status: str, margin: float | None) -> str:

@@ -15,7 +15,9 @@ computed from what the record already holds (every request's timing, the engine'
     early_stop       at most `max_early_stop` of the requests ended before the length they asked (EOS, a stop
                      string); acceptance on outputs cut short is biased. Invalid for fixed-length workloads,
                      a warning where lengths are the workload's own (output_len dataset, MT-Bench)
-    steady_state     (warning) enough measured requests per start (`min_requests`) and a warm-up request
+    steady_state     (warning) enough measured requests per start (`min_requests`) and a warm-up request; known
+                     before the run from its params (`planned`, the same rule on the planned requests per start:
+                     every committed params file is held to no such warning by tests/test_validity.py)
     stream           tokens per streamed chunk against the accept length: a coarse stream makes the client's
                      decode rate a delivery rate (invalid when the verdict's rate is the client's, else a warning)
     start_spread     (warning) starts that disagree beyond their own noise (between-start CV over what the
@@ -28,7 +30,7 @@ measurement (...)" and pays "undecided" (spectrial.figures.judged): never "faste
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,16 +69,27 @@ def _r(x: float | None, n: int = 3) -> float | None:
     return None if x is None or not np.isfinite(x) else round(float(x), n)
 
 
+def over_slots(s: Setting, got: float | None = None) -> Check | None:
+    """The concurrency check's verdict that needs no measurement: a concurrency above the engine's slots (None when
+    it is not)."""
+    if s.slots is None or s.concurrency <= s.slots:
+        return None
+    ev: dict[str, Any] = {"requested": s.concurrency, "achieved": _r(got), "slots": s.slots,
+                          "slots_setting": s.slots_setting or None}
+    return Check(name="concurrency", ok=False, value=_r(got), limit=float(s.slots), evidence=ev,
+                 summary=f"concurrency {s.concurrency} is above the engine's {s.slots} slots "
+                         f"({s.slots_setting}): requests queue in the server",
+                 fix=f"raise {s.slots_setting} to at least {s.concurrency}, or lower concurrency")
+
+
 def concurrency(f: ArmFigures, s: Setting) -> Check:
     sv = f.serving
     got = sv.achieved_concurrency if sv else None
     ev: dict[str, Any] = {"requested": s.concurrency, "achieved": _r(got), "slots": s.slots,
                           "slots_setting": s.slots_setting or None}
-    if s.slots is not None and s.concurrency > s.slots:
-        return Check(name="concurrency", ok=False, value=_r(got), limit=float(s.slots), evidence=ev,
-                     summary=f"concurrency {s.concurrency} is above the engine's {s.slots} slots "
-                             f"({s.slots_setting}): requests queue in the server",
-                     fix=f"raise {s.slots_setting} to at least {s.concurrency}, or lower concurrency")
+    queued = over_slots(s, got)
+    if queued is not None:
+        return queued
     if s.concurrency <= 1 or got is None:
         return Check(name="concurrency", ok=True if s.concurrency <= 1 else None, value=_r(got), evidence=ev,
                      summary="one request at a time" if s.concurrency <= 1 else "achieved concurrency unknown")
@@ -145,10 +158,18 @@ def early_stop(requests: Sequence[RequestRecord], s: Setting) -> Check:
 
 
 def steady_state(requests: Sequence[RequestRecord], s: Setting) -> Check:
+    """Enough measured requests in every start, after a warm-up: the rule of `steady_state_of`, on the requests
+    each start measured."""
     per_start: dict[int, int] = {}
     for r in requests:
         if r.ok:
             per_start[r.restart] = per_start.get(r.restart, 0) + 1
+    return steady_state_of(per_start, s)
+
+
+def steady_state_of(per_start: Mapping[int, int], s: Setting) -> Check:
+    """The steady-state rule on requests per start (measured: `steady_state`; planned: `planned`): the smallest
+    start has at least `min_requests`, and each start warmed up with at least one request."""
     fewest = min(per_start.values()) if per_start else 0
     ok = fewest >= s.limits.min_requests and s.warmup >= 1
     why = []
@@ -156,10 +177,28 @@ def steady_state(requests: Sequence[RequestRecord], s: Setting) -> Check:
         why.append(f"{fewest} measured request(s) in the smallest start (under {s.limits.min_requests})")
     if s.warmup < 1:
         why.append("no warm-up request: the first measured request pays compilation and cache fills")
+    fix = []
+    if fewest < s.limits.min_requests:
+        fix.append(f"raise repeats to at least {s.limits.min_requests} (or lower validity.min_requests)")
+    if s.warmup < 1:
+        fix.append("set warmup to at least 1")
     return Check(name="steady_state", ok=ok, severity="warning", value=float(fewest),
-                 limit=float(s.limits.min_requests), evidence={"requests_per_start": per_start, "warmup": s.warmup},
+                 limit=float(s.limits.min_requests), evidence={"requests_per_start": dict(per_start),
+                                                               "warmup": s.warmup},
                  summary=f"{fewest} measured requests per start after {s.warmup} warm-up" if ok else "; ".join(why),
-                 fix=None if ok else "raise repeats (and warmup to at least 1)")
+                 fix=None if ok else "; ".join(fix))
+
+
+def planned(requests_per_start: int, s: Setting) -> list[Check]:
+    """The checks whose outcome the params decide before anything runs: the run's own rules (`steady_state_of`,
+    `over_slots`) on the planned requests per start, so a params file and its run cannot disagree. A params file
+    that fails one of these makes every run of it carry the warning (tests/test_validity.py holds every committed
+    params file to none)."""
+    out = [steady_state_of({0: requests_per_start}, s)]
+    queued = over_slots(s)
+    if queued is not None:
+        out.append(queued)
+    return [c for c in out if c.ok is False]
 
 
 def stream(f: ArmFigures, speculative: bool, s: Setting) -> Check:

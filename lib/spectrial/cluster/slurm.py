@@ -114,6 +114,11 @@ class SlurmExecutor:
         """The unit's batch script (kept beside its log: what ran is on disk)."""
         path = unit.log_path.with_suffix(".sbatch")
         path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.script_text(unit))
+        return path
+
+    def script_text(self, unit: UnitJob) -> str:
+        """The unit's batch script's text (what `script` writes; the dry run shows it)."""
         env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in unit.env.items())
         python = shlex.quote(self.opts.python or sys.executable)
         # several units may share a node: each takes a port free there (a fixed one could be anybody's)
@@ -124,11 +129,10 @@ class SlurmExecutor:
         nodes = "" if self.opts.nodes_per_unit < 2 else (
             'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))\n'
             'HOSTS="[local"; for n in "${NODES[@]:1}"; do HOSTS="$HOSTS, srun:$n"; done; HOSTS="$HOSTS]"\n')
-        path.write_text("#!/bin/bash\n"
-                        f"# spectrial unit {unit.name} ({unit.kind} of {', '.join(unit.arms)})\n"
-                        f"{env}{port}{nodes}exec {unit.shell(self.opts.python)}"
-                        + (' -p "port=$PORT"' if port else "") + (' -p "hosts=$HOSTS"' if nodes else "") + "\n")
-        return path
+        return ("#!/bin/bash\n"
+                f"# spectrial unit {unit.name} ({unit.kind} of {', '.join(unit.arms)})\n"
+                f"{env}{port}{nodes}exec {unit.shell(self.opts.python)}"
+                + (' -p "port=$PORT"' if port else "") + (' -p "hosts=$HOSTS"' if nodes else "") + "\n")
 
     def kill_wait_s(self) -> float | None:
         """Slurm's KillWait: the seconds between SIGTERM and SIGKILL on scancel or a time limit."""

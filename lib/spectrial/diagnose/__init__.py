@@ -38,6 +38,7 @@ from spectrial.diagnose import (  # noqa: F401 (register)
     uncontrolled,
     validity,
 )
+from spectrial.diagnose.common import names
 from spectrial.diagnose.context import LOG_SUFFIXES, Context, GpuSamples, LogFile, arm_of, read_text
 from spectrial.diagnose.model import SEVERITY_RANK, Diagnosis, Evidence, Finding, Severity, Source
 from spectrial.diagnose.registry import DETECTORS, Detector, detector, get
@@ -47,7 +48,7 @@ from spectrial.records import as_manifest, load_record
 from spectrial.schema import Manifest
 
 __all__ = ["DETECTORS", "SEVERITY_RANK", "SOURCES", "Context", "Detector", "Diagnosis", "Evidence", "Finding",
-           "Severity", "Source", "detector", "diagnose", "get", "load_context", "to_json"]
+           "Severity", "Source", "detector", "diagnose", "get", "load_context", "merge_repeats", "to_json"]
 
 
 def _arm_names(m: Manifest | None) -> list[str]:
@@ -128,6 +129,7 @@ def diagnose(source: str | Path | Manifest | Mapping[str, Any] | None = None, lo
             findings += det.run(ctx)
         except Exception as exc:  # noqa: BLE001 - one detector's bug must not hide the others' findings
             ctx.problems.append(f"detector {det.kind} failed: {type(exc).__name__}: {exc}")
+    findings = merge_repeats(findings)
     findings.sort(key=Finding.sort_key)
     breakeven.name_causes(findings)
     m = ctx.manifest
@@ -136,6 +138,27 @@ def diagnose(source: str | Path | Manifest | Mapping[str, Any] | None = None, lo
     read = (["manifest.json"] if m is not None else []) + [lf.label for lf in ctx.logs] + [g.label for g in ctx.gpu]
     return Diagnosis(run=str(run), engine=ctx.build.text(), findings=findings, checked=[d.kind for d in selected], read=read,
                      problems=ctx.problems)
+
+
+def merge_repeats(findings: list[Finding]) -> list[Finding]:
+    """Findings that say the same of several arms or starts ("<arm>: <the same words>", the same detail and fix)
+    as one, with the count and the arms named once ("3 arms (a, b and c): ..."); the evidence of each kept."""
+    groups: dict[tuple[str, str, str, str, str], list[Finding]] = {}
+    for f in findings:
+        rest = f.title[len(f.arm) + 2:] if f.arm and f.title.startswith(f"{f.arm}: ") else None
+        key = (f.kind, f.severity, rest if rest is not None else f"\0{id(f)}", f.detail, f.fix)
+        groups.setdefault(key, []).append(f)
+    out = []
+    for (_, _, rest, _, _), same in groups.items():
+        if len(same) == 1:
+            out.append(same[0])
+            continue
+        arms = [a for f in same for a in (f.arms or [f.arm or ""])]
+        first = same[0]
+        out.append(first.model_copy(update={
+            "title": f"{len(arms)} arms ({names(arms)}): {rest}", "arm": None, "arms": arms,
+            "evidence": [e for f in same for e in f.evidence]}))
+    return out
 
 
 def to_json(d: Diagnosis) -> str:

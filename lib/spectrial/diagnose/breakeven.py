@@ -69,10 +69,13 @@ def _arm_finding(ex: Explanation, path: str, arm: ArmRecord, base: ArmRecord, ba
         return None
     sp = number(arm.speedup)
     base_ms = number(ex.numbers.baseline_ms_per_token)
-    cycle = number(arm.cycle_ms)
+    cycle = number(figures.verdict_cycle_ms(arm))  # the verdict's clock: be x the baseline's ms per token
     k = int(arm.steps) if number(arm.steps) else None
     alphas, basis = needed(ex, arm)
-    ev = [rec(f"{path}.accept_len", accept), rec(f"{path}.cycle_ms", cycle), rec(base_where, base.tok_s)]
+    recorded = number(arm.cycle_ms)  # the evidence is the record's field: its cycle where that is the verdict's
+    same = cycle is not None and recorded is not None and abs(cycle - recorded) <= 1e-9 * recorded
+    ev = [rec(f"{path}.accept_len", accept), rec(f"{path}.cycle_ms", recorded) if same else
+          rec(f"{path}.break_even_accept_len", be), rec(base_where, base.tok_s)]
     parts = [f"A cycle takes {f2(cycle)} ms, the time of {be:.2f} baseline tokens ({f2(base_ms, 3)} ms each at "
              f"{f2(base.tok_s, 1)} tok/s); it commits {accept:.2f}"]
     derived = arm.derived or {}

@@ -31,17 +31,23 @@ def stale_baseline(ctx: Context) -> Iterator[Finding]:
 
         drift, where = check_drift(m, ctx.run_dir.parent), f"drift (recomputed against {ctx.run_dir.parent.name}/)"
     if drift is not None and drift.checked:
-        yield from _drift(drift, where)
+        effects = [abs(a.speedup - 1.0) * 100 for a in m.arms if a.status == "ok" and not figures.is_baseline(a)
+                   and figures.positive(a.speedup)]
+        yield from _drift(drift, where, min(effects) if effects else None)
     yield from _sessions(ctx)
 
 
-def _drift(d: DriftRecord, where: str) -> Iterator[Finding]:
+def _drift(d: DriftRecord, where: str, smallest_effect_pct: float | None = None) -> Iterator[Finding]:
     shift = number(d.get("shift_pct"))
     if d.flagged:
-        yield Finding(kind="stale_baseline", severity="warning",
-                      title=f"baseline drift: {d.message}",
+        # ranked: a drift as large as an effect this run measured would flip a comparison with those earlier runs
+        big = shift is not None and smallest_effect_pct is not None and abs(shift) >= smallest_effect_pct
+        yield Finding(kind="stale_baseline", severity="critical" if big else "warning",
+                      title=d.message if d.message.startswith("baseline drift") else f"baseline drift: {d.message}",
                       detail="The host runs the same build at another speed than before: numbers from the earlier "
-                             "runs cannot be mixed with this one's.",
+                             "runs cannot be mixed with this one's"
+                             + (" (critical: the drift is as large as a speed-up this run measured, so a comparison "
+                                "across runs would turn its verdict)" if big else "") + ".",
                       evidence=[rec(f"{where}.message", d.message), rec(f"{where}.shift_pct", shift),
                                 rec(f"{where}.earlier_runs", d.get("earlier_runs"))],
                       fix="Compare arms only with the baseline measured beside them; find what changed (the message "

@@ -46,6 +46,7 @@ class Finding(BaseModel):
     title: str
     detail: str = ""
     arm: str | None = None
+    arms: list[str] = Field(default_factory=list)  # the arms (sweep points) of a finding said once for several
     evidence: list[Evidence] = Field(default_factory=list)
     fix: str = ""
     sources: list[Source] = Field(default_factory=list)
@@ -99,7 +100,7 @@ class Diagnosis(BaseModel):
         if self.engine:
             head += f"\nengine: {self.engine}"
         body = [f"{i}. {f.text(evidence)}" for i, f in enumerate(self.findings, 1)]
-        tail = [f"read: {', '.join(self.read) or 'nothing'}"]
+        tail = [f"read: {read_summary(self.read)}"]
         tail += [f"could not read: {p}" for p in self.problems]
         return "\n".join([head, *body, *tail])
 
@@ -129,6 +130,25 @@ class Diagnosis(BaseModel):
         from IPython.display import Markdown, display
 
         display(Markdown(self.markdown()))
+
+
+def read_summary(read: list[str]) -> str:
+    """What the doctor read, in one line: files of one folder as a count and the folder ("4 server logs in logs/",
+    "4 GPU sample files in gpu/"), a file alone in its folder by its path."""
+    folders: dict[str, list[str]] = {}
+    for label in read:
+        head, sep, _ = label.rpartition("/")
+        folders.setdefault(head + sep, []).append(label)
+    parts = []
+    for folder, files in folders.items():
+        if len(files) == 1 or not folder:
+            parts += files
+            continue
+        csv = sum(f.endswith(".csv") for f in files)
+        what = [f"{n} {kind}" for n, kind in ((len(files) - csv, "server logs" if folder == "logs/" else "logs"),
+                                                (csv, "GPU sample files" if folder == "gpu/" else "CSV files")) if n]
+        parts.append(f"{' and '.join(what)} in {folder}")
+    return ", ".join(parts) or "nothing"
 
 
 def _code(text: str) -> str:

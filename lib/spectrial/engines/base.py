@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from spectrial import metrics
 from spectrial.bench import ChatMessage, Payload, RequestBody, Sampling
+from spectrial.envcheck import strict_names
 from spectrial.errors import ConfigError
 from spectrial.host import Host
 from spectrial.logs.api import ServerLog
@@ -277,10 +278,18 @@ class Engine(ABC):
         raise ConfigError(f"{what}: {path!r} not found on host {self.host.name}; fix the path in the params file "
                           "or with -p", parameter=what)
 
-    @property
-    def nccl_evidence_check(self) -> Literal["fail", "warn"]:
-        """What a requested NCCL_* variable that NCCL did not report does: fail the start, or warn."""
-        return getattr(self.config, "nccl_evidence_check", "warn")
+    def ranks(self) -> int:
+        """Ranks (GPUs) one server spans on its node as configured: tensor x data parallel (1: one GPU)."""
+        return 1
+
+    def nccl_evidence_check(self, env: dict[str, str]) -> Literal["fail", "warn"]:
+        """What a requested NCCL_* variable that NCCL did not report (or reported with another value) does to a
+        start launched with `env`: `engine_config.nccl_evidence_check` where given, else fail on a multi-GPU
+        launch that requests NCCL_* variables (spectrial.envcheck.strict_names), warn otherwise."""
+        given = getattr(self.config, "nccl_evidence_check", None)
+        if given is not None:
+            return given
+        return "fail" if strict_names(env, self.ranks(), max(len(self.params.hosts), 1)) else "warn"
 
     # --- benchmark hooks -----------------------------------------------------------------------------
     def sampling_fields(self) -> Sampling:

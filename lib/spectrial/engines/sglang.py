@@ -141,9 +141,10 @@ class SGLangConfig(BaseModel):
                                           "draft_tokens must not be set.")
     nccl_debug: bool = Field(False, description="Add NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV to the launch "
                              "env and record, per rank, what NCCL reports it used.")
-    nccl_evidence_check: Literal["fail", "warn"] = Field("warn", description="With NCCL debug output: 'fail' "
-                                                         "fails the arm when a requested NCCL_* variable is not "
-                                                         "reported by NCCL on every rank.")
+    nccl_evidence_check: Literal["fail", "warn"] | None = Field(
+        None, description="With nccl_debug: 'fail' fails the arm when a requested NCCL_* variable is not reported by "
+                          "NCCL on every rank (or with another value), 'warn' records it; default: fail on a "
+                          "multi-GPU launch (tp_size > 1 or several nodes) that requests NCCL_* variables, else warn.")
     sglang_version: str | None = Field(None, description="SGLang version when the host cannot be asked (dry "
                                        "runs); must match the host's when it can. Unset in a dry run: the "
                                        "newest known flag set.")
@@ -505,6 +506,9 @@ class SGLang(Engine):
 
     def slots(self) -> tuple[int | None, str]:
         return self.config.max_running_requests, "engine_config.max_running_requests (--max-running-requests)"
+
+    def ranks(self) -> int:
+        return self.config.tp_size
 
     def version(self) -> EngineIdentity:
         return self.identity.model_copy(update={"engine": "sglang", "version": self.sglang_version})

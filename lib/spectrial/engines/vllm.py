@@ -113,9 +113,11 @@ class VLLMConfig(BaseModel):
                                               "keys, merged into the JSON as given.")
     nccl_debug: bool = Field(False, description="Add NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV to the launch "
                              "env and record, per rank, what NCCL reports it used.")
-    nccl_evidence_check: Literal["fail", "warn"] = Field("warn", description="'fail': a requested NCCL_* "
-                                                         "variable not reported by NCCL on every rank fails "
-                                                         "the arm.")
+    nccl_evidence_check: Literal["fail", "warn"] | None = Field(
+        None, description="With nccl_debug: 'fail' fails the arm when a requested NCCL_* variable is not reported by "
+                          "NCCL on every rank (or with another value), 'warn' records it; default: fail on a "
+                          "multi-GPU launch (tensor_parallel_size > 1 or several nodes) that requests NCCL_* "
+                          "variables, else warn.")
     extra_args: list[str] = Field(default_factory=list, description="Arguments appended to every arm.")
 
 
@@ -310,6 +312,9 @@ class VLLM(Engine):
 
     def slots(self) -> tuple[int | None, str]:
         return self.config.max_num_seqs, "engine_config.max_num_seqs (--max-num-seqs)"
+
+    def ranks(self) -> int:
+        return self.config.tensor_parallel_size
 
     def version(self) -> EngineIdentity:
         return self.identity.model_copy(update={"engine": "vllm", "version": self.identity.vllm_version})

@@ -5,21 +5,26 @@ each a title, a markdown paragraph, optionally a table and a figure (drawn by `s
 
 1. **Input check**: run status, failed arms, arms without a baseline, zero verify steps, accept length < 1,
    speculative arms without a cycle time. Bad input becomes sentences here; ``explain`` never raises on it.
-2. **Break-even**: per speculative arm, break-even accept length = cycle_ms / baseline ms per token
-   (``analysis.break_even_accept_len``), the achieved accept length, the margin, the speed-up and, where
-   each arm has >= 2 request rates, the bootstrap verdict of ``analysis.compare_arms``. Figure: tok/s a cycle
-   of each arm's measured cost gives at every accept length (tau / cycle_ms * 1000), against the baseline.
+2. **Break-even**: per speculative arm, the record's break-even accept length (``spectrial.figures``: accept
+   length / speed-up = its cycle / the baseline's ms per token), the achieved accept length, the margin, the
+   speed-up with its interval and verdict, pays. Figure: tok/s a cycle of each arm's cost gives at every accept
+   length (tau / cycle_ms * 1000), against the baseline.
 3. **Cycle-cost model**: where one method was measured at >= 2 depths k under the same conditions (same
-   ``nccl_env`` where arms record one; cycle times that are only lower bounds left out), on the engine's clock
-   (``engine_cycle_ms`` = decode time / verify steps) where the record has it, else ``cycle_ms``,
+   ``nccl_env`` where arms record one; cycle times that are only lower bounds left out),
    ``analysis.fit_cycle_model`` (cycle_ms = fixed + per_draft * k) and the throughput it predicts for the
    measured arms (``analysis.prediction_errors``; alpha = the synthetic acceptance, else solved from the
    accept length). A negative fixed or per-draft cost is flagged as an implausible fit.
 4. **Acceptance needed**: per depth, the per-token acceptance alpha that reaches the baseline (break-even)
    and a target tok/s (default 1.5x the baseline): ``CycleModel.alpha_for`` on the fitted model, or on a
-   constant-cycle model at each measured arm when only one depth exists.
+   constant-cycle model at each measured arm when only one depth exists (its break-even column is then the
+   arm's break-even).
 5. **Roofline**: the baseline against the memory-bandwidth limit of batch-1 decode, when the record (or
    ``roofline=``) names the GPU model and count and the model's size (``analysis.decode_roofline_tok_s``).
+
+One clock throughout: every cycle here is the verdict's (``figures.verdict_cycle_ms`` = break-even x the
+baseline's ms per token; ``cycle_ms`` = accept length / tok/s x 1000 for every arm but a decide run's), so the
+break-even of sections 2 and 4 is one number per arm. The engine's own clock (``engine_cycle_ms`` = decode time /
+verify steps) appears only in the ``engine_cycle_ms (cross-check)`` columns: it never makes a second break-even.
 
 With a workload of two categories or more (chat, code, ...), a **Per workload** section follows the
 break-even: a cycle costs the same whatever the prompt, the acceptance does not; per arm, which categories'
@@ -230,6 +235,12 @@ def roofline_missing(manifest: Manifest | None) -> str:
 
 # ------------------------------------------------------------------ small helpers
 _pos = positive
+ENGINE_CLOCK = "engine_cycle_ms (cross-check)"  # the engine's own clock: a column beside the verdict's, never a verdict
+
+
+def _cross_check(table: pd.DataFrame) -> pd.DataFrame:
+    """A table without the engine's clock column where no arm recorded one (hand-made records)."""
+    return table.drop(columns=[ENGINE_CLOCK]) if ENGINE_CLOCK in table and table[ENGINE_CLOCK].isna().all() else table
 
 
 def rounded(x: float | None, nd: int = _ROUND) -> float | None:
@@ -265,14 +276,19 @@ class ArmView:
     k: int | None
     tok_s: float | None
     ms_per_token: float | None
-    cycle_ms: float | None
-    model_cycle_ms: float | None  # the cost model's clock: the engine's own cycle where recorded, else cycle_ms
+    engine_cycle_ms: float | None  # the engine's own clock (decode time / verify steps): a cross-check only
     accept_len: float | None
     alpha: float | None
     synthetic: bool
     draft_ms: float | None
     values: list[float]
     raw: ArmRecord
+
+    @property
+    def cycle_ms(self) -> float | None:
+        """A cycle on the verdict's clock (`figures.verdict_cycle_ms`: break-even x the baseline's ms per token,
+        = accept length / tok/s x 1000 but for a decide run's arm): the one cycle of every section."""
+        return figures.verdict_cycle_ms(self.raw)
 
     @property
     def cycle_is_bound(self) -> bool:
@@ -291,7 +307,6 @@ def _view(arm: ArmRecord, problems: list[str]) -> ArmView:
     name = arm.name or "?"
     ok = arm.status == "ok"
     k = _k(arm)
-    cycle = _pos(arm.cycle_ms)
     al = arm.accept_len
     accept = None
     if al is not None and not _is_base(arm):
@@ -313,8 +328,8 @@ def _view(arm: ArmRecord, problems: list[str]) -> ArmView:
     alpha = figures.alpha_of(accept, k, syn)[0] if arm.alpha is None or accept is None else arm.alpha
     values = [float(v) for v in arm.tok_s_values if _pos(v)]
     return ArmView(name=name, method=arm.method or "none", ok=ok, k=k, tok_s=_pos(arm.tok_s),
-                ms_per_token=_pos(arm.ms_per_token), cycle_ms=cycle,
-                model_cycle_ms=_pos(arm.engine_cycle_ms) or cycle, accept_len=accept, alpha=alpha,
+                ms_per_token=_pos(arm.ms_per_token), engine_cycle_ms=_pos(arm.engine_cycle_ms),
+                accept_len=accept, alpha=alpha,
                 synthetic=bool(arm.synthetic) or syn is not None,
                 draft_ms=_pos(arm.draft_ms_per_cycle), values=values, raw=arm)
 
@@ -429,6 +444,7 @@ def _break_even_section(base: ArmView | None, base_ms: float | None, spec: list[
                      "speedup_ci_low": rounded(r.speedup_ci_low, 3), "speedup_ci_high": rounded(r.speedup_ci_high, 3),
                      "cycle_ms": rounded(a.cycle_ms, 3), "accept_len": rounded(a.accept_len, 3),
                      "break_even_accept_len": rounded(be, 3),
+                     ENGINE_CLOCK: rounded(a.engine_cycle_ms, 3),
                      "margin": rounded(a.accept_len - be, 3) if be is not None and a.accept_len is not None else None,
                      "break_even_ci_low": rounded(r.break_even_ci_low, 3),
                      "break_even_ci_high": rounded(r.break_even_ci_high, 3), "pays": r.pays or "not judged",
@@ -448,8 +464,16 @@ def _break_even_section(base: ArmView | None, base_ms: float | None, spec: list[
     text = (f"The baseline takes {_f(base_ms, 3)} ms per token ({_f(base.tok_s, 1)} tok/s, its decode rate per "
             "request). A speculative cycle pays only when it commits more tokens than the baseline decodes in the "
             "same time: break-even accept length = cycle time / baseline time per token = accept length / speed-up "
-            "(both times on the decode rate's clock), its interval from the speed-up's.\n\n" + "\n".join(lines))
-    return Section(title, text, pd.DataFrame(rows), "break_even")
+            "(both times on the decode rate's clock), its interval from the speed-up's.")
+    if any(figures.paired_rounds(a.raw.ci_basis) for a in spec):
+        text += (" In this decide run the speed-up is the geometric mean of the paired per-round ratios (its "
+                 "confidence sequence's estimate, the same pair as its interval), and a cycle is the time that "
+                 "speed-up implies: break-even x the baseline's time per token.")
+    if any(a.engine_cycle_ms for a in spec):
+        text += (" The engine's own clock (decode time / verify steps) is in the `engine_cycle_ms (cross-check)` "
+                 "column: a check of the clock, never a second break-even.")
+    text += "\n\n" + "\n".join(lines)
+    return Section(title, text, _cross_check(pd.DataFrame(rows)), "break_even")
 
 
 def _workload_sections(base: ArmView | None, spec: list[ArmView], manifest: Manifest | None,
@@ -516,11 +540,11 @@ class CycleFit:
 def _fit_models(spec: list[ArmView], problems: list[str]) -> list[CycleFit]:
     fits: list[CycleFit] = []
     for method in dict.fromkeys(a.condition for a in spec):
-        pts = [a for a in spec if a.condition == method and a.k is not None and a.model_cycle_ms and not a.cycle_is_bound]
+        pts = [a for a in spec if a.condition == method and a.k is not None and a.cycle_ms and not a.cycle_is_bound]
         if len({a.k for a in pts}) < 2:
             continue
-        split = all(a.draft_ms is not None and a.draft_ms <= a.model_cycle_ms for a in pts)  # type: ignore[operator]
-        data = [(a.k, a.model_cycle_ms, a.draft_ms) if split else (a.k, a.model_cycle_ms) for a in pts]
+        split = all(a.draft_ms is not None and a.draft_ms <= a.cycle_ms for a in pts)  # type: ignore[operator]
+        data = [(a.k, a.cycle_ms, a.draft_ms) if split else (a.k, a.cycle_ms) for a in pts]
         try:
             fits.append(CycleFit(method, analysis.fit_cycle_model(data), pts))  # type: ignore[arg-type]
         except ConfigError as exc:
@@ -531,14 +555,14 @@ def _fit_models(spec: list[ArmView], problems: list[str]) -> list[CycleFit]:
 def _model_section(fits: list[CycleFit], spec: list[ArmView], base: ArmView | None, numbers: ExplainNumbers) -> Section:
     title = "Cycle-cost model"
     if not fits:
-        ks = sorted({a.k for a in spec if a.k is not None and a.model_cycle_ms})
+        ks = sorted({a.k for a in spec if a.k is not None and a.cycle_ms})
         why = (f"only depth k={ks[0]} was measured" if len(ks) == 1 else
                "no method was measured at two depths under the same conditions" if ks else
                "no arm has a cycle time and a depth")
         return Section(title, f"Not fitted: {why}. The model cycle_ms = fixed + per_draft x k needs one method "
                               "measured at two or more depths (e.g. steps 1, 2, 4) under the same conditions (and cycle "
                               "times that are not just lower bounds); the next section therefore uses "
-                              "each arm's measured cycle.")
+                              "each arm's measured cycle (the one its break-even is).")
     rows, lines = [], []
     for f in fits:
         m = f.model
@@ -564,8 +588,9 @@ def _model_section(fits: list[CycleFit], spec: list[ArmView], base: ArmView | No
                                                            "tok_s": [a.tok_s for a in have]})) if have else None
         for i, a in enumerate(f.arms):
             j = have.index(a) if a in have else None
-            rows.append({"method": f.method, "arm": a.name, "k": a.k, "cycle_ms": rounded(a.model_cycle_ms, 3),
+            rows.append({"method": f.method, "arm": a.name, "k": a.k, "cycle_ms": rounded(a.cycle_ms, 3),
                          "fitted_cycle_ms": rounded(m.cycle_ms(a.k), 3), "residual_ms": rounded(m.residuals_ms[i], 3),
+                         ENGINE_CLOCK: rounded(a.engine_cycle_ms, 3),
                          "alpha": rounded(a.alpha, 3), "tok_s": rounded(a.tok_s, 2),
                          "predicted_tok_s": rounded(pred["predicted_tok_s"].iloc[j], 2) if j is not None else None,
                          "rel_error": rounded(pred["rel_error"].iloc[j], 4) if j is not None else None})
@@ -577,7 +602,7 @@ def _model_section(fits: list[CycleFit], spec: list[ArmView], base: ArmView | No
             verify_per_token_ms=m.verify_per_token_ms, fitted_on=[a.name for a in f.arms],
             error=FitError(median=float(pd.Series(errs_m).median()) if errs_m else None,
                            max=max(errs_m) if errs_m else None, n=len(errs_m)))
-    table = pd.DataFrame(rows)
+    table = _cross_check(pd.DataFrame(rows))
     errs = [(name, fit.error) for name, fit in numbers.models.items() if fit.error.n]
     if errs:
         lines.append("\nOn the arms it was fitted on, the model's throughput (tau(alpha, k) / cycle) is off by "
@@ -604,8 +629,8 @@ def _needed_rows(fits: list[CycleFit], spec: list[ArmView], targets: list[tuple[
                  if f.model.fixed_ms + f.model.per_draft_ms * k > 0]
     fitted = {f.method for f in fits}
     plan += [(a.name, "cycle lower bound" if a.cycle_is_bound else "measured cycle", a.k,
-              _constant_model(a.model_cycle_ms, a.k)) for a in spec  # type: ignore[arg-type]
-             if a.condition not in fitted and a.k is not None and a.model_cycle_ms]
+              _constant_model(a.cycle_ms, a.k)) for a in spec  # type: ignore[arg-type]
+             if a.condition not in fitted and a.k is not None and a.cycle_ms]
     for who, basis, k, model in plan:
         cyc = model.cycle_ms(k)
         row: TableRow = {"source": who, "basis": basis, "k": k, "cycle_ms": rounded(cyc, 3),
@@ -649,7 +674,7 @@ def _needed_section(fits: list[CycleFit], spec: list[ArmView], base: ArmView | N
         best = reach.loc[reach[col].idxmin()]
         lines.append(f"\nThe least acceptance reaching **{tok_s:g} tok/s** among the depths considered "
                      f"(fitted models: k = 1 to {MAX_MODEL_K}) is alpha = **{best[col]:.3f}** at k={best['k']} "
-                     f"({best['source']}, {best['basis']}, cycle {best['cycle_ms']:.2f} ms).")
+                     f"({best['source']}, {best['basis']}, cycle {best['cycle_ms']:.3f} ms).")
         numbers.min_alpha_for_target = float(best[col])
     else:
         lines.append(f"\n**{tok_s:g} tok/s is out of reach at every depth considered**: even a draft that is always "

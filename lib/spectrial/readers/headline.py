@@ -15,15 +15,16 @@ renderable that fits the terminal).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
 
 import pandas as pd
 from pydantic import BaseModel, Field
 
 from spectrial.figures import NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, pick_baseline, positive
 from spectrial.records import as_manifest
-from spectrial.schema import ArmRecord, Manifest, PointRecord
+from spectrial.schema import ArmRecord, DecideRecord, Manifest, PointRecord
 from spectrial.validity import is_invalid, problems
 
 DETECT = 0.05  # the difference an undecided arm is told how to detect
@@ -69,7 +70,8 @@ class ArmLine(BaseModel):
         """The checks in a word or two for a table column."""
         if self.invalid:
             return "invalid"
-        return f"{len(self.warnings)} warning(s)" if self.warnings else ("ok" if self.status == "ok" else None)
+        n = len(self.warnings)
+        return f"{n} warning{'s' if n > 1 else ''}" if n else ("ok" if self.status == "ok" else None)
 
     @property
     def label(self) -> str:
@@ -126,13 +128,19 @@ class Headline(BaseModel):
     arms: list[ArmLine] = Field(default_factory=list)
     decided: str | None = None
     partial: str | None = None  # a sweep its budget stopped: what it did not measure here
+    environment: str | None = None  # what the environment checks verified (spectrial.envcheck.verified)
+    drift: str | None = None  # the baseline moved beyond earlier runs of this host (spectrial.drift; None: it did not)
 
     def lines(self) -> list[str]:
         out = [self.title]
+        if self.drift:
+            out.append(self.drift)
         if self.partial:
             out.append(self.partial)
         if self.decided:
             out.append(self.decided)
+        if self.environment:
+            out.append(self.environment)
         out += [a.sentence() for a in self.arms]
         return out
 
@@ -142,10 +150,14 @@ class Headline(BaseModel):
     def markdown(self, heading: str | None = None) -> str:
         """The title (bold, or as a heading of `heading`, e.g. "##"), the decide line, one bullet per arm."""
         body = [f"{heading} {self.title}" if heading else f"**{self.title}**", ""]
+        if self.drift:
+            body += [f"**{_md(self.drift)}**", ""]
         if self.partial:
             body += [_md(self.partial), ""]
         if self.decided:
             body += [self.decided, ""]
+        if self.environment:
+            body += [_md(self.environment), ""]
         body += [f"- {_md(a.sentence())}" for a in self.arms]
         return "\n".join(body)
 
@@ -172,30 +184,161 @@ class Headline(BaseModel):
         return df.dropna(axis=1, how="all") if len(df) else df
 
     def rich(self) -> Any:
-        """A rich renderable: the title, the decide line, the compact table, then one sentence per arm."""
+        """A rich renderable that fits the terminal without breaking a name, number or interval: the title, the
+        decide line, the environment line, the compact table (`_FitTable`), then one sentence per arm."""
         from rich.console import Group
-        from rich.table import Table
-        from rich.text import Text
 
-        t = Table(show_header=True, header_style="bold", expand=False, pad_edge=False, box=None)
-        df = self.table(terminal=True)
-        for col in df.columns:
-            t.add_column(str(col), overflow="fold", justify="left" if col in ("arm", "verdict") else "right")
-        for _, row in df.iterrows():
-            t.add_row(*["—" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v) for v in row])
-        parts: list[Any] = [Text(self.title, style="bold")]
+        parts: list[Any] = [_Para(self.title, style="bold")]
+        if self.drift:
+            parts.append(_Para(self.drift, style="bold yellow"))
         if self.partial:
-            parts.append(Text(self.partial, style="yellow"))
+            parts.append(_Para(self.partial, style="yellow"))
         if self.decided:
-            parts.append(Text(self.decided))
-        parts.append(t)
-        parts += [Text("• " + a.sentence()) for a in self.arms if not a.baseline]
+            parts.append(_Para(self.decided))
+        if self.environment:
+            parts.append(_Para(self.environment, style="green" if self.environment.startswith(
+                "environment verified") else "red"))
+        parts.append(_FitTable(self.table(terminal=True)))
+        parts += [_Para("• " + a.sentence(), indent="  ") for a in self.arms if not a.baseline]
         return Group(*parts)
 
     def print(self, console: Any = None) -> None:
         from rich.console import Console
 
         (console or Console()).print(self.rich())
+
+
+# --- the terminal: wrap and fit without breaking a name, number or interval -------------------------------
+_ATOM = re.compile(r"\S*\[[^\[\]\n]*\]\S*|\S+")  # a word, or an interval "[0.63, 0.84]" with what clings to it
+
+
+def wrap(text: str, width: int, indent: str = "") -> list[str]:
+    """`text` in lines of at most `width` columns, broken only between words; an interval ("[0.63, 0.84]") is one
+    word. Continuation lines start with `indent`. A word longer than a line gets a line of its own."""
+    return _fill(_ATOM.findall(text), width, " ", indent)
+
+
+def _fill(atoms: Sequence[str], width: int, sep: str, indent: str = "", first: str = "") -> list[str]:
+    """`atoms` joined by `sep` in lines of at most `width` columns (the first line starts with `first`, the others
+    with `indent`), broken only between atoms; an atom too long for any line is wrapped between its words."""
+    lines: list[str] = []
+    cur = first
+    for atom in atoms:
+        if cur.strip() and len(cur) + len(sep) + len(atom) > width:
+            lines.append(cur.rstrip())
+            cur = indent
+        if not cur.strip() and len(cur) + len(atom) > width and " " in atom:
+            parts = wrap(atom, width - len(cur), "")
+            lines += [cur + x for x in parts[:-1]]
+            cur = indent + parts[-1]
+            continue
+        cur = f"{cur}{sep}{atom}" if cur.strip() else cur + atom
+    if cur.strip():
+        lines.append(cur)
+    return lines or [""]
+
+
+class _Para:
+    """A paragraph for rich that wraps at render time (`wrap`), never inside a word or an interval."""
+
+    def __init__(self, text: str, style: str = "", indent: str = "") -> None:
+        self.text, self.style, self.indent = text, style, indent
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        for line in wrap(self.text, options.max_width, self.indent):
+            yield Text(line, style=self.style, no_wrap=True, overflow="fold")
+
+
+# terminal columns left out, in this order, when the table would not fit: the serving figures, then the accept
+# length and break-even (each speculative arm's sentence below the table gives both), then the checks
+_DROP = ("ITL ms", "TTFT ms", "break-even", "accept", "checks")
+
+
+def _cell_lines(col: str, text: str, narrow: bool) -> list[str]:
+    """A cell on one line, or (narrow) split where it may be: a label before its "(k=...)", a figure before its
+    interval, a verdict between its words."""
+    if not narrow:
+        return [text]
+    if col == "arm":
+        name, sep, rest = text.partition(" (")
+        return [name, "(" + rest] if sep else [text]
+    if " [" in text:
+        value, _, ci = text.partition(" [")
+        return [value, "[" + ci]
+    if col == "verdict":
+        return text.split() or [text]
+    return [text]
+
+
+class _FitTable:
+    """The compact table fitted to the terminal's width at render time: every cell on one line if that fits, else
+    cells split where they may be (`_cell_lines`), else columns left out (`_DROP`), else one block per arm. No
+    layout folds a word: a column is as wide as its widest line."""
+
+    GAP = 2  # columns between two columns (rich's padding on each side)
+
+    DECIMALS: ClassVar[dict[str, int]] = {"tok/s": 1, "accept": 2, "TTFT ms": 1, "ITL ms": 2}  # as the sentences
+
+    def __init__(self, df: pd.DataFrame) -> None:
+        self.cols = [str(c) for c in df.columns]
+        self.rows = [[self._cell(c, v) for c, v in zip(self.cols, row, strict=True)]
+                     for row in df.itertuples(index=False)]
+
+    def _cell(self, col: str, v: Any) -> str:
+        if v is None or (isinstance(v, float) and pd.isna(v)):
+            return "—"
+        if isinstance(v, float) and col in self.DECIMALS:
+            return f"{v:.{self.DECIMALS[col]}f}"
+        return str(v)
+
+    def layouts(self) -> Iterator[tuple[bool, list[str]]]:
+        """Candidate layouts, fullest first: (narrow, columns)."""
+        yield False, self.cols
+        for k in range(len(_DROP) + 1):
+            yield True, [c for c in self.cols if c not in _DROP[:k]]
+
+    def width(self, narrow: bool, cols: list[str]) -> int:
+        idx = [self.cols.index(c) for c in cols]
+        widths = [max([len(w) for w in (c.split() if narrow else [c])]
+                      + [len(x) for r in self.rows for x in _cell_lines(c, r[i], narrow)]) for c, i in zip(cols, idx,
+                                                                                                    strict=True)]
+        return sum(widths) + self.GAP * (len(cols) - 1)
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        if not self.rows:
+            return
+        fit = next(((n, c) for n, c in self.layouts() if self.width(n, c) <= options.max_width), None)
+        if fit is None:  # one block per arm: its label, then "column value" pairs wrapped between them
+            for r in self.rows:
+                yield from (Text(x, no_wrap=True) for x in wrap(r[0], options.max_width, "  "))
+                pairs = [f"{c} {v}" for c, v in zip(self.cols[1:], r[1:], strict=True) if v != "—"]
+                yield from (Text(x, no_wrap=True) for x in _fill(pairs, options.max_width, "; ", "  ", "  "))
+            return
+        narrow, cols = fit
+        t = Table(show_header=True, header_style="bold", expand=False, pad_edge=False, box=None,
+                  padding=(0, self.GAP // 2))
+        for c in cols:
+            t.add_column("\n".join(c.split()) if narrow else c, no_wrap=True,
+                         justify="left" if c in ("arm", "verdict") else "right")
+        for r in self.rows:
+            t.add_row(*["\n".join(_cell_lines(c, r[self.cols.index(c)], narrow)) for c in cols])
+        yield t
+
+
+def fit_table(df: pd.DataFrame) -> Any:
+    """A rich renderable of any compact table, fitted to the terminal as the headline's is (`_FitTable`: cells
+    split only where they may be, columns left out in the order of `_DROP`, else one block per row)."""
+    return _FitTable(df)
+
+
+def paragraph(text: str, style: str = "", indent: str = "") -> Any:
+    """A rich renderable of `text` wrapped to the terminal between words, an interval kept whole (`wrap`)."""
+    return _Para(text, style=style, indent=indent)
 
 
 def _short(verdict: str | None) -> str | None:
@@ -230,11 +373,14 @@ def _pair(lo: Any, hi: Any) -> tuple[float, float] | None:
     return (lo, hi) if lo is not None and hi is not None else None
 
 
-def _needs(a: ArmRecord, starts: int, decided_run: bool = False) -> str | None:
+def _needs(a: ArmRecord, starts: int, decided_run: bool | DecideRecord | None = False) -> str | None:
     """What would decide an undecided arm: how many more starts (or requests, with one start per arm) a fixed
-    design needs to detect a DETECT difference, from the width of its interval."""
+    design needs to detect a DETECT difference, from the width of its interval; in a decide run (its
+    `DecideRecord`), how many more rounds, since a decide run only ever adds rounds (one start of every arm)."""
     from spectrial.sequential import rounds_to_detect
 
+    if isinstance(decided_run, DecideRecord) and any(x.arm == a.name for x in decided_run.arms):
+        return _needs_rounds(a, decided_run)
     ci = _pair(a.speedup_ci_low, a.speedup_ci_high)
     if ci is None:
         return "needs at least 2 requests per arm for an interval"
@@ -251,7 +397,35 @@ def _needs(a: ArmRecord, starts: int, decided_run: bool = False) -> str | None:
     return f"needs ~{more} more {unit} to detect {DETECT * 100:.0f} % ({how})"
 
 
-def arm_line(a: ArmRecord, base: ArmRecord | None, decided_run: bool = False) -> ArmLine:
+def _needs_rounds(a: ArmRecord, d: DecideRecord) -> str | None:
+    """An undecided arm of a decide run: its interval still unbounded (fewer rounds than its design's first
+    look), or how many more rounds (and starts) its sequence's interval says a fixed design would need to detect
+    DETECT, the rounds as the unit (`rounds_to_detect`)."""
+    from spectrial.sequential import rounds_to_detect
+
+    s = next((x for x in d.arms if x.arm == a.name), None)
+    rounds = s.rounds if s is not None else d.rounds
+    settled = ("faster", "slower", "equivalent", "inconsistent")  # a settled arm leaves the later rounds
+    per_round = 1 + max(1, len([x for x in d.arms if not x.status.startswith(settled)]))  # the baseline, open arms
+    how = "raise `decide.max_rounds` or `decide.max_minutes`"
+    ci = _pair(a.speedup_ci_low, a.speedup_ci_high)
+    if ci is None:
+        first = getattr(s, "first_look", None)
+        if first is not None and rounds < first:
+            return (f"no interval yet: its first possible decision is at round {first}; {rounds} round(s) "
+                    f"measured ({how})")
+        return f"no interval yet after {rounds} round(s) of paired starts ({how})"
+    if rounds < 2:
+        return None
+    total = rounds_to_detect(ci[0], ci[1], rounds, effect=DETECT, level=a.ci_level or d.level)
+    if total is None:
+        return None
+    more = max(total - rounds, 1)
+    return (f"needs ~{more} more rounds ({more * per_round} starts: one per arm and round) to detect "
+            f"{DETECT * 100:.0f} % ({how})")
+
+
+def arm_line(a: ArmRecord, base: ArmRecord | None, decided_run: bool | DecideRecord | None = False) -> ArmLine:
     starts = len([s for s in a.starts if s.status == "ok"]) or len(a.starts) or len(a.start_orders if isinstance(a, PointRecord) else [])
     sv = a.serving
     line = ArmLine(arm=a.name, method=a.method, k=a.steps, synthetic=bool(a.synthetic),
@@ -291,6 +465,7 @@ def headlines(source: Manifest | Any) -> list[Headline]:
         for s in sessions:
             h = headline(m, arms=[a for a in m.arms if a.session == s])
             out.append(h.model_copy(update={"title": f"session {s}: {h.title}"}))
+        out[0].environment = environment_line(m)  # the record's, said once
         return out
     return [headline(m)]
 
@@ -302,6 +477,7 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
     m = as_manifest(source) if source is not None else None
     if m is not None and m.kind == "observe":
         return observed_headline(m)
+    arms_given = arms
     arms = list(arms if arms is not None else m.arms)  # type: ignore[union-attr]
     base = pick_baseline(arms)
     if base is not None and any(a.status == "ok" and a.baseline_arm is None and a.verdict is None for a in arms):
@@ -310,18 +486,37 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
         )
 
         add_comparisons(arms, None, base=base)
-    lines = [arm_line(a, base, m is not None and m.decide is not None) for a in arms]
+    lines = [arm_line(a, base, m.decide if m is not None else None) for a in arms]
     lines.sort(key=lambda x: (not x.baseline, x.status != "ok"))
     spec = [x for x in lines if x.method != "none" and x.status == "ok" and x.speedup is not None]
     decided = None
     if m is not None and m.decide is not None and len(arms) == len(m.arms):
         d = m.decide
-        decided = (f"Sampled until decided: {d.rounds} round(s), {d.starts} starts; {d.stopped}"
+        lead = "Sampled until decided" if d.stopped.startswith("decided") else "Sampled in rounds of one start per arm"
+        decided = (f"{lead}: {d.rounds} round(s), {d.starts} starts; {d.stopped}"
                    + (" (a fixed design with the same precision: "
                       + ", ".join(f"{k} ~{v} rounds" for k, v in d.fixed_design_rounds.items() if v) + ")"
                       if any(d.fixed_design_rounds.values()) else ""))
     return Headline(title=_title(base, spec, lines), baseline=base.name if base else None,
-                    baseline_tok_s=base.tok_s if base else None, arms=lines, decided=decided)
+                    baseline_tok_s=base.tok_s if base else None, arms=lines, decided=decided,
+                    environment=environment_line(m) if m is not None and arms_given is None else None,
+                    drift=drift_line(m) if m is not None and arms_given is None else None)
+
+
+def drift_line(m: Manifest) -> str | None:
+    """A flagged baseline drift in one line (the record's `drift`, spectrial.drift); None when not flagged."""
+    d = m.drift
+    if d is None or not d.flagged:
+        return None
+    return f"Drift: {d.headline or d.message}; numbers from those runs cannot be compared with this one's"
+
+
+def environment_line(m: Manifest) -> str | None:
+    """What the record's environment checks verified, in one line (`spectrial.envcheck.verified`: the one
+    computation; None when no variable was requested)."""
+    from spectrial.envcheck import verified
+
+    return verified(m.starts).line
 
 
 UNCONTROLLED = "uncontrolled: no baseline beside it"
@@ -372,14 +567,27 @@ def sweep_headlines(source: Manifest | Any) -> list[Headline]:
             where = f"concurrency {c}" + (f", forced acceptance {sc:g}" if sc is not None else "")
             title, note = f"{where}: {h.title}", h.partial
             if partial:
-                could = [x.setting for x in mine if c in x.could_beat_at]
                 title += f" (partial sweep: {len(mine)} setting(s) not measured)" if mine else " (partial sweep)"
-                note = (f"Partial: stopped by the {stopped_by or 'budget'}"
-                        + (f"; not measured here: {', '.join(sorted(names))}" if names else "")
-                        + (f"; {', '.join(could)} could be faster than the best measured, so the best "
-                           "here is not confirmed" if could else ""))
+                note = f"Partial: stopped by the {stopped_by or 'budget'}" + _not_measured_here(mine, c)
             out.append(h.model_copy(update={"title": title, "partial": note}))
+    if out:
+        out[0].environment = environment_line(m)  # the record's, said once
     return out
+
+
+def _not_measured_here(left: Sequence[Any], level: int) -> str:
+    """The settings a partial sweep did not measure at one concurrency `level`, each named once: first those that
+    could be faster than the best measured there, then those predicted not to beat it ("" when none)."""
+    could = [x.setting for x in left if level in x.could_beat_at]
+    rest = [x.setting for x in left if level not in x.could_beat_at]
+    text = ""
+    if could:
+        text += ("; not measured here and could be faster than the best measured (so the best here is not "
+                 f"confirmed): {', '.join(could)}")
+    if rest:
+        text += (f"; {'also ' if could else ''}not measured here, predicted not to beat the best beyond the noise: "
+                 f"{', '.join(rest)}")
+    return text
 
 
 def _title(base: ArmRecord | None, spec: list[ArmLine], lines: list[ArmLine]) -> str:
@@ -423,4 +631,5 @@ def _title(base: ArmRecord | None, spec: list[ArmLine], lines: list[ArmLine]) ->
             + (f", {len(invalid)} with an invalid measurement" if invalid else "") + f" (best: {best.label} {best.speedup:.2f}x{ci(best)})")
 
 
-__all__ = ["ArmLine", "Headline", "arm_line", "headline", "headlines", "observed_headline", "sweep_headlines"]
+__all__ = ["ArmLine", "Headline", "arm_line", "fit_table", "headline", "headlines", "observed_headline", "paragraph",
+           "sweep_headlines", "wrap"]

@@ -16,6 +16,9 @@ Row fields beyond the manifest's (see ``spectrial.trial`` for the per-arm fields
 - derived where a hand-made record lacks them (``spectrial.figures.fill_derived``, each noted in ``derived``):
   cycle_ms = verify_ms / verify_share or accept_len / tok_s * 1000; accept_len = tok_s * cycle_ms / 1000;
   ms_per_token = 1000 / tok_s;
+- ``cycle_ms``: the cycle on the verdict's clock (``spectrial.figures.verdict_cycle_ms``: break-even x the baseline's
+  ms per token), so that it implies the row's break-even: the arm's ``cycle_ms``, but for a decide run's arm (whose
+  speed-up is its paired rounds' estimate);
 - ``speedup`` (with its interval), ``break_even_accept_len``, ``verdict``, ``pays``, ``baseline_arm``: the record's
   own comparison (``spectrial.figures``: the baseline of the same run, session and NCCL state where arms record
   one), never recomputed here.
@@ -33,7 +36,7 @@ import pandas as pd
 
 from spectrial.analysis.stats import finite
 from spectrial.errors import SpectrialError
-from spectrial.figures import fill_derived
+from spectrial.figures import fill_derived, verdict_cycle_ms
 from spectrial.params import repo_root
 from spectrial.records import as_manifest, load_record
 from spectrial.schema import ArmRecord, EngineInfo, HostInfo, Manifest
@@ -217,7 +220,7 @@ def record_rows(source: Manifest | Mapping[str, Any], run: str
             tok_s=finite(arm.tok_s), tok_s_min=finite(arm.tok_s_min), tok_s_max=finite(arm.tok_s_max),
             n_values=len(values) if values else (1 if finite(arm.tok_s) else 0),
             ms_per_token=finite(arm.ms_per_token), accept_len=finite(arm.accept_len),
-            draft_accept_rate=finite(arm.draft_accept_rate), cycle_ms=finite(arm.cycle_ms),
+            draft_accept_rate=finite(arm.draft_accept_rate), cycle_ms=finite(verdict_cycle_ms(arm)),
             verify_ms=finite(arm.verify_ms), verify_share=finite(arm.verify_share),
             draft_ms_per_cycle=finite(arm.draft_ms_per_cycle), verify_steps=finite(arm.verify_steps),
             break_even_accept_len=finite(arm.break_even_accept_len), speedup=finite(arm.speedup),

@@ -19,6 +19,8 @@ def sweep_command(
         output_dir: Annotated[str | None, typer.Option(
             "--output-dir", help="Folder of run records (same as -p output_dir=DIR; default outputs).")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (server starts, time and its "
+                                                                "basis) and the launches; touch nothing.")] = False,
         require_complete: Annotated[bool, typer.Option(
             "--require-complete", help="Exit 3 when the budget stopped the sweep (status partial) instead of 0.")
         ] = False) -> None:
@@ -40,6 +42,11 @@ def sweep_command(
         if output_dir is not None:
             overrides["output_dir"] = output_dir
         params = load_sweep_params(params_file, overrides)
+        if dry_run:
+            from spectrial.plan import sweep_plan
+
+            typer.echo(sweep_plan(params).text())
+            return
         if params.trial.cluster is not None:
             from spectrial.cluster.cli import cluster_command
 
@@ -58,28 +65,38 @@ def sweep_command(
         raise typer.Exit(2) from None
     from rich.console import Console
 
-    from spectrial.readers.headline import sweep_headlines
+    from spectrial.readers.headline import fit_table, paragraph, sweep_headlines
+    from spectrial.readers.sweep import scenario_label
 
     console = Console()
     for h in sweep_headlines(result.manifest):
         h.print(console)
     best = result.best()
-    if not best.empty:
-        keep = [c for c in ("scenario", "concurrency", "best", "runner_up", "ratio_to_runner_up", "verdict")
-                if c in best.columns]
+    if not best.empty:  # fitted to the terminal: the table, then each row's verdict wrapped between words
+        keep = [c for c in ("scenario", "concurrency", "best", "runner_up", "ratio_to_runner_up") if c in best.columns]
         typer.echo("\nbest per scenario and concurrency, against the runner-up:")
-        typer.echo(best[keep].round(3).to_string(index=False))
+        table = best[keep].round(3).astype(object).where(best[keep].notna(), None)
+        console.print(fit_table(table.rename(columns={"ratio_to_runner_up": "ratio"})))
+        for row in best.itertuples(index=False):
+            if getattr(row, "verdict", None):
+                scenario = None if row.scenario is None or row.scenario != row.scenario else row.scenario
+                console.print(paragraph(f"• {scenario_label(scenario)}, concurrency {row.concurrency}: {row.verdict}",
+                                        indent="  "))
     from spectrial.schema import SweepBudget
     from spectrial.sweep.result import partial_reason
 
     b = result.manifest.budget or SweepBudget()
     est = b.start_estimate
-    typer.echo(f"\n{b.restarts} server starts (grid: {b.grid_restarts}), {b.wall_s:.0f} s"
-               + (f"; a start takes ~{est.start_s:.0f} s ({est.how})" if est is not None and est.how else "")
-               + f"; stopped by: {b.stopped_by or 'plan done'}")
+    typer.echo("")
+    console.print(paragraph(f"{b.restarts} server starts (grid: {b.grid_restarts}), {b.wall_s:.0f} s"
+                            + (f"; a start takes ~{est.start_s:.0f} s ({est.how})" if est is not None and est.how
+                               else "") + f"; stopped by: {b.stopped_by or 'plan done'}"))
     typer.echo(f"run record: {result.run_dir / 'manifest.json'}")
     partial = partial_reason(result.manifest)
     if partial:
-        typer.secho(f"partial: {partial}", fg="yellow")
+        if console.is_terminal:  # wrapped between words on a terminal; one line (to grep) otherwise
+            console.print(paragraph(f"partial: {partial}", style="yellow", indent="  "))
+        else:
+            typer.secho(f"partial: {partial}", fg="yellow")
         if require_complete:
             raise typer.Exit(3)

@@ -106,6 +106,13 @@ def _point_id(arm: Arm, c: int) -> str:
     return f"{arm.name}@c{c}"
 
 
+def level_windows(params: TrialParams, levels: list[int], restart: int = 0) -> list[WindowPlan]:
+    """A sweep start's windows: one per concurrency level, each a multiple of its level with at least `repeats`
+    requests."""
+    p = params
+    return [WindowPlan(c, c * math.ceil(p.repeats / c), p.seed + 100 * restart + c) for c in levels]
+
+
 class Sweep:
     """One sweep: its params, record, start source and everything measured so far."""
 
@@ -208,9 +215,8 @@ class Sweep:
         return self.measure([self.arms[name]], phase)
 
     def windows(self, restart: int) -> list[WindowPlan]:
-        """One window per concurrency level, each a multiple of its level with at least `repeats` requests."""
-        p = self.params
-        return [WindowPlan(c, c * math.ceil(p.repeats / c), p.seed + 100 * restart + c) for c in self.levels]
+        """One window per concurrency level (`level_windows`)."""
+        return level_windows(self.params, self.levels, restart)
 
     def _one_start(self, arm: Arm, restart: int, phase: str) -> None:
         try:
@@ -520,8 +526,18 @@ def run_sweep(params: SweepParams | str | Path, overrides: dict[str, Any] | None
         params = load_sweep_params(params, overrides)
     elif overrides:
         params = load_sweep_params(data=params.model_dump(mode="json"), overrides=overrides)
+    from spectrial.plan import sweep_plan
+
+    plan = sweep_plan(params, launches=False)
+    if progress:
+        from spectrial.progress import note
+
+        for line in plan.lines():
+            note(line)
+
     def make() -> Sweep:
         record = new_record(params, run_id)
+        record.manifest.plan = plan.record
         return Sweep(params, record, Session(params.trial_params(), record, progress))
 
     with opened(make) as sw:

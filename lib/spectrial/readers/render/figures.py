@@ -156,7 +156,7 @@ def _model_figure(ex: Explanation, _section: Section) -> go.Figure:
     for f in ex.fits:
         kmax = max(MAX_MODEL_K, max(a.k for a in f.arms))  # type: ignore[type-var]
         ks = [k for k in range(1, kmax + 1) if f.model.fixed_ms + f.model.per_draft_ms * k > 0]
-        fig.add_scatter(x=[a.k for a in f.arms], y=[rounded(a.model_cycle_ms) for a in f.arms], mode="markers",
+        fig.add_scatter(x=[a.k for a in f.arms], y=[rounded(a.cycle_ms) for a in f.arms], mode="markers",
                         marker={"size": 10}, name=f"{f.method}: measured cycle", row=1, col=1)
         fig.add_scatter(x=ks, y=[rounded(f.model.cycle_ms(k)) for k in ks], mode="lines",
                         name=f"{f.method}: fitted", row=1, col=1)

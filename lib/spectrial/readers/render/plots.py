@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spectrial.figures import base_ms_per_token, is_baseline, pick_baseline
+from spectrial.figures import base_ms_per_token, is_baseline, pick_baseline, verdict_cycle_ms
 from spectrial.schema import ArmRecord, DecideRecord, RequestRecord
 from spectrial.serving import COLOURS, LATENCY_PANELS, latency_curves
 
@@ -40,15 +40,15 @@ def tok_s_figure(arms: list[ArmRecord], title: str = "Decode throughput per arm"
 
 def break_even_figure(arms: list[ArmRecord],
                       title: str = "Cycle cost vs tokens committed per cycle") -> go.Figure:
-    """Left: cycle time per arm against the baseline time per token.
-    Right: accept length (x) against break-even accept length (y = cycle / baseline token time);
+    """Left: cycle time per arm (on the verdict's clock, `figures.verdict_cycle_ms`) against the baseline time
+    per token. Right: accept length (x) against break-even accept length (y = cycle / baseline token time);
     points below the diagonal pay, points above lose."""
     arms = _ok(arms)
     base = pick_baseline(arms)
-    spec = [a for a in arms if not is_baseline(a) and a.cycle_ms]
+    spec = [a for a in arms if not is_baseline(a) and verdict_cycle_ms(a)]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("cycle time (ms)", "break-even vs achieved accept length"))
     colour = {a.name: COLOURS[1 + i % (len(COLOURS) - 1)] for i, a in enumerate(spec)}  # grey: the baseline
-    fig.add_bar(x=[a.name for a in spec], y=[a.cycle_ms for a in spec], name="cycle ms", showlegend=False,
+    fig.add_bar(x=[a.name for a in spec], y=[verdict_cycle_ms(a) for a in spec], name="cycle ms", showlegend=False,
                 marker_color=[colour[a.name] for a in spec], row=1, col=1)
     base_ms = base_ms_per_token(base) if base else None
     if base_ms:

@@ -34,7 +34,7 @@ from spectrial.records import as_manifest, list_runs, load_record, update_manife
 from spectrial.schema import Manifest, WorkloadDescription
 
 __all__ = ["REPORT_NAME", "build_notebook", "diagnosis_cell", "headline_cells", "latest_run", "prepare_notebook",
-           "render_html", "serving_cells", "write_report"]
+           "refresh_notebook", "render_html", "serving_cells", "write_report"]
 
 REPORT_NAME = "report.html"
 PLOTLY_MIME = render.PLOTLY_MIME  # the figures' mimetype (spectrial.readers.render.figure_bundle)
@@ -280,9 +280,6 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
 
     from spectrial.diagnose import diagnose
     from spectrial.figures import filled
-    from spectrial.readers.explain import explain
-    from spectrial.readers.history import record_rows, rows_frame
-    from spectrial.readers.render.figures import explanation_cells
 
     manifest = as_manifest(source)
     host, engine = manifest.host, manifest.engine
@@ -305,12 +302,8 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
              *serving_cells(manifest, run_dir)]
     arms = [filled(a) for a in manifest.arms]
     if arms:
-        frame = rows_frame(record_rows(manifest, str(manifest.run_id))[0])
-        table = frame[[c for c in _ARM_COLUMNS if c in frame.columns]].dropna(axis=1, how="all").round(3)
         cells.append(nbf.new_markdown_cell("## Arms (every figure)"))
-        cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
-            "display_data", data={"text/html": table.to_html(index=False, na_rep="—"),
-                                  "text/plain": table.to_string(index=False)})]))
+        cells.append(_arms_table_cell(manifest))
     cats = category_table(arms)
     if len(cats):
         cats = cats.dropna(axis=1, how="all").round(3)
@@ -320,17 +313,109 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
         cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
             "display_data", data={"text/html": cats.to_html(index=False, na_rep="—"),
                                   "text/plain": cats.to_string(index=False)})]))
+    cells += analysis_cells(manifest)
+    nb = nbf.new_notebook(cells=cells)
+    nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
+    return nb
+
+
+def _arms_table_cell(manifest: Manifest) -> Any:
+    """Every figure of every arm (the history's rows of the record: its own comparison), rounded."""
+    import nbformat.v4 as nbf
+
+    from spectrial.readers.history import record_rows, rows_frame
+
+    frame = rows_frame(record_rows(manifest, str(manifest.run_id))[0])
+    table = frame[[c for c in _ARM_COLUMNS if c in frame.columns]].dropna(axis=1, how="all").round(3)
+    return nbf.new_code_cell("", outputs=[nbf.new_output(
+        "display_data", data={"text/html": table.to_html(index=False, na_rep="—"),
+                              "text/plain": table.to_string(index=False)})])
+
+
+def analysis_cells(manifest: Manifest, target_tok_s: float | None = None, heading: bool = True) -> list[Any]:
+    """The explain sections of a record (one analysis per session of a hand-made record that has several)."""
+    import nbformat.v4 as nbf
+
+    from spectrial.figures import filled
+    from spectrial.readers.explain import explain
+    from spectrial.readers.render.figures import explanation_cells
+
+    arms = [filled(a) for a in manifest.arms]
     sessions = list(dict.fromkeys(a.session for a in arms if a.session is not None))
+    cells: list[Any] = []
     if len(sessions) > 1:
         for session in sessions:
             cells.append(nbf.new_markdown_cell(f"## Analysis: session {session}"))
             cells += explanation_cells(explain(manifest.model_copy(update={"arms": [a for a in arms
-                                                                                 if a.session == session]})))
-    else:
+                                                                                 if a.session == session]}),
+                                               target_tok_s=target_tok_s))
+        return cells
+    if heading:
         cells.append(nbf.new_markdown_cell("## Analysis"))
-        cells += explanation_cells(explain(manifest.model_copy(update={"arms": arms})))
-    nb = nbf.new_notebook(cells=cells)
-    nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
+    return cells + explanation_cells(explain(manifest.model_copy(update={"arms": arms}), target_tok_s=target_tok_s))
+
+
+# the calls of a trial's executed notebook (02, any version) that show its whole record's comparison, matched in a
+# code cell's source; a notebook that analyses something else (a session, another record) is left as executed
+_RUN = r"(?:trial|result)"
+_ANALYSIS = re.compile(rf"\bexplain\({_RUN}\.manifest\b|\btrial\.explain\(")
+_DOCTOR = re.compile(rf"\bdiagnose\({_RUN}\.run_dir\)")
+_ANSWER = re.compile(rf"\bheadline\({_RUN}\.manifest\)|\bnarrative\.verdict\({_RUN}\.arms\)")
+_FIGURES = re.compile(rf"\bbreak_even_figure\({_RUN}\.(?:manifest\.)?arms\)")
+_TABLES = re.compile(r"\btrial\.compare\(\)|\bresult\.table\(\)|\btrial\.table_of\(")
+
+
+def refresh_notebook(nb: Any, manifest: Manifest, diagnosis: Diagnosis | None = None) -> Any:
+    """A copy of a trial's executed notebook whose cells that show the record's comparison (the analysis, the answer
+    or verdict, the doctor, the arms tables, the break-even figure: calls on the trial's whole record) carry what
+    spectrial's readers make of the record now; its other outputs are kept as executed. A notebook run by an older
+    spectrial, or before its record was re-derived (a decide run's speed-up, a clock), would otherwise say other
+    numbers than the record beside them: the report has one voice, the record's."""
+    import nbformat.v4 as nbf
+
+    from spectrial.readers.headline import headlines
+    from spectrial.readers.render import plots
+    from spectrial.readers.render.figures import figure_bundle
+
+    nb = copy.deepcopy(nb)
+    target = ((nb.metadata.get("papermill") or {}).get("parameters") or {}).get("target_tok_s")
+    target = float(target) if isinstance(target, int | float) and not isinstance(target, bool) else None
+
+    def code(*outputs: Any) -> Any:
+        return nbf.new_code_cell("", outputs=list(outputs))
+
+    def shown(data: dict[str, Any]) -> Any:
+        return nbf.new_output("display_data", data=data)
+
+    cells: list[Any] = []
+    for cell in nb.cells:
+        src = str(cell.get("source", "")) if cell.get("cell_type") == "code" else ""
+        if not src or not cell.get("outputs"):
+            cells.append(cell)
+        elif _ANALYSIS.search(src):
+            cells += analysis_cells(manifest, target, heading=False)
+        elif _DOCTOR.search(src):
+            from spectrial.diagnose import diagnose
+
+            cells.append(nbf.new_markdown_cell((diagnosis or diagnose(manifest)).markdown()))
+        elif _ANSWER.search(src):
+            for h in headlines(manifest):
+                cells.append(nbf.new_markdown_cell(h.markdown()))
+                if "decide_figure(" in src and manifest.decide is not None:
+                    cells.append(code(shown(figure_bundle(plots.decide_figure(manifest.decide)))))
+                table = h.table()
+                if ".table(" in src and len(table):
+                    cells.append(code(shown({"text/html": table.to_html(index=False, na_rep="—",
+                                                                        classes="spectrial-compact"),
+                                             "text/plain": table.to_string(index=False)})))
+        elif _FIGURES.search(src):
+            figs = [plots.tok_s_figure(manifest.arms)] if "tok_s_figure(" in src else []
+            cells.append(code(*(shown(figure_bundle(f)) for f in [*figs, plots.break_even_figure(manifest.arms)])))
+        elif _TABLES.search(src):
+            cells.append(_arms_table_cell(manifest))
+        else:
+            cells.append(cell)
+    nb.cells = cells
     return nb
 
 
@@ -378,7 +463,7 @@ def write_report(run_dir: str | Path, *, show_code: bool = False) -> Path:
     nb_name = manifest.notebook
     nb_path = run / nb_name if nb_name else None
     if nb_path is not None and nb_path.is_file():
-        nb = nbformat.read(nb_path, as_version=4)
+        nb = refresh_notebook(nbformat.read(nb_path, as_version=4), manifest, found)
         nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
         at = 1 if nb.cells and nb.cells[0].get("cell_type") == "markdown" else 0
         nb.cells[at:at] = [*headline_cells(manifest), diagnosis_cell(found, manifest), *serving_cells(manifest, run)]

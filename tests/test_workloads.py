@@ -371,7 +371,8 @@ def test_cli_trial_local_yaml_with_sharegpt_in_chat_format(tmp_path, port, llama
     assert "counted by the server" in wl["length_unit"] and "tokenizer.chat_template" in wl["chat_template"]
     assert wl["sampling"]["greedy"] and m["params"]["workload"][0]["source"] == "sharegpt"
     rows = [r for r in _csv(run / "requests.csv") if r["phase"] == "measure"]
-    assert len(rows) == 9 and all(r["category"] == "chat" and r["source"] == "sharegpt" for r in rows)
+    arms, repeats = len(m["params"]["arms"]), m["params"]["repeats"]  # the embedded default: one start per arm
+    assert len(rows) == arms * repeats and all(r["category"] == "chat" and r["source"] == "sharegpt" for r in rows)
     assert all(int(r["server_prompt_n"]) == int(r["prompt_len"]) for r in rows), \
         [(r["server_prompt_n"], r["prompt_len"]) for r in rows]
     # the same seed, the same prompts for every arm, in the same order

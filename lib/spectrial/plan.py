@@ -148,8 +148,9 @@ def added_env(params: TrialParams, env: dict[str, str], python: bool) -> dict[st
 # --- the price -------------------------------------------------------------------------------------------------
 ASSUMED_SPREAD = 0.05  # start-to-start SD of a start's log rate without history (benchmarks/bench_noise.py: 2-8 %)
 DISK_BYTES_PER_S = 1.0e9  # a cold model read (NVMe, network storage slower)
-ENGINE_START_S = {"llamacpp": 5.0, "vllm": 60.0, "sglang": 90.0}  # process, CUDA context, graphs, warm-up
+ENGINE_START_S = {"llamacpp": 2.0, "vllm": 60.0, "sglang": 90.0}  # process, CUDA context, graphs, warm-up
 ASSUMED_TOK_S = 50.0  # decode rate per request without history (a 70B-class model on one GPU)
+ASSUMED_TINY_TOK_S = 300.0  # spectrial's tiny models on 2 CPU cores (measured 250-470 tok/s)
 PLAN_EFFECTS = (0.74, 0.90, 1.10, 0.95, 1.05)  # the original case, 10 %, 5 %
 PLAN_PATHS = 1000
 
@@ -223,9 +224,9 @@ def start_time(params: TrialParams, earlier: Any | None = None) -> StartTime:
     if earlier is not None and earlier.request_s:
         req_from = (earlier.request_s, f"a request {earlier.request_s:.2f} s measured by {len(earlier.runs)} "
                                        "earlier run(s)")
-    req, req_basis = req_from or (params.max_tokens / ASSUMED_TOK_S,
-                                  f"a request ~{params.max_tokens / ASSUMED_TOK_S:.1f} s assumed ({params.max_tokens} "
-                                  f"tokens at {ASSUMED_TOK_S:.0f} tok/s)")
+    rate = ASSUMED_TINY_TOK_S if params.model.startswith("tiny:") else ASSUMED_TOK_S
+    req, req_basis = req_from or (params.max_tokens / rate, f"a request ~{params.max_tokens / rate:.1f} s assumed "
+                                                           f"({params.max_tokens} tokens at {rate:.0f} tok/s)")
     if params.expected_start_s is not None:
         return StartTime(load_s=params.expected_start_s, request_s=req,
                          basis=f"load {params.expected_start_s:.0f} s as given (expected_start_s); {req_basis}")

@@ -18,6 +18,11 @@
     RunFailed             a trial or sweep ran but did not measure what it should: `result` is the partial
                           result (run folder, manifest, requests), the record says `failed` and why
     ParseError            input could not be parsed at all (line number and line)
+      RecordDamaged       a run record (manifest.json, requests.csv, ...) is truncated, binary, of the wrong type,
+                          from a future schema or missing parts: `path` and `problem`; nothing rewrites it
+    ServerMisbehaved      a server broke the protocol or a bound: a body over its size limit, a stream past its
+                          tokens or its deadline, bytes that are not what was asked: `what` (the endpoint),
+                          `problem`, `limit`; the request or probe fails with that reason
     SetFailed             an NCCL check's environment set: workers failed or timed out: set name, world
                           size, one `RankFailure` (rank, pid, exit code, error, log tail) per bad rank
 """
@@ -141,6 +146,27 @@ class RunFailed(SpectrialError):
 
 class ParseError(SpectrialError):
     """Input could not be parsed at all (names the line number and the line)."""
+
+
+class RecordDamaged(ParseError):
+    """A run record on disk cannot be read as one: `path` (the file) and `problem` (truncated, binary, not a JSON
+    object, a future schema, a missing part, a broken CSV). Readers of many records skip it and say so; nothing
+    rewrites or deletes it."""
+
+    def __init__(self, path: str, problem: str, hint: str = "") -> None:
+        self.path, self.problem = path, problem
+        super().__init__(f"{path}: damaged run record: {problem}",
+                         hint=hint or "the file is left as it is; restore it from a copy, or move the run folder "
+                                      "out of the way")
+
+
+class ServerMisbehaved(SpectrialError):
+    """A server broke the protocol or one of spectrial's bounds while it was read: `what` (the endpoint or
+    request), `problem` (what it did), `limit` (the bound it crossed, in words). The read stopped there."""
+
+    def __init__(self, what: str, problem: str, limit: str = "", hint: str = "") -> None:
+        self.what, self.problem, self.limit = what, problem, limit
+        super().__init__(f"{what}: {problem}" + (f" (limit: {limit})" if limit else ""), hint=hint)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@
 # (and, optionally, a folder of plain server logs through spectrial's log parsers) into one tidy table,
 # one row per arm, and builds the views that engineer built by hand:
 #
-# 1. what could not be read, or looks wrong (failed runs and arms, zero verify steps, accept length < 1);
+# 1. what could not be read, or looks wrong (damaged records, skipped and named; failed runs and arms, zero verify
+#    steps, accept length < 1);
 # 2. the tidy table;
 # 3. the matrix views: throughput, cycle time and break-even per host, engine version, session and NCCL
 #    state (rows) and arm configuration (columns);
@@ -43,6 +44,8 @@ from spectrial.readers.render.figures import baseline_figure, matrix_figure, sho
 pd.set_option("display.max_columns", None)
 pd.set_option("display.width", 200)
 h = history.load_history(runs_dir, logs_dir)
+for skip in h.skipped:  # a damaged record (truncated, binary, a future schema, ...) is left out and left as it is
+    print(f"[spectrial] {skip.line()}")
 rec = h.records
 display(Markdown(f"Read **{rec['run'].nunique()} run record(s)** with {len(rec)} arm(s) from `{runs_dir}`"
                  + (f" and **{(h.table['source'] == 'log').sum()} parseable log file(s)** from `{logs_dir}`"

@@ -17,7 +17,7 @@ import pytest
 
 from spectrial.diagnose import DETECTORS, Diagnosis, diagnose
 from spectrial.diagnose.registry import Detector
-from spectrial.errors import ConfigError
+from spectrial.errors import ConfigError, RecordDamaged
 from spectrial.readers.diff import comparability, diff_runs, format_findings
 from spectrial.records import as_manifest
 
@@ -403,7 +403,7 @@ def test_bad_inputs_name_the_argument(tmp_path: Path) -> None:
         diagnose(None, [tmp_path / "nope.log"])
     assert exc.value.parameter == "LOG"
     (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="not a readable run record"):
+    with pytest.raises(RecordDamaged, match="manifest.json: damaged run record: not valid JSON"):
         diagnose(tmp_path)
 
 

@@ -15,7 +15,7 @@ import nbformat.v4 as nbf
 import pytest
 from plotly.offline import get_plotlyjs
 
-from spectrial.errors import ConfigError
+from spectrial.errors import ConfigError, RecordDamaged
 from spectrial.readers.casestudy import case_dir
 from spectrial.readers.render.report import PLOTLY_MIME, build_notebook, latest_run, write_report
 
@@ -114,8 +114,9 @@ def test_bad_run_dirs(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="holds no manifest.json"):
         write_report(tmp_path)
     (tmp_path / "manifest.json").write_text("{broken")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(RecordDamaged, match="not valid JSON"):
         write_report(tmp_path)
+    assert (tmp_path / "manifest.json").read_text() == "{broken" and not (tmp_path / "report.html").exists()
     with pytest.raises(ConfigError, match="no run record"):
         latest_run(tmp_path / "nothing")
 

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from spectrial.httpread import DEADLINE, MAX_BYTES, MIB, BoundExceeded, Limits, arm, bounded_client
 from spectrial.progress import Progress
 from spectrial.schema import RequestRecord, ServerRequestStats
 from spectrial.workloads import WorkItem, as_items, request_order
@@ -119,20 +120,29 @@ class _Stream:
     final: dict[str, Any] = field(default_factory=dict)  # the chunk with the engine's stats, as parsed
     native_len: int = 0  # native /generate: length of the cumulative text seen
 
+    total: int = 0  # sum of `tokens`, kept as they arrive
+
     def add(self, now: float, n: int, exact: bool) -> None:
         self.times.append(now)
         self.tokens.append(n)
+        self.total += n
         self.exact = self.exact and exact
 
     def feed(self, obj: dict[str, Any], now: float) -> None:
         """Take one parsed SSE event that arrived at `now`."""
-        usage = Usage.model_validate(obj["usage"]) if isinstance(obj.get("usage"), dict) else None
+        usage = None
+        if isinstance(obj.get("usage"), dict):
+            try:
+                usage = Usage.model_validate(obj["usage"])
+            except ValidationError:  # counts of the wrong type: not the server's counts
+                usage = None
         if usage is not None:
             self.usage = usage
         if obj.get("timings") or obj.get("meta_info"):
             self.final = obj
         if "choices" in obj:
-            choices = [c for c in obj.get("choices") or [] if isinstance(c, dict)]
+            raw = obj.get("choices")
+            choices = [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
             if not choices:
                 return  # usage-only chunk
             cum = usage.completion_tokens if usage is not None else None
@@ -147,7 +157,7 @@ class _Stream:
             return
         meta = obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else {}
         cum = meta.get("completion_tokens")
-        if isinstance(cum, int):  # native /generate: cumulative completion tokens
+        if isinstance(cum, int) and not isinstance(cum, bool):  # native /generate: cumulative completion tokens
             self.usage = self.usage.model_copy(update={"completion_tokens": cum})
             n, self.counted = cum - self.counted, max(cum, self.counted)
             if n > 0:
@@ -157,6 +167,51 @@ class _Stream:
         if isinstance(text, str) and len(text) > self.native_len:
             self.native_len = len(text)
             self.add(now, 1, False)
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """How long and how much one streaming request may take before the server counts as broken: the first token
+    within `first_token_s` of sending, every next one within `idle_s` of the last, the whole stream within
+    first_token_s + max_tokens x `per_token_s`, at most max_tokens + `margin` tokens (a stream past that never ends:
+    a protocol violation), at most `bytes_per_token` x max_tokens + 1 MiB of body."""
+
+    first_token_s: float = 120.0
+    idle_s: float = 60.0
+    per_token_s: float = 2.0
+    margin: int = 16
+    bytes_per_token: int = 64 << 10
+
+    def total_s(self, max_tokens: int) -> float:
+        return self.first_token_s + max(max_tokens, 1) * self.per_token_s
+
+    def max_bytes(self, max_tokens: int) -> int:
+        return MIB + max(max_tokens, 1) * self.bytes_per_token
+
+    def most_tokens(self, max_tokens: int) -> int:
+        return max(max_tokens, 1) + self.margin
+
+
+VIOLATION = "protocol violation"
+STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/json")  # SGLang's native stream: json
+
+
+def server_broke(rec: RequestRecord) -> str | None:
+    """Why a request says its server is broken (a protocol violation, or no answer within the first token's limit),
+    else None: after it, the requests still to send are not sent (each would wait as long again)."""
+    if rec.violation:
+        return f"{VIOLATION}: {rec.violation}"
+    if rec.error and rec.error.startswith("no answer within") and not rec.chunks:
+        return rec.error
+    return None
+
+
+def stream_limits(params: Any) -> StreamLimits:
+    """The stream limits of a trial's (or observe's) params: `request_timeout_s` for the first token, `limits:` for
+    the rest (spectrial.params.ReadLimits)."""
+    lim = params.limits
+    return StreamLimits(first_token_s=params.request_timeout_s, idle_s=lim.idle_s, per_token_s=1.0 / lim.min_tok_s,
+                        margin=lim.stream_margin)
 
 
 def _carries_text(choice: dict[str, Any]) -> bool:
@@ -174,44 +229,90 @@ def _carries_text(choice: dict[str, Any]) -> bool:
 
 
 def stream_completion(client: httpx.Client, base_url: str, body: RequestBody, stats_fn: StatsFn | None,
-                      timeout_s: float, path: str = "/v1/completions") -> RequestRecord:
+                      timeout_s: float, path: str = "/v1/completions",
+                      limits: StreamLimits | None = None) -> RequestRecord:
     """One streaming request; returns a record with every token event's arrival, token count and server
     stats (`stats_fn` of the chunk that carried them; None: none read), or an error (kept with what arrived
     before it).
 
     Understands OpenAI completion and chat chunks (`choices[].text`, `choices[].delta`, `usage`) and SGLang's
-    native `/generate` chunks (cumulative `text`, `meta_info.completion_tokens`)."""
+    native `/generate` chunks (cumulative `text`, `meta_info.completion_tokens`).
+
+    Bounded (`limits`; `timeout_s` is the first token's limit): a stream that sends no token in time, goes silent,
+    trickles past its total limit, sends more than its body cap, or keeps sending tokens past max_tokens + margin
+    is cut there, and the request fails as a protocol violation of the server (`violation` says what it did)."""
+    lim = limits or StreamLimits(first_token_s=timeout_s)
     t0 = time.monotonic()
     error: str | None = None
+    violation: str | None = None
     s = _Stream()
     max_tokens = body.get("max_tokens") or (body.get("sampling_params") or {}).get("max_new_tokens") or 0
+    most = lim.most_tokens(max_tokens)
+    events = 0
     try:
-        with client.stream("POST", f"{base_url}{path}", json=body, timeout=timeout_s) as r:
+        with client.stream("POST", f"{base_url}{path}", json=body,  # headers within the first token's limit
+                           timeout=httpx.Timeout(lim.total_s(max_tokens), read=lim.first_token_s,
+                                                 connect=min(10.0, lim.first_token_s)),
+                           extensions={DEADLINE: lim.total_s(max_tokens),
+                                       MAX_BYTES: lim.max_bytes(max_tokens)}) as r:
             if r.status_code != 200:
                 return RequestRecord(t_start=t0, error=f"HTTP {r.status_code}: "
-                                                       f"{r.read().decode(errors='replace')[:300]}")
-            for line in r.iter_lines():
+                                                       f"{r.read()[:300].decode(errors='replace')}")
+            kind = r.headers.get("content-type", "text/event-stream").split(";")[0].strip().lower()
+            if kind not in STREAM_TYPES:
+                raise BoundExceeded(r.request, f"it answered a streaming request with Content-Type {kind!r}, not an "
+                                               "event stream", "text/event-stream")
+            arm(r, max(lim.first_token_s - (time.monotonic() - t0), 0.001))
+            done = False
+            for line in r.iter_lines():  # read to the body's end after [DONE]: the connection is kept for the next
                 now = time.monotonic()
-                if not line.startswith("data:"):
+                if done or not line.startswith("data:"):
+                    events += done  # anything after [DONE] counts towards the cut
+                    if events > 4 * most + 64:
+                        violation = f"the server kept sending after [DONE] ({events} lines)"
+                        break
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    break
+                    done = True
+                    continue
+                events += 1
                 try:
                     obj = json.loads(data)
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):  # not JSON, or nested past any real event
                     continue
                 if isinstance(obj, dict):
-                    s.feed(obj, now)
+                    before = len(s.times)
+                    try:
+                        s.feed(obj, now)
+                    except (TypeError, ValueError, AttributeError, KeyError):  # an event of no known shape
+                        continue
+                    if len(s.times) > before:
+                        arm(r, lim.idle_s)
+                got = max(s.total, s.usage.completion_tokens or 0)
+                if got > most or events > 4 * most + 64:
+                    violation = (f"the server kept streaming past max_tokens: {got} tokens in {events} events for "
+                                 f"max_tokens {max_tokens} (cut at {most})")
+                    break
+    except BoundExceeded as exc:
+        if not s.times and exc.limit.endswith("without progress"):  # the first token's limit: slow, not a violation
+            error = f"no answer within {lim.first_token_s:g} s (request_timeout_s): no token came"
+        else:
+            violation = f"{exc.problem} (limit: {exc.limit})"
+    except httpx.TimeoutException as exc:
+        error = (f"no answer within {lim.first_token_s:g} s (request_timeout_s)" if not s.times else
+                 f"{type(exc).__name__}: {exc}")
     except httpx.HTTPError as exc:
         error = f"{type(exc).__name__}: {exc}"
+    if violation is not None:
+        error = f"{VIOLATION}: {violation}"
     t_end = time.monotonic()
     stats = stats_fn(s.final) if s.final and stats_fn is not None else ServerRequestStats()
     if stats.server_prompt_n is None and s.usage.prompt_tokens is not None:
         stats.server_prompt_n = s.usage.prompt_tokens  # the prompt as the server tokenized it (chat: templated)
     tokens = s.usage.completion_tokens or stats.server_predicted_n or sum(s.tokens)
-    rec = RequestRecord(t_start=t0, t_end=t_end, error=error, tokens=tokens, chunks=len(s.times),
-                        e2el_ms=(t_end - t0) * 1000, events_ms=[(t - t0) * 1000 for t in s.times],
+    rec = RequestRecord(t_start=t0, t_end=t_end, error=error, violation=violation, tokens=tokens,
+                        chunks=len(s.times), e2el_ms=(t_end - t0) * 1000, events_ms=[(t - t0) * 1000 for t in s.times],
                         event_tokens=list(s.tokens), event_tokens_exact=s.exact if s.times else None,
                         **stats.fields())
     if s.times:
@@ -236,23 +337,32 @@ def run_requests(base_url: str, prompts: Sequence[WorkItem | dict[str, Any]], *,
                  concurrency: int = 1, timeout_s: float = 300, seed: int = 0, phase: str = "measure",
                  label: str = "", progress: bool = True, path: str = "/v1/completions",
                  tags: RequestTags | None = None, output_len: str = "fixed",
-                 counters: tuple[Callable[[], dict[str, float]], CounterStats] | None = None
-                 ) -> list[RequestRecord]:
+                 counters: tuple[Callable[[], dict[str, float]], CounterStats] | None = None,
+                 limits: StreamLimits | None = None) -> list[RequestRecord]:
     """Send `n` requests (work items in a seeded order, categories taking turns: `request_order`),
     `concurrency` at a time; `payload(item, max_tokens)` builds each body. Each request asks `max_tokens`, or
     with `output_len` "dataset" its item's own length capped at `max_tokens`. One record each, carrying `tags`
     (arm, restart, start, concurrency), the item's id, category and source. With `counters` = (snapshot,
     stats) and concurrency 1, the server's counters are read around each request and `stats(before, after)`
-    adds the engine's own per-request figures (server_*) to its record."""
+    adds the engine's own per-request figures (server_*) to its record. Every request is bounded by `limits`
+    (default: `timeout_s` for the first token and StreamLimits' defaults; `stream_completion`)."""
     order = request_order(as_items(prompts), n, seed)
     bar = Progress(f"{label} {phase}".strip(), total=n, unit="req", enabled=progress)
+
+    broken: list[str] = []  # the first request that showed the server broken: the rest are not sent
 
     def one(i: int) -> RequestRecord:
         p = order[i]
         mt = min(max_tokens, p.output_len) if output_len == "dataset" and p.output_len else max_tokens
-        before = counters[0]() if counters and concurrency == 1 else None
-        rec = stream_completion(client, base_url, payload(p, mt), stats_fn, timeout_s, path)
-        if before is not None and counters and not rec.error:
+        before = None
+        if broken:
+            rec = RequestRecord(t_start=time.monotonic(), error=f"not sent: {broken[0]}")
+        else:
+            before = counters[0]() if counters and concurrency == 1 else None
+            rec = stream_completion(client, base_url, payload(p, mt), stats_fn, timeout_s, path, limits)
+            if (why := server_broke(rec)) is not None and not broken:
+                broken.append(f"an earlier request of this window found the server broken ({why})")
+        if not broken and before is not None and counters and not rec.error:
             for k, v in counters[1](before, counters[0]()).fields().items():
                 setattr(rec, k, v)
         for k, v in {"index": i, "phase": phase, "prompt_id": p.id, "category": p.category, "turn": p.turn, "source": p.source,
@@ -261,7 +371,10 @@ def run_requests(base_url: str, prompts: Sequence[WorkItem | dict[str, Any]], *,
         bar.update(1)
         return rec
 
-    with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10)) as client:
+    lim = limits or StreamLimits(first_token_s=timeout_s)
+    pool_limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    with bounded_client(Limits(deadline_s=lim.total_s(max_tokens), read_s=lim.total_s(max_tokens),
+                               max_bytes=lim.max_bytes(max_tokens)), pool=pool_limits) as client:
         if concurrency == 1:
             out = [one(i) for i in range(n)]
         else:

@@ -120,10 +120,10 @@ provision_app = typer.Typer(help="Build or locate engine binaries.", no_args_is_
 app.add_typer(models_app, name="models")
 app.add_typer(provision_app, name="provision")
 
-from spectrial.errors import ConnectionLost, MeasurementRejected, RecordWriteError  # noqa: E402
+from spectrial.errors import ConnectionLost, MeasurementRejected, RecordWriteError, ServerMisbehaved  # noqa: E402
 
 # errors that end a run that had started: exit 1, as a failed run (not 2, bad input)
-RUN_ENDING = (ConnectionLost, MeasurementRejected, RecordWriteError)
+RUN_ENDING = (ConnectionLost, MeasurementRejected, RecordWriteError, ServerMisbehaved)
 ParamOpt = Annotated[list[str] | None, typer.Option("-p", "--param", help="Override NAME=VALUE (dotted names).")]
 
 
@@ -299,7 +299,12 @@ def diff(run_a: Annotated[Path, typer.Argument(help="First run folder")],
     for p in (run_a, run_b):
         if not (p / "manifest.json").is_file():
             _fail(FileNotFoundError(f"{p} holds no manifest.json (give a run folder under outputs/)"))
-    typer.echo(format_findings(diff_runs(run_a, run_b)))
+    try:
+        found = diff_runs(run_a, run_b)
+    except SpectrialError as exc:  # a damaged record: RecordDamaged names the file and what is wrong
+        _fail(exc)
+        return
+    typer.echo(format_findings(found))
 
 
 @app.command()
@@ -331,10 +336,13 @@ def report(run_dir: Annotated[Path | None, typer.Argument(
 
     from spectrial.readers.headline import headlines
     from spectrial.readers.render.report import latest_run, write_report
-    from spectrial.records import load_record
+    from spectrial.records import Skipped, load_record
 
     try:
-        run = run_dir if run_dir is not None else latest_run(output_dir)
+        skipped: list[Skipped] = []
+        run = run_dir if run_dir is not None else latest_run(output_dir, skipped)
+        for skip in skipped:  # damaged records under --output-dir: named, left as they are
+            typer.secho(skip.line(), fg="yellow", err=True)
         path = write_report(run, show_code=show_code)
         console = Console()
         for h in headlines(load_record(run)):
@@ -374,14 +382,23 @@ def schema(model: Annotated[str, typer.Argument(
 def migrate(paths: Annotated[list[Path], typer.Argument(help="Run folders, or folders of them (e.g. outputs).")]
             ) -> None:
     """Rewrite run records of an older spectrial in the current schema (figures re-derived, serving metrics added
-    from requests.csv); the old manifest is kept as manifest.v<N>.json."""
+    from requests.csv); the old manifest is kept as manifest.v<N>.json. A damaged record is skipped, left as it is
+    and named (exit 2 after the others are done)."""
     from spectrial.migrate import migrate_all
 
     try:
-        for line in migrate_all(paths):
-            typer.echo(line)
+        done = migrate_all(paths)
     except SpectrialError as exc:
         _fail(exc)
+        return
+    for line in done.lines:
+        typer.echo(line)
+    for exc in done.damaged:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+    if done.damaged:
+        typer.secho(f"error: {len(done.damaged)} damaged record(s) skipped and left as they are; "
+                    f"{len(done.lines)} migrated or already current", fg="red", err=True)
+        raise typer.Exit(2)
 
 
 @models_app.command("tiny")

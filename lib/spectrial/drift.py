@@ -45,13 +45,15 @@ def check_drift(manifest: Manifest, folder: str | Path, tolerance: float = 0.10)
     models = _models(manifest)
     runs = [m for m in runs if _models(m) == models]
     earlier = summarize(runs, folder, skipped)
+    damaged = (f" ({earlier.skipped} damaged record(s) under {folder} skipped: {'; '.join(earlier.damaged[:3])}"
+               f"{'; ...' if len(earlier.damaged) > 3 else ''})") if earlier.skipped else ""
     current = statistics.median(mine)
     out.checked, out.n_earlier = True, len(earlier.baselines)
     out.current, out.current_ci = current, [base.tok_s_ci_low, base.tok_s_ci_high]
     out.current_starts = mine
     if not earlier.baselines:
         out.message = (f"no earlier baseline with this fingerprint ({manifest.fingerprint_key}): this run starts "
-                       "the history")
+                       "the history" + damaged)
         return out
     values = [v for b in earlier.baselines for v in b.start_medians]
     center, half, sd, basis = prediction_band(values, len(mine), tolerance, len(earlier.baselines))
@@ -83,6 +85,7 @@ def check_drift(manifest: Manifest, folder: str | Path, tolerance: float = 0.10)
                           "neighbours, thermals)"))
     else:
         out.message = f"baseline inside the band of {where} ({shift * 100:+.1f} %): {numbers}"
+    out.message += damaged
     return out
 
 

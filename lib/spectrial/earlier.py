@@ -9,8 +9,10 @@ host has been fingerprinted, the same `fingerprint_key` (host state + engine bui
 - `start_s` / `ready_s` / `request_s`: what a server start and one request cost on this host (the plan's price);
 - `baselines`: each earlier run's baseline per-start medians (the drift band, spectrial.drift).
 
-Reading is bounded: at most `limit` matching records, newest first; a record that cannot be read (truncated, binary,
-another program's JSON) is skipped and counted, never fatal.
+Reading is bounded: at most `limit` matching records, newest first, each file under the record cap
+(`spectrial.records.record_cap`); a damaged record (truncated, binary, another program's JSON, a future schema:
+`RecordDamaged` from `spectrial.records.load_records`, the one loader) is skipped and named with what is wrong, never
+fatal.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field, JsonValue
 
+from spectrial.errors import RecordDamaged
 from spectrial.params import workload_identity
-from spectrial.records import list_runs, load_record
+from spectrial.records import Skipped, list_runs, load_records
 from spectrial.schema import Manifest
 from spectrial.sequential import SpreadPrior, prior_from_starts
 
 LIMIT = 20  # newest matching records read at most
-MAX_MANIFEST_BYTES = 64 << 20  # a manifest larger than this is not read (a damaged or foreign file)
 
 
 class BaselineRun(BaseModel):
@@ -50,6 +52,7 @@ class Earlier(BaseModel):
     runs: list[str] = Field(default_factory=list, description="Matching run ids, oldest first")
     fingerprint_keys: list[str] = Field(default_factory=list, description="Their fingerprint keys")
     skipped: int = Field(0, description="Records that could not be read")
+    damaged: list[str] = Field(default_factory=list, description="Each skipped record: its file and what is wrong")
     prior: SpreadPrior | None = None
     starts: int = Field(0, description="Server starts they hold (ok ones)")
     start_s: float | None = Field(None, description="Median seconds of a start, launch to stop")
@@ -66,7 +69,8 @@ class Earlier(BaseModel):
             return f"no earlier run of this host, engine, model and workload under {self.folder}/"
         keys = ", ".join(self.fingerprint_keys) or "none recorded"
         return (f"{len(self.runs)} earlier run(s) under {self.folder}/ ({self.starts} starts; fingerprint {keys})"
-                + (f"; {self.skipped} unreadable record(s) skipped" if self.skipped else ""))
+                + (f"; {self.skipped} damaged record(s) skipped ({'; '.join(self.damaged[:3])}"
+                   f"{'; ...' if len(self.damaged) > 3 else ''})" if self.skipped else ""))
 
 
 def work_key(params: Mapping[str, JsonValue]) -> str:
@@ -77,33 +81,23 @@ def work_key(params: Mapping[str, JsonValue]) -> str:
     return json.dumps(ident, sort_keys=True, default=str)
 
 
-def _read(run: Path) -> Manifest | None:
-    path = run / "manifest.json"
-    try:
-        if path.stat().st_size > MAX_MANIFEST_BYTES:
-            return None
-        return load_record(run)
-    except Exception:  # a damaged or foreign record is skipped (counted), never fatal
-        return None
-
-
 def find(folder: str | Path, params: Mapping[str, JsonValue], *, fingerprint_key: str | None = None,
          exclude: str | None = None, before: str | None = None, limit: int = LIMIT,
-         kinds: tuple[str, ...] = ("trial",)) -> tuple[list[Manifest], int]:
-    """Matching earlier records under `folder` (oldest first, at most `limit`, newest kept) and how many could not
-    be read. `fingerprint_key`: only records of that key; `before`: only runs started before that time."""
+         kinds: tuple[str, ...] = ("trial",)) -> tuple[list[Manifest], list[Skipped]]:
+    """Matching earlier records under `folder` (oldest first, at most `limit`, newest kept) and the damaged ones
+    passed over (which and why). `fingerprint_key`: only records of that key; `before`: only runs started before
+    that time."""
     root = Path(folder)
     if not root.is_dir():
-        return [], 0
+        return [], []
     want = work_key(params)
     out: list[Manifest] = []
-    skipped = 0
-    for run in reversed(list_runs(root)):
-        if run.name == exclude:
-            continue
-        m = _read(run)
+    skipped: list[Skipped] = []
+    runs = (r for r in reversed(list_runs(root)) if r.name != exclude)
+    for run, m, skip in load_records(runs):
         if m is None:
-            skipped += 1
+            if skip is not None:
+                skipped.append(skip)
             continue
         if m.kind not in kinds or m.status not in ("ok", "partial") or m.fingerprint_key is None:
             continue
@@ -114,8 +108,8 @@ def find(folder: str | Path, params: Mapping[str, JsonValue], *, fingerprint_key
         try:
             if work_key(m.params) != want:
                 continue
-        except Exception:
-            skipped += 1
+        except (TypeError, ValueError) as exc:
+            skipped.append(Skipped(run, RecordDamaged(str(run / "manifest.json"), f"its params cannot be read: {exc}")))
             continue
         out.append(m)
         if len(out) >= limit:
@@ -123,8 +117,8 @@ def find(folder: str | Path, params: Mapping[str, JsonValue], *, fingerprint_key
     return list(reversed(out)), skipped
 
 
-def summarize(runs: list[Manifest], folder: str | Path, skipped: int = 0) -> Earlier:
-    """The figures of `runs` (see `Earlier`)."""
+def summarize(runs: list[Manifest], folder: str | Path, skipped: list[Skipped] | None = None) -> Earlier:
+    """The figures of `runs` (see `Earlier`); `skipped`: the damaged records `find` passed over."""
     groups: list[list[float]] = []
     start_s: list[float] = []
     ready_s: list[float] = []
@@ -169,7 +163,8 @@ def summarize(runs: list[Manifest], folder: str | Path, skipped: int = 0) -> Ear
         overhead = max(_median(ready_s) or 0.0, _median(start_s) - _median(per_start) * _median(request_s)) or None  # type: ignore[operator]
     prior = prior_from_starts(groups, source=f"{len(runs)} earlier run(s), {n_starts} starts, fingerprint "
                                              f"{', '.join(keys)}") if runs else None
-    return Earlier(folder=str(folder), runs=[m.run_id for m in runs], fingerprint_keys=keys, skipped=skipped,
+    return Earlier(folder=str(folder), runs=[m.run_id for m in runs], fingerprint_keys=keys,
+                   skipped=len(skipped or []), damaged=[f"{s.error.path}: {s.error.problem}" for s in skipped or []],
                    prior=prior, starts=n_starts, start_s=_median(start_s), ready_s=_median(ready_s),
                    request_s=_median(request_s), baselines=baselines,
                    within_sd_log=math.sqrt(w_ss / w_df) if w_df and w_ss > 0 else None,

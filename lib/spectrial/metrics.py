@@ -12,19 +12,31 @@ import re
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from spectrial.errors import ServerMisbehaved
+from spectrial.httpread import BoundExceeded
+
 _LABEL_RE = re.compile(r'(\w+)=([^,}]*)')
 
 
 def snapshot(client: httpx.Client, base_url: str) -> dict[str, float]:
-    """Every sample of `/metrics` ({} when the server has no metrics endpoint)."""
-    r = client.get(f"{base_url}/metrics")
+    """Every sample of `/metrics` ({} when the server has no metrics endpoint). A body that breaks a bound of the
+    client (spectrial.httpread: size, deadline, encoding) or is not Prometheus text is ServerMisbehaved."""
+    what = f"{base_url}/metrics"
+    try:
+        r = client.get(what)
+    except BoundExceeded as exc:
+        raise ServerMisbehaved(what, exc.problem, exc.limit) from None
     if r.status_code != 200:
         return {}
     out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(r.text):
-        for s in fam.samples:
-            label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{label}}}" if label else s.name] = float(s.value)
+    try:
+        for fam in text_string_to_metric_families(r.text):
+            for s in fam.samples:
+                label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{label}}}" if label else s.name] = float(s.value)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:  # prometheus_client's parser on what is not its text
+        raise ServerMisbehaved(what, f"the body is not Prometheus text ({type(exc).__name__}: {str(exc)[:120]})",
+                               hint="check what serves that address: a proxy or another program") from None
     return out
 
 

@@ -6,18 +6,21 @@ the ratio of pooled medians beside its sequence's interval gets the sequence's e
 back, so that tools reading manifest.json without spectrial see the same numbers, and adds what the run folder
 still allows: the serving figures of each arm (or sweep point) from its requests.csv (and stream.csv where there
 is one).
-The file as it was is kept beside it as `manifest.v<N>.json`.
+The file as it was is kept beside it as `manifest.v<N>.json` (`manifest.v<N>.<k>.json` when that name already holds
+other bytes): every rewrite keeps a copy of what it replaces. A damaged record (RecordDamaged: truncated, binary, a
+future schema, a broken requests.csv) is never written: `migrate_all` skips it, says which and why, and goes on.
 """
 
 from __future__ import annotations
 
-import json
+import filecmp
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from spectrial.errors import ConfigError
+from spectrial.errors import ConfigError, RecordDamaged
 from spectrial.figures import decide_stale
-from spectrial.records import as_manifest, dump_json, list_runs
+from spectrial.records import as_manifest, dump_json, list_runs, read_manifest_mapping, read_requests
 from spectrial.schema import SCHEMA_VERSION, ArmRecord, Manifest
 
 
@@ -26,7 +29,7 @@ def _with_serving(m: Manifest, run: Path) -> Manifest:
     from spectrial import serving
 
     key = "point" if m.points else "arm"
-    by = serving.read_requests(run, key=key)
+    by = read_requests(run, key=key)
     if not by:
         return m
     conc = (m.params or {}).get("concurrency") or (m.params.get("trial") or {}).get("concurrency")
@@ -53,15 +56,14 @@ def migrate_run(run_dir: str | Path) -> str:
     if not path.is_file():
         raise ConfigError(f"RUN_DIR: {run} holds no manifest.json; pass a run folder, e.g. outputs/<run-id>",
                           parameter="RUN_DIR")
-    raw = json.loads(path.read_text())
+    raw = read_manifest_mapping(path)  # damaged: RecordDamaged, and nothing is written
     version = int(raw.get("schema_version") or 1)
+    current = as_manifest(raw, path)
     stale = version >= SCHEMA_VERSION and decide_stale(Manifest.model_validate({"run_id": "?", **raw}))
     if version >= SCHEMA_VERSION and not stale:
         return f"{run}: already schema {version}"
-    m = _with_serving(as_manifest(raw), run)
-    backup = run / f"manifest.v{version}.json"
-    if not backup.exists():
-        shutil.copy2(path, backup)
+    m = _with_serving(current, run)
+    backup = keep_copy(path, f"manifest.v{version}")
     dump_json(path, m.model_dump(mode="python", serialize_as_any=True))
     if stale:
         return (f"{run}: schema {version}, a decide run's speed-up -> its sequence's estimate, the same pair as its "
@@ -69,11 +71,41 @@ def migrate_run(run_dir: str | Path) -> str:
     return f"{run}: schema {version} -> {SCHEMA_VERSION} (the old file: {backup.name})"
 
 
-def migrate_all(paths: list[Path]) -> list[str]:
-    """Every run folder under each path (a run folder itself, or a folder of them)."""
+def keep_copy(path: Path, stem: str) -> Path:
+    """Copy `path` to `<stem>.json` beside it before it is replaced; when that name already holds other bytes (an
+    earlier migration's copy), to `<stem>.1.json`, `<stem>.2.json`, ...: no copy is ever overwritten. Returns the
+    copy (an existing identical one is reused)."""
+    for k in range(10_000):
+        backup = path.with_name(f"{stem}.json" if k == 0 else f"{stem}.{k}.json")
+        if not backup.exists():
+            shutil.copy2(path, backup)
+            return backup
+        if filecmp.cmp(path, backup, shallow=False):
+            return backup
+    raise ConfigError(f"{path.parent}: 10000 copies named {stem}.*.json already; move old copies away",
+                      parameter="RUN_DIR")
+
+
+@dataclass
+class Migrated:
+    """What `migrate_all` did: one line per record migrated (or already current), and the damaged ones it skipped."""
+
+    lines: list[str] = field(default_factory=list)
+    damaged: list[RecordDamaged] = field(default_factory=list)
+
+
+def migrate_all(paths: list[Path]) -> Migrated:
+    """Every run folder under each path (a run folder itself, or a folder of them); a damaged record is skipped
+    (in `damaged`, untouched) and the others are migrated."""
     runs: list[Path] = []
     for p in paths:
         runs += [p] if (p / "manifest.json").is_file() else list_runs(p)
     if not runs:
         raise ConfigError(f"no run record (manifest.json) under {', '.join(map(str, paths))}", parameter="RUN_DIR")
-    return [migrate_run(r) for r in runs]
+    out = Migrated()
+    for r in runs:
+        try:
+            out.lines.append(migrate_run(r))
+        except RecordDamaged as exc:
+            out.damaged.append(exc)
+    return out

@@ -31,12 +31,13 @@ from typing import Any
 import httpx
 
 from spectrial import interrupts
-from spectrial.bench import run_requests
+from spectrial.bench import run_requests, server_broke, stream_limits
 from spectrial.connect import get_host
 from spectrial.engines.base import Engine, Window, get_engine
-from spectrial.errors import ConfigError, RunFailed, ServerError, SpectrialError
+from spectrial.errors import ConfigError, RunFailed, ServerError, ServerMisbehaved, SpectrialError
 from spectrial.figures import arm_figures, median, merge_stats, window_rates, with_figures
 from spectrial.fingerprint import host_fingerprint
+from spectrial.httpread import BoundExceeded, bounded_client
 from spectrial.logs.api import ServerLog
 from spectrial.params import Arm, TrialParams, load_params, read_params_yaml
 from spectrial.records import RunRecord, RunResult, opened
@@ -108,10 +109,12 @@ def identify(params: TrialParams) -> ObservedServer:
     assert params.observe is not None
     url = params.observe.url
     timeout = params.observe.probe_timeout_s
-    with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)), verify=True) as client:
+    with bounded_client(params.limits.probe(timeout), verify=True) as client:
         pr = _Probe(url, client)
         try:
             code, body = pr.get("/health")
+        except BoundExceeded as exc:
+            raise ServerMisbehaved(f"{url}/health", exc.problem, exc.limit) from None
         except httpx.HTTPError as exc:
             raise _unreachable(url, exc) from None
         if code == 503:
@@ -120,6 +123,8 @@ def identify(params: TrialParams) -> ObservedServer:
         try:
             obs = _identify_engine(params, pr)
             _check_metrics(obs, pr)
+        except BoundExceeded as exc:
+            raise ServerMisbehaved(exc.what.split(" ", 1)[-1], exc.problem, exc.limit) from None
         except httpx.HTTPError as exc:
             raise _unreachable(url, exc) from None
     if obs.speculative is False:
@@ -386,12 +391,14 @@ class ObserveSource:
         path, payload = engine.request_target(p.request_format)
         common: dict[str, Any] = {"max_tokens": p.max_tokens, "payload": payload, "stats_fn": engine.request_stats,
                                   "path": path, "timeout_s": p.request_timeout_s, "progress": self.progress,
-                                  "output_len": p.output_len}
+                                  "output_len": p.output_len, "limits": stream_limits(p)}
         try:
             if p.warmup:
                 with rec.step(f"warmup:{arm.name}", arm=arm.name):
-                    run_requests(self.url, self.prompts, n=p.warmup, phase="warmup", concurrency=1,
-                                 seed=p.seed + 1000 + restart, label=arm.name, **common)
+                    warm = run_requests(self.url, self.prompts, n=p.warmup, phase="warmup", concurrency=1,
+                                        seed=p.seed + 1000 + restart, label=arm.name, **common)
+                    for why in filter(None, map(server_broke, warm)):  # not measured: the run fails, and why
+                        raise ServerMisbehaved(f"{self.url}{path} (warm-up)", why)
             with rec.step(f"benchmark:{arm.name}", arm=arm.name):
                 for w in windows:
                     measured.append(self._window(arm, restart, entry, w, common))
@@ -411,7 +418,7 @@ class ObserveSource:
                 ) -> MeasuredWindow:
         engine = self.engine
         tags = {"arm": arm.name, "restart": restart, "start": entry.order, "concurrency": w.concurrency}
-        with httpx.Client(timeout=10) as client:
+        with bounded_client(self.params.limits.metrics()) as client:
             around = ((lambda c=client: engine.snapshot(c, self.url)), engine.request_counter_stats) \
                 if engine.per_request_counters else None
             before = engine.snapshot(client, self.url)
@@ -446,7 +453,8 @@ class ObserveSource:
         """llama.cpp names the method a slot runs only once the slot served a request: read /slots again."""
         if self.observed.engine != "llamacpp" or self.observed.method is not None:
             return
-        with httpx.Client(timeout=self.params.observe.probe_timeout_s if self.params.observe else 10) as client:
+        with bounded_client(self.params.limits.probe(self.params.observe.probe_timeout_s if self.params.observe
+                                                     else None)) as client:
             _llamacpp_slots(_Probe(self.url, client), self.observed, fresh=True)
 
     def elapsed_s(self) -> float:

@@ -149,6 +149,36 @@ class SamplingParams(BaseModel):
         return self.temperature == 0
 
 
+class ReadLimits(BaseModel):
+    """`limits:` in params: how long and how much spectrial reads from a server before it calls the server broken
+    (spectrial.httpread: every exchange has a total deadline and a size cap; a stream has a first-token, an idle and a
+    total limit, and a cap on tokens past max_tokens). The first token's limit is `request_timeout_s`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    idle_s: float = Field(60, gt=0, description="Seconds a stream may go without a token event after its first.")
+    min_tok_s: float = Field(0.5, gt=0, description="The slowest decode rate a stream may have: a request's total "
+                                                    "limit is request_timeout_s + max_tokens / this (seconds).")
+    stream_margin: int = Field(16, ge=0, description="Tokens past max_tokens a stream may send before it is cut as a "
+                                                     "protocol violation.")
+    probe_s: float = Field(10, gt=0, description="Seconds a probe (health, props, slots, models) may take in all.")
+    metrics_s: float = Field(30, gt=0, description="Seconds a /metrics scrape may take in all.")
+    metrics_bytes: int = Field(32 << 20, gt=0, description="Bytes of a /metrics body at most (larger is refused).")
+    body_bytes: int = Field(8 << 20, gt=0, description="Bytes of a probe's body at most.")
+
+    def probe(self, seconds: float | None = None) -> Any:
+        from spectrial.httpread import Limits
+
+        s = self.probe_s if seconds is None else seconds
+        return Limits(deadline_s=s, read_s=s, max_bytes=self.body_bytes, connect_s=min(10.0, s))
+
+    def metrics(self, seconds: float | None = None) -> Any:
+        from spectrial.httpread import Limits
+
+        s = self.metrics_s if seconds is None else min(seconds, self.metrics_s)
+        return Limits(deadline_s=s, read_s=s, max_bytes=self.metrics_bytes, connect_s=min(10.0, s))
+
+
 class SloParams(BaseModel):
     """Service-level objectives of `slo:` in params: a request is good when it meets every one given; goodput is
     good requests per second of measurement (spectrial.serving)."""
@@ -395,7 +425,12 @@ class TrialParams(BaseModel):
                                                                   "checks (default: measured by earlier runs here, "
                                                                   "else estimated from the model's size).")
     stop_grace_s: float = Field(15, ge=0, description="SIGTERM grace before SIGKILL.")
-    request_timeout_s: float = Field(300, gt=0, description="Timeout of one benchmark request.")
+    request_timeout_s: float = Field(120, gt=0, description="Seconds a benchmark request may wait for its first "
+                                                            "token; then `limits.idle_s` between tokens and "
+                                                            "request_timeout_s + max_tokens / `limits.min_tok_s` "
+                                                            "in all.")
+    limits: ReadLimits = Field(default_factory=ReadLimits, description="Bounds of every read from a server: "
+                               "{idle_s, min_tok_s, stream_margin, probe_s, metrics_s, metrics_bytes, body_bytes}.")
     engine_bin: str = Field("auto", description="Engine executable on the host; 'auto' = spectrial's build.")
     engine_config: dict[str, JsonValue] = Field(default_factory=dict, description="Engine-specific settings.")
     output_dir: str = Field("outputs", description="Local folder of run records.")
@@ -515,12 +550,40 @@ def workload_identity(params: dict[str, JsonValue]) -> dict[str, JsonValue]:
     return p.model_dump(include=set(WORKLOAD_KEYS), mode="json")
 
 
+MAX_PARAMS_BYTES = 1 << 20  # a params file is a few KB; larger is no params file
+MAX_PARAMS_VALUES = 100_000  # values of a params mapping with its YAML aliases expanded (a "billion laughs" file)
+MAX_PARAMS_DEPTH = 64  # nesting of a params mapping
+
+
+def bounded_yaml(value: JsonValue, where: str) -> JsonValue:
+    """`value` (as YAML loaded it) when it holds at most MAX_PARAMS_VALUES values, each alias counted as often as it is
+    used (what validation would walk), nested at most MAX_PARAMS_DEPTH deep; else ConfigError naming `where`. The
+    count stops at the bound: a bomb costs no more than the bound to refuse."""
+    stack: list[tuple[JsonValue, int]] = [(value, 0)]
+    seen = 0
+    while stack:
+        v, depth = stack.pop()
+        seen += 1
+        if seen > MAX_PARAMS_VALUES:
+            raise ConfigError(f"{where}: more than {MAX_PARAMS_VALUES} values once its YAML aliases (*name) are "
+                              "expanded; a params file is a few hundred: write the values out, or remove the aliases")
+        if depth > MAX_PARAMS_DEPTH:
+            raise ConfigError(f"{where}: nested more than {MAX_PARAMS_DEPTH} levels deep; params nest a few levels")
+        if isinstance(v, dict):
+            stack += [(x, depth + 1) for x in (*v.keys(), *v.values())]
+        elif isinstance(v, list):
+            stack += [(x, depth + 1) for x in v]
+    return value
+
+
 def _parse_value(text: str) -> JsonValue:
-    """A `-p` value as YAML would read it ('2' -> 2, 'null' -> None, '[1, 2]' -> list)."""
+    """A `-p` value as YAML would read it ('2' -> 2, 'null' -> None, '[1, 2]' -> list); text YAML cannot read stays
+    text; one that expands past the bounds of `bounded_yaml` is ConfigError."""
     try:
-        return yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except (yaml.YAMLError, RecursionError):
         return text
+    return bounded_yaml(value, f"-p value {text[:40]!r}")
 
 
 def apply_override(data: dict[str, JsonValue], dotted: str, value: JsonValue) -> None:
@@ -687,9 +750,19 @@ def read_params_yaml(path: str | os.PathLike[str]) -> tuple[dict[str, JsonValue]
     """A params file's top-level mapping and its resolved path (clear errors for missing/invalid YAML)."""
     f = find_params_file(path)
     try:
-        loaded = yaml.safe_load(f.read_text()) or {}
+        if f.stat().st_size > MAX_PARAMS_BYTES:
+            raise ConfigError(f"{f}: {f.stat().st_size} bytes is too large for a params file (at most "
+                              f"{MAX_PARAMS_BYTES}); pass the YAML file of a trial, such as params/local.yaml")
+        loaded = bounded_yaml(yaml.safe_load(f.read_text(encoding="utf-8")) or {}, str(f))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{f}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{f}: not valid YAML: nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{f}: not a text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} is not "
+                          "UTF-8); pass the YAML file of a trial, such as params/local.yaml") from None
+    except OSError as exc:
+        raise ConfigError(f"{f}: cannot be read ({exc.strerror or exc})") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{f}: the top level must be a mapping of parameter names")
     return loaded, str(f)

@@ -8,27 +8,33 @@ name on entry and redacted by value from the whole text on every write.
 from __future__ import annotations
 
 import contextlib
+import csv
 import datetime as dt
+import io
 import json
 import os
 import re
 import secrets as _rnd
 import shutil
+import stat
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import ValidationError
 
 from spectrial import __version__, interrupts
-from spectrial.errors import RecordWriteError
+from spectrial.errors import ConfigError, RecordDamaged, RecordWriteError
 from spectrial.figures import decide_stale, rederive
 from spectrial.ownership import controller, describe, owner_state
-from spectrial.schema import ArmRecord, Manifest, StepRecord, migrate, utc_now
+from spectrial.schema import SCHEMA_VERSION, ArmRecord, Manifest, RequestRecord, StepRecord, migrate, utc_now
 from spectrial.secrets import mask_mapping, redact
+from spectrial.serving import from_frames
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -235,8 +241,9 @@ def settle_record(run_dir: str | Path, reason: str | None = None) -> str | None:
     or its controller alive or on another machine)."""
     path = Path(run_dir) / "manifest.json"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_manifest_mapping(path)
+        as_manifest(data, path)  # a record it cannot parse in full is never written
+    except RecordDamaged:
         return None
     if data.get("status") not in ("running", "pending"):
         return None
@@ -260,9 +267,9 @@ def add_log_to_record(run_dir: str | Path, rel: str, text: str) -> bool:
     dest = run / rel
     if dest.exists():
         return False
+    data = _writable_mapping(run)  # a damaged record: RecordDamaged before anything is written into its folder
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(text)
-    data = manifest_json(run)
     if rel not in (data.get("files") or []):
         data["files"] = [*(data.get("files") or []), rel]
         dump_json(run / "manifest.json", data)
@@ -271,14 +278,23 @@ def add_log_to_record(run_dir: str | Path, rel: str, text: str) -> bool:
 
 def manifest_json(run_dir: str | Path) -> dict[str, Any]:
     """A run folder's manifest.json as written (a plain mapping, for tools outside spectrial; spectrial's own
-    readers take the typed record, `spectrial.schema.load_record`)."""
-    return json.loads((Path(run_dir) / "manifest.json").read_text())
+    readers take the typed record, `load_record`); a damaged one is RecordDamaged."""
+    return read_manifest_mapping(manifest_path(run_dir))
+
+
+def _writable_mapping(run_dir: str | Path) -> dict[str, Any]:
+    """The manifest mapping of a record about to be updated: read and parsed in full first (RecordDamaged when it
+    cannot be), so that a damaged record is never rewritten."""
+    path = manifest_path(run_dir)
+    data = read_manifest_mapping(path)
+    as_manifest(data, path)
+    return data
 
 
 def update_manifest(run_dir: str | Path, **fields: Any) -> None:
     """Set top-level fields of a finished run's manifest.json (e.g. the notebook or report it gained), leaving
-    every other byte of meaning as it was written."""
-    data = manifest_json(run_dir)
+    every other byte of meaning as it was written; a damaged record is RecordDamaged, and left as it is."""
+    data = _writable_mapping(run_dir)
     data.update(fields)
     dump_json(Path(run_dir) / "manifest.json", data)
 
@@ -302,18 +318,206 @@ class RunResult:
         return self.manifest.status
 
 
-# --- reading a record (any schema version) -------------------------------------------------------------------
-def as_manifest(source: Manifest | Mapping[str, Any]) -> Manifest:
-    """A Manifest from a Manifest or a manifest mapping of any version."""
+# --- reading a record (any schema version; a damaged one is RecordDamaged, never a traceback) -------------------
+MAX_RECORD_BYTES = 256 << 20
+"""The one cap on a file of a run record (manifest.json, requests.csv, stream.csv, a gpu/ sample, a log the doctor
+reads): larger is no record spectrial wrote (the largest committed manifest is 0.25 MB, a stream.csv holds ~50 bytes
+per token event), so it is refused before it is read. `SPECTRIAL_MAX_RECORD_BYTES` raises it for a giant run."""
+MAX_RECORD_BYTES_ENV = "SPECTRIAL_MAX_RECORD_BYTES"
+MAX_CSV_COLUMNS = 4096  # a header row wider than this is not one of spectrial's tables (it writes < 100 columns)
+REQUIRED_FIELDS = ("run_id", "status")  # every manifest on disk has them (RunRecord writes them first)
+_HINT_REPLACE = "the file is left as it is; restore it from a copy, or move the run folder out of the way"
+
+
+def record_cap() -> int:
+    """The byte cap on one file of a run record: MAX_RECORD_BYTES, or `SPECTRIAL_MAX_RECORD_BYTES` when set."""
+    raw = os.environ.get(MAX_RECORD_BYTES_ENV, "").strip()
+    if not raw:
+        return MAX_RECORD_BYTES
+    try:
+        cap = int(raw)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ConfigError(f"{MAX_RECORD_BYTES_ENV}: {raw!r} is not a positive number of bytes; unset it (default "
+                          f"{MAX_RECORD_BYTES}) or give e.g. {MAX_RECORD_BYTES * 4}", parameter=MAX_RECORD_BYTES_ENV)
+    return cap
+
+
+def read_record_bytes(path: str | Path) -> bytes:
+    """The bytes of one file of a run record, read at most up to the cap (`record_cap`). A missing file, a folder,
+    a device or a pipe (opened without blocking, never read), an unreadable one or one over the cap is RecordDamaged."""
+    p = Path(path)
+    unreadable = "check the file's permissions and its disk"
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # a pipe named like a record file would block a plain open
+    except FileNotFoundError:
+        where = "no such folder" if not p.parent.is_dir() else f"the folder holds no {p.name}"
+        raise RecordDamaged(str(p), f"missing: {where}", hint=f"pass a run folder (e.g. outputs/<run-id>) that holds "
+                                                              f"{p.name}, or restore the file from a copy") from None
+    except OSError as exc:
+        raise RecordDamaged(str(p), f"cannot be read: {exc.strerror or exc}", hint=unreadable) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RecordDamaged(str(p), "not a regular file (a folder, a device or a pipe)", hint=_HINT_REPLACE)
+        cap = record_cap()
+        too_big = RecordDamaged(str(p), f"too large to be a record file: {st.st_size} bytes, over the cap of {cap} "
+                                        "bytes", hint=f"if it is a genuine record of a giant run, raise the cap: "
+                                                      f"{MAX_RECORD_BYTES_ENV}={max(cap, st.st_size) * 2}; else "
+                                                      f"{_HINT_REPLACE}")
+        if st.st_size > cap:
+            raise too_big
+        chunks, size = [], 0
+        while size <= cap and (chunk := os.read(fd, min(cap + 1 - size, 16 << 20))):
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise RecordDamaged(str(p), f"cannot be read: {exc.strerror or exc}", hint=unreadable) from None
+    finally:
+        os.close(fd)
+    if size > cap:  # it grew while being read
+        raise too_big
+    return b"".join(chunks)
+
+
+def _text(path: str | Path, data: bytes) -> str:
+    """UTF-8 text of a record file; NUL bytes (the zero-filled tail a crash leaves) or invalid UTF-8 are damage."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise RecordDamaged(str(path), f"binary: a NUL byte at offset {nul} of {len(data)} (a file cut short by a "
+                                       "crash is often zero-filled)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordDamaged(str(path), f"binary: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                                       f"{exc.start} of {len(data)})") from None
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+_PARTIAL_NUMBER = re.compile(r"-?\d*(?:\.\d*)?(?:[eE][-+]?)?")  # a number's start, or the tail after its digits
+_PARTIAL_ESCAPE = re.compile(r"u[0-9a-fA-F]{0,4}(?:\\u?[0-9a-fA-F]{0,3})?")  # a \uXXXX escape (or a pair) cut short
+_LITERALS = ("null", "true", "false", "NaN", "Infinity", "-Infinity")
+
+
+def _cut_token(rest: str) -> bool:
+    """Whether the JSON's tail from its error on is a literal or number cut short (`"budget": nu`, `1.`)."""
+    rest = rest.rstrip()
+    return bool(rest) and (any(w.startswith(rest) for w in _LITERALS) or bool(_PARTIAL_NUMBER.fullmatch(rest))
+                           or bool(_PARTIAL_ESCAPE.fullmatch(rest)))
+
+
+def read_json_file(path: str | Path) -> Any:
+    """One JSON file of a run record, parsed; truncated, binary, empty, invalid or over-deep JSON is RecordDamaged."""
+    data = read_record_bytes(path)
+    text = _text(path, data)
+    if not text.strip():
+        raise RecordDamaged(str(path), f"empty: {len(data)} bytes and no JSON (a file cut short before its first "
+                                       "write)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unterminated string") or exc.pos >= len(text.rstrip()) or _cut_token(text[exc.pos:]):
+            problem = (f"truncated: the JSON stops after {len(data)} bytes, before it is complete ({exc.msg}: line "
+                       f"{exc.lineno} column {exc.colno})")
+        else:
+            problem = f"not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})"
+        raise RecordDamaged(str(path), problem) from None
+    except RecursionError:
+        raise RecordDamaged(str(path), "JSON nested too deeply to be a record") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise RecordDamaged(str(path), f"not readable JSON: {exc}") from None
+
+
+def schema_version_of(source: Mapping[str, Any], where: str = "manifest") -> int:
+    """A manifest mapping's schema version (1 when absent); a version that is no whole number, or one newer than
+    this spectrial reads, is RecordDamaged naming both numbers."""
+    v = source.get("schema_version")
+    if v is None:
+        return 1
+    if isinstance(v, str) and re.fullmatch(r"[0-9]{1,9}", v.strip()):  # not str.isdigit: '²' is a digit int() refuses
+        v = int(v.strip())  # stripped: str.strip drops characters int() does not ('\x1f')
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise RecordDamaged(where, f"schema_version {str(v)[:40]!r} is not a version number (1 to {SCHEMA_VERSION})")
+    if v > SCHEMA_VERSION:
+        by = source.get("spectrial_version")
+        writer = f"spectrial {str(by)[:40]}" if by else "a spectrial of unknown version"
+        raise RecordDamaged(where, f"written in schema version {v} (by {writer}); this spectrial {__version__} reads "
+                                   f"schema versions 1 to {SCHEMA_VERSION}",
+                            hint="read it with a newer spectrial (pip install -U spectrial); the file is left as it is")
+    return v
+
+
+def _validation_problem(exc: ValidationError) -> str:
+    errs = exc.errors()
+    shown = []
+    for e in errs[:3]:
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        got = e.get("input")
+        shown.append(f"{loc}: {e['msg']}" + ("" if isinstance(got, dict | list) else f" (got {str(got)[:40]!r})"))
+    more = f"; and {len(errs) - 3} more" if len(errs) > 3 else ""
+    return "fields missing or of the wrong type: " + "; ".join(shown) + more
+
+
+def as_manifest(source: Manifest | Mapping[str, Any], path: str | Path | None = None) -> Manifest:
+    """A Manifest from a Manifest or a manifest mapping of any version (`path` names it in errors). What cannot be
+    one (not a mapping, a future schema, fields of the wrong type) is RecordDamaged."""
     if isinstance(source, Manifest):
         return source
-    version = int(source.get("schema_version") or 1)
-    data = migrate(source)
-    data.setdefault("run_id", "?")
-    m = Manifest.model_validate(data)
-    if version < 3 or decide_stale(m):
-        m = rederive(m)  # figures derive from this schema (a decide run's speed-up: its sequence's estimate)
+    where = str(path) if path is not None else "manifest"
+    if not isinstance(source, Mapping):
+        raise RecordDamaged(where, f"not a JSON object but {_json_kind(source)}: a manifest is an object of named "
+                                   "fields")
+    version = schema_version_of(source, where)
+    try:
+        data = migrate({**source, "schema_version": version})
+        data.setdefault("run_id", "?")
+        m = Manifest.model_validate(data)
+        if version < 3 or decide_stale(m):
+            m = rederive(m)  # figures derive from this schema (a decide run's speed-up: its sequence's estimate)
+    except ValidationError as exc:
+        raise RecordDamaged(where, _validation_problem(exc)) from None
+    except RecursionError:
+        raise RecordDamaged(where, "nested too deeply to be a record") from None
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ArithmeticError) as exc:
+        raise RecordDamaged(where, f"fields of the wrong type: {type(exc).__name__}: {str(exc)[:200]}") from None
     return m
+
+
+def read_manifest_mapping(path: str | Path) -> dict[str, Any]:
+    """A manifest.json file as written (a plain mapping), checked: JSON, an object, with the fields every record
+    has, of a schema this spectrial reads. Anything else is RecordDamaged."""
+    data = read_json_file(path)
+    if not isinstance(data, dict):
+        raise RecordDamaged(str(path), f"not a JSON object but {_json_kind(data)}: a manifest is an object of named "
+                                       "fields")
+    missing = [k for k in REQUIRED_FIELDS if k not in data]
+    if missing:
+        raise RecordDamaged(str(path), f"missing required field(s): {', '.join(missing)} (every run record has "
+                                       f"{', '.join(REQUIRED_FIELDS)})")
+    bad = [k for k in REQUIRED_FIELDS if not isinstance(data[k], str) or not data[k]]
+    if bad:
+        raise RecordDamaged(str(path), "; ".join(f"{k} is {_json_kind(data[k])} ({str(data[k])[:40]!r}), not a "
+                                                 "non-empty text" for k in bad))
+    schema_version_of(data, str(path))
+    return data
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """A manifest.json file (anywhere: a committed golden record too), typed; damage is RecordDamaged."""
+    return as_manifest(read_manifest_mapping(path), path)
+
+
+def manifest_path(run: str | Path) -> Path:
+    """The manifest.json of a run folder (or the file itself when `run` names one)."""
+    p = Path(run)
+    return p if p.name == "manifest.json" and not p.is_dir() else p / "manifest.json"
 
 
 def as_arms(source: Manifest | Mapping[str, Any] | Sequence[Any]) -> list[ArmRecord]:
@@ -327,10 +531,86 @@ def as_arms(source: Manifest | Mapping[str, Any] | Sequence[Any]) -> list[ArmRec
 
 
 def load_record(run_dir: str | Path, settle: bool = True) -> Manifest:
-    """A run folder's manifest.json, typed (any schema version). A record still `running` whose controlling
-    process is gone is marked failed first ("abandoned", `settle_record`) unless `settle` is False."""
-    path = Path(run_dir) / "manifest.json"
-    m = as_manifest(json.loads(path.read_text()))
-    if settle and m.status in ("running", "pending") and m.controller and settle_record(Path(run_dir)):
-        m = as_manifest(json.loads(path.read_text()))
+    """A run folder's manifest.json, typed (any schema version); damage of any kind is RecordDamaged naming the file
+    and what is wrong. A record still `running` whose controlling process is gone is marked failed first
+    ("abandoned", `settle_record`) unless `settle` is False; a record that cannot be parsed is never written."""
+    path = manifest_path(run_dir)
+    m = read_manifest(path)
+    if settle and m.status in ("running", "pending") and m.controller and settle_record(path.parent):
+        m = read_manifest(path)
     return m
+
+
+@dataclass
+class Skipped:
+    """A record a reader of many records left out: its folder and why (RecordDamaged)."""
+
+    run: Path
+    error: RecordDamaged
+
+    def line(self) -> str:
+        return f"skipped damaged record {self.run}: {self.error.problem}"
+
+
+def load_records(runs: Iterable[str | Path], settle: bool = True
+                 ) -> Iterator[tuple[Path, Manifest | None, Skipped | None]]:
+    """Each run folder's record, in order, as (folder, manifest, None), or (folder, None, Skipped) for a damaged one:
+    readers of many records go on past it and say which and why."""
+    for run in runs:
+        try:
+            yield Path(run), load_record(run, settle=settle), None
+        except RecordDamaged as exc:
+            yield Path(run), None, Skipped(Path(run), exc)
+
+
+# --- the tables of a run folder (requests.csv, stream.csv, gpu/*.csv, ...) ------------------------------------------
+def read_table(path: str | Path, columns: Sequence[str] = (), **read_csv: Any) -> pd.DataFrame:
+    """A CSV file of a run record (up to the cap); binary, empty, unparseable, absurdly wide or missing one of
+    `columns` is RecordDamaged. `read_csv` goes to pandas.read_csv."""
+    data = read_record_bytes(path)
+    _text(path, data)
+    header = data[:data.find(b"\n")] if b"\n" in data else data
+    if header.count(b",") >= MAX_CSV_COLUMNS:
+        raise RecordDamaged(str(path), f"not one of spectrial's tables: a header row of {header.count(b',') + 1} "
+                                       f"columns (at most {MAX_CSV_COLUMNS})")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pd.errors.ParserWarning)
+            warnings.simplefilter("ignore", pd.errors.DtypeWarning)
+            frame = pd.read_csv(io.BytesIO(data), **read_csv)
+    except pd.errors.EmptyDataError:
+        raise RecordDamaged(str(path), f"empty: {len(data)} bytes and no header row") from None
+    except (pd.errors.ParserError, ValueError, UnicodeError, csv.Error, OverflowError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise RecordDamaged(str(path), f"not a readable CSV table: {first}") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise RecordDamaged(str(path), f"no column {', '.join(missing)} (its header: "
+                                       f"{', '.join(map(str, frame.columns[:8]))}{', ...' if len(frame.columns) > 8 else ''})")
+    return frame
+
+
+def read_requests(run_dir: str | Path, key: str = "arm") -> dict[str, list[RequestRecord]]:
+    """The measured requests of a run folder by arm (or `key`), with their stream events where stream.csv exists;
+    {} without requests.csv. A damaged requests.csv or stream.csv is RecordDamaged."""
+    run = Path(run_dir)
+    path = run / "requests.csv"
+    if not path.exists():
+        return {}
+    reqs = read_table(path, columns=("arm",))
+    events_path = run / "stream.csv"
+    events = read_table(events_path, columns=("event", "t_ms", "tokens")) if events_path.exists() else None
+    try:
+        records = from_frames(reqs, events)
+    except ValidationError as exc:
+        raise RecordDamaged(str(path), "rows that are not requests: " + _validation_problem(exc).split(": ", 1)[1]
+                            ) from None
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ArithmeticError) as exc:
+        where = events_path if events is not None else path
+        raise RecordDamaged(str(where), f"rows that are not requests: {type(exc).__name__}: {str(exc)[:200]}"
+                            ) from None
+    out: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if r.phase == "measure":
+            out.setdefault(str(r.get(key) or r.arm), []).append(r)
+    return out

@@ -4,10 +4,11 @@ Written by `spectrial.session` (through `spectrial.records.RunRecord`), read by 
 drift, report and the notebooks. `spectrial schema [MODEL]` prints a model's fields (name, type, description: every
 field has one), `--json` its JSON Schema.
 
-Every model keeps fields it does not declare (`extra="allow"`): a record written by a newer spectrial, or a
-hand-made one (the seed case's arms carry `session`, `verify_share`, ...), loads without loss. Records
-written before `schema_version` existed (version 1: a trial's start held its counters directly, not in a
-window) are converted on load by `migrate`; `load_record` reads any version.
+Every model keeps fields it does not declare (`extra="allow"`): a record written by a newer spectrial of the same
+schema version, or a hand-made one (the seed case's arms carry `session`, `verify_share`, ...), loads without loss.
+Records written before `schema_version` existed (version 1: a trial's start held its counters directly, not in a
+window) are converted on load by `migrate`; `spectrial.records.load_record` reads any version up to
+SCHEMA_VERSION, and refuses a newer one (RecordDamaged, naming both versions).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class RequestRecord(Record, ServerRequestStats):
                                               "left out)")
     prompt_id: str | None = Field(None, description="The work item it sent (source and index)")
     error: str | None = Field(None, description="Why it failed (None: it completed)")
+    violation: str | None = Field(None, description="What the server did against the protocol or a bound (a stream "
+                                                    "past max_tokens, silent, too slow, too large), when that ended "
+                                                    "it (spectrial.bench.StreamLimits)")
     t_start: float | None = Field(None, description="When it was sent: the client's monotonic clock, s")
     t_end: float | None = Field(None, description="When its stream ended: the client's monotonic clock, s")
     tokens: int = Field(0, description="Output tokens received")
@@ -1726,7 +1730,7 @@ def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(data)
     version = int(out.get("schema_version") or 1)
     if version > SCHEMA_VERSION:
-        return out  # written by a newer spectrial: undeclared fields are kept, declared ones still parse
+        return out  # a newer schema: spectrial.records refuses it before this (RecordDamaged)
     if version < 2:
         conc = (out.get("params") or {}).get("concurrency") or 1
         starts = []

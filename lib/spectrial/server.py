@@ -40,6 +40,7 @@ from spectrial.envcheck import (
 from spectrial.errors import ConfigError, ResourceBusyError, ServerError
 from spectrial.gpu import query as gpu_query
 from spectrial.host import Host, ProcInfo
+from spectrial.httpread import PROBE, Limits, bounded_client
 from spectrial.ownership import OWNER_VAR, controller, describe, owner_env, owner_state, parse_owner
 from spectrial.progress import Progress
 from spectrial.schema import CompanionInfo, CompanionStop, EnvCheckRecord, ServerInfo, StopReport, utc_now
@@ -546,7 +547,9 @@ class Server:
         check_every = max(1, int(0.5 / poll_s))
         n = 0
         try:
-            with httpx.Client(timeout=httpx.Timeout(self.spec.probe_timeout_s, connect=1.0)) as client:
+            probe = Limits(deadline_s=self.spec.probe_timeout_s, read_s=self.spec.probe_timeout_s,
+                           max_bytes=PROBE.max_bytes, connect_s=1.0)
+            with bounded_client(probe) as client:
                 while True:
                     n += 1
                     try:

@@ -614,20 +614,3 @@ def write_requests(record: Any, requests: Sequence[RequestRecord], accept_len: M
     events = events_frame(requests)
     if len(events):
         record.write_frame("stream.csv", events)
-
-
-def read_requests(run_dir: Any, key: str = "arm") -> dict[str, list[RequestRecord]]:
-    """The measured requests of a run folder by arm (or `key`), with their stream events where stream.csv exists;
-    {} without requests.csv."""
-    from pathlib import Path
-
-    run = Path(run_dir)
-    if not (run / "requests.csv").is_file():
-        return {}
-    reqs = pd.read_csv(run / "requests.csv")
-    events = pd.read_csv(run / "stream.csv") if (run / "stream.csv").is_file() else None
-    out: dict[str, list[RequestRecord]] = {}
-    for r in from_frames(reqs, events):
-        if r.phase == "measure":
-            out.setdefault(str(r.get(key) or r.arm), []).append(r)
-    return out

@@ -28,18 +28,19 @@ import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from spectrial import interrupts
-from spectrial.bench import run_requests
+from spectrial.bench import run_requests, server_broke, stream_limits
 from spectrial.connect import get_host
 from spectrial.engines.base import Engine, Window, Workers, get_engine
 from spectrial.engines.nccl_evidence import evidence_summary, nccl_evidence
 from spectrial.envcheck import require_verified, strict_names
-from spectrial.errors import ConfigError, HostError, MeasurementRejected
+from spectrial.errors import ConfigError, HostError, MeasurementRejected, ServerMisbehaved
 from spectrial.figures import median, window_rates
 from spectrial.fingerprint import compare as fp_compare
 from spectrial.fingerprint import engine_identity, file_identity, fingerprint_key, host_fingerprint
 from spectrial.gpu import GpuSampler, GpuStatus
 from spectrial.group import HostGroup
 from spectrial.host import Host
+from spectrial.httpread import bounded_client
 from spectrial.logs.api import ServerLog
 from spectrial.params import Arm, TrialParams
 from spectrial.records import RunRecord
@@ -484,13 +485,16 @@ class Session:
             self._count(server)
         path, payload = engine.request_target(p.request_format)
         common = {"max_tokens": p.max_tokens, "payload": payload, "stats_fn": engine.request_stats, "path": path,
-                  "timeout_s": p.request_timeout_s, "progress": self.progress, "output_len": p.output_len}
+                  "timeout_s": p.request_timeout_s, "progress": self.progress, "output_len": p.output_len,
+                  "limits": stream_limits(p)}
         if p.warmup:
-            run_requests(server.base_url, self.prompts, n=p.warmup, phase="warmup", concurrency=1,
-                         seed=p.seed + 1000 + restart, label=label, **common)
+            warm = run_requests(server.base_url, self.prompts, n=p.warmup, phase="warmup", concurrency=1,
+                                seed=p.seed + 1000 + restart, label=label, **common)
+            for why in filter(None, map(server_broke, warm)):  # a broken server is not measured: the start fails
+                raise ServerMisbehaved(f"{server.base_url}{path} (warm-up)", why)
         for w in windows:
             tags = {"arm": arm.name, "restart": restart, "start": order, "concurrency": w.concurrency}
-            with httpx.Client(timeout=10) as client:
+            with bounded_client(p.limits.metrics()) as client:
                 around = ((lambda c=client: _snapshot(engine, c, server.base_url)), engine.request_counter_stats) \
                     if engine.per_request_counters else None
                 before = _snapshot(engine, client, server.base_url)

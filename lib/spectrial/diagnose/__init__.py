@@ -27,8 +27,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from spectrial.diagnose import (  # noqa: F401 (register)
     acceptance,
     breakeven,
@@ -43,8 +41,8 @@ from spectrial.diagnose.context import LOG_SUFFIXES, Context, GpuSamples, LogFil
 from spectrial.diagnose.model import SEVERITY_RANK, Diagnosis, Evidence, Finding, Severity, Source
 from spectrial.diagnose.registry import DETECTORS, Detector, detector, get
 from spectrial.diagnose.sources import SOURCES
-from spectrial.errors import ConfigError
-from spectrial.records import as_manifest, load_record
+from spectrial.errors import ConfigError, RecordDamaged
+from spectrial.records import as_manifest, load_record, read_table
 from spectrial.schema import Manifest
 
 __all__ = ["DETECTORS", "SEVERITY_RANK", "SOURCES", "Context", "Detector", "Diagnosis", "Evidence", "Finding",
@@ -61,8 +59,8 @@ def _arm_names(m: Manifest | None) -> list[str]:
 def _log_file(path: Path, label: str, arms: list[str], problems: list[str]) -> LogFile | None:
     try:
         return LogFile(label=label, text=read_text(path), arm=arm_of(_stem(path), arms))
-    except (OSError, UnicodeError, EOFError) as exc:
-        problems.append(f"{label}: {exc}")
+    except RecordDamaged as exc:  # too large, unreadable, a broken .gz: named among the problems, left as it is
+        problems.append(f"{label}: {exc.problem}")
         return None
 
 
@@ -88,11 +86,7 @@ def load_context(source: str | Path | Manifest | Mapping[str, Any] | None = None
         if not (run_dir / "manifest.json").is_file():
             raise ConfigError(f"RUN_DIR: {run_dir} holds no manifest.json; pass a run folder, e.g. outputs/<run-id> "
                               "(or a server log as LOG)", parameter="RUN_DIR")
-        try:
-            manifest = load_record(run_dir)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"RUN_DIR: {run_dir / 'manifest.json'} is not a readable run record: {exc}",
-                              parameter="RUN_DIR") from exc
+        manifest = load_record(run_dir)  # a damaged record: RecordDamaged, naming the file and what is wrong
     arms = _arm_names(manifest)
     ctx = Context(manifest=manifest, run_dir=run_dir, problems=problems)
     if run_dir is not None:
@@ -103,10 +97,10 @@ def load_context(source: str | Path | Manifest | Mapping[str, Any] | None = None
                     ctx.logs.append(lf)
         for p in sorted(run_dir.glob("gpu/*.csv")):
             try:
-                ctx.gpu.append(GpuSamples(p.relative_to(run_dir).as_posix(), pd.read_csv(p, skipinitialspace=True),
+                ctx.gpu.append(GpuSamples(p.relative_to(run_dir).as_posix(), read_table(p, skipinitialspace=True),
                                           arm_of(p.stem, arms)))
-            except (OSError, ValueError) as exc:
-                problems.append(f"{p.relative_to(run_dir)}: {exc}")
+            except RecordDamaged as exc:
+                problems.append(f"{p.relative_to(run_dir)}: {exc.problem}")
     for given in logs:
         p = Path(given).expanduser()
         if not p.is_file():

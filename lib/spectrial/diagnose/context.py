@@ -5,8 +5,10 @@ finding can name its evidence."""
 from __future__ import annotations
 
 import gzip
+import io
 import re
 import shlex
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,7 +18,9 @@ from typing import Any
 import pandas as pd
 
 from spectrial.analysis.stats import finite
+from spectrial.errors import RecordDamaged
 from spectrial.logs.api import ServerLog
+from spectrial.records import MAX_RECORD_BYTES_ENV, read_record_bytes, record_cap
 from spectrial.schema import ArmRecord, Manifest
 
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -163,9 +167,19 @@ class GpuSamples:
 
 
 def read_text(path: Path) -> str:
-    data = path.read_bytes()
+    """A log file's text (gzip or plain), at most the record cap (`spectrial.records.record_cap`) before and after
+    decompression; too large, unreadable or a broken .gz is RecordDamaged (the doctor lists it among its problems)."""
+    data = read_record_bytes(path)
     if path.name.endswith(".gz"):
-        data = gzip.decompress(data)
+        cap = record_cap()
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
+                data = gz.read(cap + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise RecordDamaged(str(path), f"not a readable gzip file: {exc}") from None
+        if len(data) > cap:
+            raise RecordDamaged(str(path), f"too large: over the cap of {cap} bytes once decompressed",
+                                hint=f"raise the cap ({MAX_RECORD_BYTES_ENV}) to read it whole")
     return data.decode("utf-8", errors="replace")
 
 

@@ -40,6 +40,7 @@ from spectrial.engines.base import (
 from spectrial.engines.flags import Flag, render
 from spectrial.errors import ConfigError
 from spectrial.host import Host
+from spectrial.httpread import PROBE, Limits, bounded_client
 from spectrial.params import Arm
 from spectrial.schema import CounterTotals, ServerRequestStats, Upload, WindowStats
 from spectrial.server import LaunchSpec, Probe, on_each
@@ -335,7 +336,7 @@ class LlamaCpp(Engine):
         output without specials."""
         def count(items: Sequence[WorkItem]) -> list[tuple[int, int | None]]:
             out: list[tuple[int, int | None]] = []
-            with httpx.Client(timeout=60) as client:
+            with bounded_client(Limits(deadline_s=60, read_s=60, max_bytes=PROBE.max_bytes)) as client:
                 def tokens(text: str, special: bool) -> int:
                     r = client.post(f"{base_url}/tokenize", json={"content": text, "add_special": special})
                     r.raise_for_status()

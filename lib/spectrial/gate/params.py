@@ -91,9 +91,10 @@ def load_tolerances(path: str | Path | None) -> GateTolerances:
         raise ConfigError(f"--tolerances: {p} is not a file", parameter="tolerances",
                           hint="give a YAML gate file (see docs/GATES.md) or leave --tolerances out for the defaults")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--tolerances: {p} is not YAML: {exc}", parameter="tolerances") from None
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:  # binary or absurdly nested: not a gate file
+        raise ConfigError(f"--tolerances: {p} is not YAML: {exc or type(exc).__name__}", parameter="tolerances",
+                          hint="give a YAML gate file (see docs/GATES.md)") from None
     try:
         return GateTolerances.model_validate(data)
     except ValidationError as err:

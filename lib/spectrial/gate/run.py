@@ -9,16 +9,15 @@ from pathlib import Path
 from spectrial.errors import ConfigError
 from spectrial.gate.judge import differences, gate_arms, worst
 from spectrial.gate.params import GateTolerances
-from spectrial.records import as_manifest, list_runs, load_record
+from spectrial.records import Skipped, list_runs, load_record, load_records, read_manifest
 from spectrial.schema import GateRecord, Manifest, utc_now
 
 USABLE = ("ok", "partial")
 
 
 def read_run(path: str | Path, what: str) -> Manifest:
-    """A run record from its folder or its manifest file (a committed golden record is a manifest.json anywhere)."""
-    import json
-
+    """A run record from its folder or its manifest file (a committed golden record is a manifest.json anywhere);
+    a damaged one is RecordDamaged (the file and what is wrong)."""
     p = Path(path)
     if p.is_dir():
         if not (p / "manifest.json").is_file():
@@ -26,10 +25,7 @@ def read_run(path: str | Path, what: str) -> Manifest:
                               hint="give a run folder (outputs/<run-id>) or a manifest.json file")
         m = load_record(p)
     elif p.is_file():
-        try:
-            m = as_manifest(json.loads(p.read_text()))
-        except ValueError as exc:
-            raise ConfigError(f"{what}: {p} is not a run record's manifest ({exc})", parameter=what) from None
+        m = read_manifest(p)
     else:
         raise ConfigError(f"{what}: {p} does not exist", parameter=what,
                           hint="give a run folder (outputs/<run-id>) or a manifest.json file")
@@ -42,14 +38,16 @@ def read_run(path: str | Path, what: str) -> Manifest:
     return m
 
 
-def history(cand: Manifest, runs_dir: str | Path, last: int, tol: GateTolerances) -> list[Manifest]:
+def history(cand: Manifest, runs_dir: str | Path, last: int, tol: GateTolerances,
+            skipped: list[Skipped] | None = None) -> list[Manifest]:
     """The last `last` finished runs under `runs_dir` before the candidate with its fingerprint (host state and
-    engine build) and nothing that blocks a comparison (workload, sampling, model, ...), oldest first."""
+    engine build) and nothing that blocks a comparison (workload, sampling, model, ...), oldest first. A damaged
+    record is passed over, and added to `skipped` (which and why) when given."""
     out: list[Manifest] = []
-    for run in list_runs(runs_dir):
-        try:
-            m = load_record(run)
-        except (OSError, ValueError):
+    for _, m, skip in load_records(list_runs(runs_dir)):
+        if m is None:
+            if skip is not None and skipped is not None:
+                skipped.append(skip)
             continue
         if m.run_id == cand.run_id or m.status not in USABLE or m.kind != cand.kind:
             continue
@@ -82,8 +80,10 @@ def run_gate(candidate: str | Path, tol: GateTolerances, reference: str | Path |
         if last is None or last < 1:
             raise ConfigError(f"--history: {last} runs; give 1 or more", parameter="history")
         folder = Path(runs_dir) if runs_dir is not None else Path(candidate).resolve().parent
-        refs = history(cand, folder, last, tol)
+        skipped: list[Skipped] = []
+        refs = history(cand, folder, last, tol, skipped)
         rec.reference = f"history: the last {last} runs of fingerprint {cand.fingerprint_key} under {folder}"
+        rec.notes += [s.line() for s in skipped]  # damaged records: named, passed over, left as they are
         if not refs:
             rec.comparable, rec.outcome = False, "not comparable"
             rec.not_comparable = [f"no earlier finished run under {folder} with the candidate's fingerprint "

@@ -37,7 +37,7 @@ from spectrial.nccl import latency as nccl_latency
 from spectrial.nccl.evidence import SettingsRow, Visibility
 from spectrial.nccl.params import EnvSet, NcclCheckParams
 from spectrial.nccl.worker import Versions, WorkerResult, WorkerSpec, run_worker
-from spectrial.records import RunRecord, load_record, opened
+from spectrial.records import RunRecord, load_record, opened, read_table
 from spectrial.schema import GpusSeen, HostInfo, Manifest
 from spectrial.secrets import mask_env
 
@@ -145,7 +145,7 @@ def load_nccl_check(run_dir: str | Path) -> NcclCheckResult:
     """A check's result read back from its run folder."""
     run_dir = Path(run_dir)
     csv = run_dir / "latency.csv"
-    lat = pd.read_csv(csv) if csv.is_file() else pd.DataFrame(columns=_LAT_COLS)
+    lat = read_table(csv) if csv.is_file() else pd.DataFrame(columns=_LAT_COLS)
     return NcclCheckResult(run_dir, load_record(run_dir), lat)
 
 

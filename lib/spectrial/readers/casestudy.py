@@ -14,7 +14,6 @@ trial's record (``spectrial.readers.history``, ``spectrial.readers.explain``, ``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from spectrial import analysis
 from spectrial.errors import ConfigError
 from spectrial.params import repo_root
 from spectrial.readers.history import HistoryRow, incomparability, record_rows, rows_frame, with_derived
-from spectrial.records import as_manifest
+from spectrial.records import as_manifest, read_json_file
 from spectrial.schema import ArmRecord, Manifest
 
 __all__ = ["CASE_NAME", "TRIAL_FIELDS", "KeyNumbers", "baseline_drift", "case_arms", "case_dir", "case_table",
@@ -64,13 +63,10 @@ def load_case(path: str | Path | None = None) -> Manifest:
         p = p / "manifest.json"
     if not p.is_file():
         raise ConfigError(f"case record {p} not found: pass path= the folder outputs/examples/{CASE_NAME}")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ConfigError(f"case record {p} is not valid JSON: {exc}") from exc
+    data = read_json_file(p)  # truncated, binary, over the cap: RecordDamaged (the file and what is wrong)
     if not isinstance(data, dict) or data.get("kind") != "case" or not data.get("arms"):
         raise ConfigError(f"{p} is not a case record (kind 'case' with arms)")
-    return as_manifest(data)
+    return as_manifest(data, p)
 
 
 def case_arms(manifest: Manifest, session: str | None = None) -> list[ArmRecord]:

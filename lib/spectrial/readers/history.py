@@ -3,7 +3,7 @@
 ``load_history(runs_dir, logs_dir=None) -> History``: ``History.table`` has one row per arm of every
 run record (``source`` "record") and one row per parseable log file (``source`` "log"), columns
 ``HISTORY_COLUMNS``; ``History.issues`` lists what could not be used or looks wrong (source, item, problem),
-never raising on bad input; ``History.log_summary`` is ``spectrial.logs.summary`` per log file.
+never raising on bad input (a damaged record, RecordDamaged, is skipped: its issue names the file and the damage); ``History.log_summary`` is ``spectrial.logs.summary`` per log file.
 
 Row fields beyond the manifest's (see ``spectrial.trial`` for the per-arm fields):
 - ``config``: "baseline" or "<method> k=<steps>" (+ " synthetic a=<x>"), the column of the matrix views;
@@ -35,10 +35,10 @@ from typing import Any
 import pandas as pd
 
 from spectrial.analysis.stats import finite
-from spectrial.errors import SpectrialError
+from spectrial.errors import RecordDamaged, SpectrialError
 from spectrial.figures import fill_derived, verdict_cycle_ms
 from spectrial.params import repo_root
-from spectrial.records import as_manifest, load_record
+from spectrial.records import Skipped, as_manifest, load_record
 from spectrial.schema import ArmRecord, EngineInfo, HostInfo, Manifest
 
 __all__ = ["HISTORY_COLUMNS", "History", "HistoryRow", "baseline_over_time", "fill_derived", "incomparability",
@@ -105,6 +105,7 @@ class History:
     table: pd.DataFrame
     issues: pd.DataFrame
     log_summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    skipped: list[Skipped] = field(default_factory=list)  # damaged records left out (also among the issues)
 
     @property
     def records(self) -> pd.DataFrame:
@@ -289,6 +290,7 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
     """Every run record under ``runs_dir`` (recursively) and every log file under ``logs_dir``, tidy."""
     rows: list[HistoryRow] = []
     issues: list[tuple[str, str, str]] = []
+    skipped: list[Skipped] = []
     if runs_dir is not None:
         root = resolve_dir(runs_dir)
         if not root.is_dir():
@@ -301,8 +303,10 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
                 run = path.parent.relative_to(root).as_posix()
                 try:
                     manifest = load_record(path.parent)
-                except (OSError, ValueError, TypeError) as exc:
-                    issues.append((run, "", f"manifest.json unreadable: {exc}"))
+                except RecordDamaged as exc:  # skipped, named with what is wrong; the file is left as it is
+                    skipped.append(Skipped(path.parent, exc))
+                    issues.append((run, "", f"{Path(exc.path).name} unreadable, damaged record skipped: "
+                                            f"{exc.problem}"))
                     continue
                 if manifest.kind in NOT_ARM_RECORDS:  # e.g. an NCCL check: notebook 00 reads those
                     continue
@@ -318,7 +322,7 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
     stamps = table["started_at"].where(table["started_at"].astype(str).str.match(_DATE.pattern), None)
     table["started_at"] = pd.to_datetime(stamps, utc=True, errors="coerce", format="ISO8601")
     return History(table=table, issues=pd.DataFrame(issues, columns=["source", "item", "problem"]),
-                   log_summary=summary)
+                   log_summary=summary, skipped=skipped)
 
 
 # ------------------------------------------------------------------ views

@@ -19,7 +19,7 @@ import pandas as pd
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
 from spectrial.params import validate as validate_trial
-from spectrial.records import RunRecord, load_record, opened
+from spectrial.records import RunRecord, load_record, opened, read_table
 from spectrial.schema import Manifest, RequestRecord, StartRecord, WindowRecord
 from spectrial.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
 from spectrial.sweep.params import Setting, load_sweep_params
@@ -123,7 +123,7 @@ def replay(run_dir: str | Path, overrides: dict[str, Any] | None = None, *, outp
     csv = run_dir / "requests.csv"
     if not csv.is_file():
         raise ConfigError(f"{run_dir}: requests.csv is missing; a replay needs every request of the record")
-    requests = pd.read_csv(csv)
+    requests = read_table(csv)  # a damaged requests.csv: RecordDamaged
     if src.kind == "trial":
         data, src, requests = _from_trial(src, requests)
     elif src.kind in ("sweep", "sweep-world"):

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from spectrial.errors import RecordWriteError, SpectrialError
+from spectrial.errors import RecordWriteError, ServerMisbehaved, SpectrialError
 
 
 def watch_command(
@@ -27,7 +27,9 @@ def watch_command(
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False) -> None:
     """Watch a server spectrial did not start (never stopped, restarted or signalled): per interval accept length,
     per-position acceptance, drafted/accepted tokens, tok/s, requests running/waiting; changes found with
-    ruptures; gaps and restarts recorded. Exit 0 done (record ok), 1 the record could not be written, 2 bad input
+    ruptures; gaps and restarts recorded. A /metrics read takes at most the interval (a slow or silent one is a gap) and
+    at most 32 MiB (a larger one is refused). Exit 0 done (record ok), 1 the record could not be written or the
+    server broke the protocol (a /metrics bomb at the first read), 2 bad input
     (the server does not answer, has no /metrics), 130 / 143 / 129 interrupted (the record is written, status
     failed with the reason)."""
     from spectrial import interrupts
@@ -44,7 +46,7 @@ def watch_command(
             typer.echo(f"watching {w.opts.url} ({w.engine}) every {interval:g} s; run record: "
                        f"{w.record.manifest_path if w.record else '?'}", err=True)
             record = w.run()
-    except RecordWriteError as exc:
+    except (RecordWriteError, ServerMisbehaved) as exc:  # the record, or a server that broke the protocol
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     except SpectrialError as exc:

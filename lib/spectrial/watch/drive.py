@@ -8,10 +8,9 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import httpx
-
-from spectrial.bench import stream_completion
+from spectrial.bench import stream_completion, stream_limits
 from spectrial.errors import ConfigError
+from spectrial.httpread import Limits, bounded_client
 from spectrial.schema import RequestRecord
 
 MAX_IN_FLIGHT = 64  # requests open at once at most (a server slower than the rate is not flooded without bound)
@@ -39,7 +38,9 @@ class Driver:
         self.url, self.rate = url, rate
         self.stop_event = threading.Event()
         self.pool = ThreadPoolExecutor(MAX_IN_FLIGHT)
-        self.client = httpx.Client(timeout=httpx.Timeout(300, connect=10))
+        self.limits = stream_limits(p)
+        self.client = bounded_client(Limits(deadline_s=self.limits.total_s(p.max_tokens), read_s=300,
+                                            max_bytes=self.limits.max_bytes(p.max_tokens)))
         self.futures: list[Future[RequestRecord]] = []
         self.skipped = 0
         self.thread = threading.Thread(target=self._loop, name="spectrial-watch-drive", daemon=True)
@@ -56,7 +57,7 @@ class Driver:
                 item = self.items[i % len(self.items)]
                 body = self.payload(item, self.max_tokens)
                 self.futures.append(self.pool.submit(stream_completion, self.client, self.url, body, self.stats_fn,
-                                                     300, self.path))
+                                                     self.limits.first_token_s, self.path, self.limits))
                 i += 1
             t += 1.0 / self.rate
             self.stop_event.wait(max(0.0, t - time.monotonic()))

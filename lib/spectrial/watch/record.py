@@ -20,7 +20,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from spectrial import metrics, progress
-from spectrial.errors import ConfigError
+from spectrial.errors import ConfigError, ServerMisbehaved
+from spectrial.httpread import METRICS, BoundExceeded, Limits, bounded_client
 from spectrial.records import RunRecord
 from spectrial.schema import WatchChange, WatchGap, WatchInterval, WatchRecord, utc_now
 from spectrial.watch import changes, sampler
@@ -28,7 +29,7 @@ from spectrial.watch import changes, sampler
 if TYPE_CHECKING:
     from spectrial.watch.drive import Driver
 
-READ_TIMEOUT_S = 5.0  # one /metrics read; longer counts as "not answering"
+READ_TIMEOUT_S = 5.0  # one /metrics read waits at most this long for a byte, and takes at most the interval in all
 
 
 class WatchOptions(BaseModel):
@@ -64,6 +65,10 @@ def attach(client: httpx.Client, url: str, engine: str) -> tuple[str, sampler.Sa
         sampler.check_engine(engine)
     try:
         r = client.get(f"{url}/metrics")
+    except BoundExceeded as exc:
+        raise ServerMisbehaved(f"{url}/metrics", exc.problem, exc.limit,
+                               hint="the server answers, but not as a metrics endpoint should: check what serves "
+                                    "that address (a proxy?), or watch another instance") from None
     except httpx.TransportError as exc:
         raise ConfigError(f"URL: {url} does not answer ({type(exc).__name__}: {exc})", parameter="url",
                           hint="is the server running and listening on that address and port?") from None
@@ -72,7 +77,10 @@ def attach(client: httpx.Client, url: str, engine: str) -> tuple[str, sampler.Sa
         how = sampler.METRICS_FLAG[guess] if guess else "; ".join(f"{k}: {v}" for k, v in sampler.METRICS_FLAG.items())
         raise ConfigError(f"URL: {url} answers, but has no /metrics (HTTP {r.status_code}: {r.text[:120]!r})",
                           parameter="url", hint=f"turn metrics on: {how}")
-    snap = metrics.snapshot(client, url)
+    try:
+        snap = metrics.snapshot(client, url)
+    except BoundExceeded as exc:
+        raise ServerMisbehaved(f"{url}/metrics", exc.problem, exc.limit) from None
     found = sampler.detect_engine(snap)
     if engine == "auto":
         if found is None:
@@ -95,7 +103,11 @@ class Watch:
 
     def __init__(self, opts: WatchOptions, progress_on: bool = True) -> None:
         self.opts = opts.model_copy(update={"url": normalise_url(opts.url)})
-        self.client = httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_S))
+        # a scrape ends within the interval whatever the server does (a slow one is a gap, not a stall), and its
+        # body is capped (a /metrics bomb is refused with its size)
+        span = min(self.opts.interval_s, METRICS.deadline_s)
+        self.client = bounded_client(Limits(deadline_s=span, read_s=min(READ_TIMEOUT_S, span),
+                                            max_bytes=METRICS.max_bytes, connect_s=min(READ_TIMEOUT_S, span)))
         self.progress_on = progress_on
         self.record: RunRecord | None = None
         self.watch: WatchRecord | None = None
@@ -149,8 +161,9 @@ class Watch:
         assert self.watch is not None and self.prev is not None
         try:
             cur = sampler.read(self.client, self.opts.url, self.watch.engine)
-        except (httpx.TransportError, sampler.NoMetrics) as exc:
-            self._in_gap(f"{type(exc).__name__}: {exc}" if not isinstance(exc, sampler.NoMetrics) else str(exc))
+        except (httpx.TransportError, sampler.NoMetrics, ServerMisbehaved) as exc:  # a gap: the schedule goes on
+            self._in_gap(str(exc) if isinstance(exc, sampler.NoMetrics | ServerMisbehaved)
+                         else f"{type(exc).__name__}: {exc}")
             return None
         after_gap = self.gap is not None
         if self.gap is not None:

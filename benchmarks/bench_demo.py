@@ -14,7 +14,7 @@ import argparse
 import time
 
 from spectrial.params import load_params, parse_overrides
-from spectrial.trial import run_trial
+from spectrial.protocol.trial import run_trial
 
 
 def main() -> None:
@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("-p", "--param", action="append", default=["steps=2"])
     a = ap.parse_args()
     from spectrial.models import ensure_tiny_models
-    from spectrial.provision import binary_path, ensure_llama_server
+    from spectrial.provisioning.llamacpp import binary_path, ensure_llama_server
 
     cached = binary_path().is_file()
     t0 = time.monotonic()

@@ -37,20 +37,20 @@ from typing import Any
 import httpx
 import pandas as pd
 
-from spectrial.bench import run_requests
 from spectrial.engines import get_engine
 from spectrial.engines.llamacpp import ready_offset_s
-from spectrial.fingerprint import host_fingerprint
-from spectrial.gpu import wait_gpus_free
-from spectrial.host import Host, LocalHost
+from spectrial.hosts.fingerprint import host_fingerprint
+from spectrial.hosts.gpu import wait_gpus_free
+from spectrial.hosts.local import Host, LocalHost
+from spectrial.hosts.ssh import SSHHost
+from spectrial.measure.bench import run_requests
+from spectrial.measure.workloads import bundled_items
 from spectrial.models import ensure_tiny_models
 from spectrial.params import TrialParams, load_params
-from spectrial.provision import ensure_llama_server
-from spectrial.records import manifest_json
-from spectrial.server import Server, stop_previous
-from spectrial.ssh import SSHHost
-from spectrial.trial import run_trial
-from spectrial.workloads import bundled_items
+from spectrial.protocol.trial import run_trial
+from spectrial.provisioning.llamacpp import ensure_llama_server
+from spectrial.record.store import manifest_json
+from spectrial.servers.lifecycle import Server, stop_previous
 
 TARGET_S = 0.5
 STEP_KIND_RE = re.compile(r"^([a-z_]+)(?::.*)?$")

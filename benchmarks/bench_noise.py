@@ -17,7 +17,7 @@ import time
 import pandas as pd
 
 from spectrial.params import load_params, parse_overrides
-from spectrial.trial import run_trial
+from spectrial.protocol.trial import run_trial
 
 
 def mdd(cv_between: float, cv_within: float, restarts: int, requests: int, z: float = 1.96) -> float:

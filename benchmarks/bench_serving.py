@@ -1,7 +1,7 @@
 """What the serving figures and the headline cost, on synthetic streams of known shape.
 
 Builds N requests of T tokens each (speculative-looking streams: bursts of a few tokens per verify cycle, with
-jitter), then times `spectrial.serving.serving_figures` (percentiles and their bootstrap CIs), the tables
+jitter), then times `spectrial.analysis.serving.serving_figures` (percentiles and their bootstrap CIs), the tables
 written to requests.csv / stream.csv and read back, and the latency figure. Target: well under a second for
 1,000 requests x 256 tokens on the 2-core machine, so that a trial's compare step never waits on it.
 
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from spectrial import serving
+from spectrial.analysis import serving
 from spectrial.readers.render import plots
 from spectrial.schema import RequestRecord
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spectrial.params import parse_overrides
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 from spectrial.schema import Manifest, SweepBudget
 from spectrial.sweep import load_sweep_params, replay, run_sweep
 from spectrial.sweep.replayer import judge

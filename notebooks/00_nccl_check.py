@@ -46,9 +46,9 @@ output_dir = None  # folder of run records (None: as in the params file)
 import pandas as pd
 from IPython.display import Markdown, display
 
+from spectrial.cli.notebooks import attach_notebook, steps_table
 from spectrial.nccl import load_nccl_params, run_nccl_check
 from spectrial.nccl.latency import human_bytes
-from spectrial.notebooks import attach_notebook, steps_table
 from spectrial.readers import nccl as nccl_tables
 from spectrial.readers.render.figures import show_figure
 from spectrial.readers.render.plots import nccl_latency_figure

@@ -48,12 +48,12 @@ slo = None  # goodput objectives, e.g. {"ttft_ms": 500, "tpot_ms": 50}; None: as
 # %%
 from IPython.display import Markdown, display
 
-from spectrial.notebooks import attach_notebook, log_table, params_from_notebook, steps_table
+from spectrial.cli.notebooks import attach_notebook, log_table, params_from_notebook, steps_table
+from spectrial.protocol.trial import Trial
 from spectrial.readers.explain import explain
 from spectrial.readers.headline import headline
 from spectrial.readers.render import plots
 from spectrial.readers.render.figures import show_explanation, show_figure
-from spectrial.trial import Trial
 
 params = params_from_notebook(params_file, overrides, steps=steps, topk=topk, draft_tokens=draft_tokens,
                               repeats=repeats, max_tokens=max_tokens, output_dir=output_dir, workload=workload,
@@ -129,15 +129,15 @@ answer.table()
 
 # %% [markdown]
 # ### Is the measurement valid?
-# Before an arm is called faster or slower its measurement must pass the load checks (spectrial.validity, after
+# Before an arm is called faster or slower its measurement must pass the load checks (spectrial.analysis.validity, after
 # Red Hat's `speculators`): achieved vs requested concurrency, no queue (TTFT), prefix-cache hits under 5 %, no
 # outputs stopped short of a fixed length, a stream as fine as the decoding, and starts that agree. A failed
 # INVALID check makes the verdict "invalid measurement". Then the accept length per request beside the
 # token-weighted one of the counters (which leans towards the longest completions).
 
 # %%
-from spectrial.figures import accept_table
-from spectrial.validity import checks_table
+from spectrial.analysis.figures import accept_table
+from spectrial.analysis.validity import checks_table
 
 checks = checks_table(trial.manifest.arms)
 display(checks[checks["result"] != "ok"] if len(checks) else Markdown("No checks recorded."))
@@ -152,7 +152,7 @@ acc.round(3) if len(acc) else Markdown("No per-request accept length: the engine
 # left out, with the reason.
 
 # %%
-from spectrial import serving
+from spectrial.analysis import serving
 
 display(serving.serving_table(trial.manifest.arms))
 show_figure(plots.latency_figure(trial.requests_by_arm()))
@@ -213,7 +213,7 @@ trial.close()
 # was seen.
 
 # %%
-from spectrial.diagnose import diagnose
+from spectrial.readers.diagnose import diagnose
 
 diagnose(trial.run_dir).show()
 

@@ -56,7 +56,7 @@ progress = True  # progress bars while servers load and requests run
 # %%
 from IPython.display import Markdown, display
 
-from spectrial.notebooks import attach_notebook, steps_table
+from spectrial.cli.notebooks import attach_notebook, steps_table
 from spectrial.readers import sweep as sweep_reader
 from spectrial.readers.render import sweep as sweep_figures
 from spectrial.readers.render.figures import show_figure

@@ -50,7 +50,7 @@ from IPython.display import Markdown, display
 from spectrial import analysis
 from spectrial.readers.explain import RooflineInputs, explain
 from spectrial.readers.render.figures import cycle_lines_figure, show_explanation, show_figure
-from spectrial.records import list_runs, load_record
+from spectrial.record.store import list_runs, load_record
 from spectrial.schema import Manifest
 
 

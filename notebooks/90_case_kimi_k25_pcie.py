@@ -189,14 +189,14 @@ if case is not None:
 
 # %% [markdown]
 # ## 7 · What the doctor says
-# `spectrial doctor outputs/examples/case-kimi-k25-pcie` runs every detector of `spectrial.diagnose` on the
+# `spectrial doctor outputs/examples/case-kimi-k25-pcie` runs every detector of `spectrial.readers.diagnose` on the
 # record: the same causes the investigation spent a day on, named with the record field that shows each one
 # and the public thread where the pattern was seen. Ranked: critical (makes speculation lose by itself), then
 # warnings (the measurement cannot say what it seems to), then information.
 
 # %%
 if case is not None:
-    from spectrial.diagnose import diagnose
+    from spectrial.readers.diagnose import diagnose
 
     doctor = diagnose(history.resolve_dir(case_dir))
     doctor.show()

@@ -88,7 +88,7 @@ phase_setup() {  # wheels into $SITE (once per machine), device facts, a GPU clo
   else
     say "wheels already in $SITE"
   fi
-  "$PY" -c 'import pydantic, plotly, papermill, ipykernel, gguf, invoke, spectrial.trial' || return 1
+  "$PY" -c 'import pydantic, plotly, papermill, ipykernel, gguf, invoke, spectrial.protocol.trial' || return 1
   {
     echo "== date"; date -u +%FT%TZ
     echo "== uname"; uname -a
@@ -126,11 +126,11 @@ phase_src() {  # unpack the stripped llama.cpp tree once per machine
   say "unpacked $(du -sh "$SRC_DIR" | cut -f1) into $SRC_DIR"
 }
 
-phase_build() {  # llama-server + rpc-server, CUDA arch 90, ninja, all cores (spectrial.provision; cached)
+phase_build() {  # llama-server + rpc-server, CUDA arch 90, ninja, all cores (spectrial.provisioning.llamacpp; cached)
   "$PY" - "$SRC_DIR" "$CALL_DIR" <<'EOF'
 import os, shutil, sys, time
 from pathlib import Path
-from spectrial.provision import binary_path, build_key, cache_root, ensure_llama_server, server_version
+from spectrial.provisioning.llamacpp import binary_path, build_key, cache_root, ensure_llama_server, server_version
 
 src, work = Path(sys.argv[1]), Path(sys.argv[2])
 cached = binary_path("llama-server", cuda=True, cuda_arch="90")
@@ -196,7 +196,7 @@ run_notebook() {  # run_notebook NB RUN_ID PARAMS_JSON: papermill into $RUNS/RUN
 import json, logging, sys
 from pathlib import Path
 import papermill as pm
-from spectrial.records import dump_json, load_manifest
+from spectrial.record.store import dump_json, load_manifest
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 nb, run_dir, limit, params = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
@@ -313,7 +313,7 @@ ready_to_serve() {  # the cached CUDA llama-server and the complete model set ex
   "$PY" - "$MODELS" <<'EOF'
 import sys
 from spectrial.models import ModelSet
-from spectrial.provision import binary_path
+from spectrial.provisioning.llamacpp import binary_path
 ok = binary_path("llama-server", cuda=True, cuda_arch="90").is_file()
 try:
     ok = ok and ModelSet.load(sys.argv[1]).is_complete()

@@ -130,7 +130,7 @@ phase_setup() {  # the bundle into $SGL_SITE and the carried wheels into $SITE (
   done
   [ -f "$SGL_SITE/sglang/launch_server.py" ] || { say "no sglang in $SGL_SITE"; return 1; }
   graph_probe || return 1
-  "$PY" -c 'import spectrial.session, spectrial.models.hf' || return 1
+  "$PY" -c 'import spectrial.protocol.session, spectrial.models.hf' || return 1
   {
     echo "== date"; date -u +%FT%TZ
     echo "== nvidia-smi"; nvidia-smi
@@ -237,8 +237,8 @@ next_step() {  # the next trial's kill step and GPU check (a new Trial: kill_old
   local rid=$1
   "$PY" - "$COUNTING" "$RUNS" "$rid" <<'PY'
 import sys, time
-from spectrial.trial import Trial
-from spectrial.records import load_record
+from spectrial.protocol.trial import Trial
+from spectrial.record.store import load_record
 params, runs, rid = sys.argv[1:]
 t0 = time.monotonic()
 t = Trial(params, {"output_dir": runs + "/next-steps", "arms": [{"name": "baseline"}]}, progress=False)

@@ -30,7 +30,7 @@ def _ctrl_c_is_delivered() -> Any:
 @pytest.fixture(scope="session")
 def llama_server() -> Path:
     """spectrial's cached llama-server (built once per machine by `make llama-server`)."""
-    from spectrial.provision import ensure_llama_server
+    from spectrial.provisioning.llamacpp import ensure_llama_server
 
     return ensure_llama_server()
 

@@ -26,13 +26,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spectrial import validity
-from spectrial.diagnose import diagnose
-from spectrial.figures import NO_BASELINE, NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, is_baseline, paired_rounds
+from spectrial.analysis import validity
+from spectrial.analysis.figures import (
+    NO_BASELINE,
+    NO_SPREAD,
+    NOT_DISTINGUISHABLE,
+    TOO_FEW,
+    is_baseline,
+    paired_rounds,
+)
+from spectrial.readers.diagnose import diagnose
 from spectrial.readers.explain import explain
 from spectrial.readers.headline import headlines
 from spectrial.readers.history import record_rows
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 from spectrial.schema import ArmRecord, Manifest
 
 REL = 1e-9

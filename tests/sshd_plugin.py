@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from spectrial.host import Host, LocalHost
-from spectrial.ssh import SSHHost
+from spectrial.hosts.local import Host, LocalHost
+from spectrial.hosts.ssh import SSHHost
 
 SSHD = Path("/usr/sbin/sshd")
 ENSURE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ensure-sshd.sh"

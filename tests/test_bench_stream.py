@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from spectrial.bench import run_requests, stream_completion
-from spectrial.serving import chunks, delivery, serving_figures
+from spectrial.analysis.serving import chunks, delivery, serving_figures
+from spectrial.measure.bench import run_requests, stream_completion
 
 Step = tuple[float, list[dict[str, Any]]]  # (ms after the request arrived, events written in one flush)
 

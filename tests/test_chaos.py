@@ -30,11 +30,11 @@ import psutil
 import pytest
 
 from spectrial.errors import ResourceBusyError
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params
-from spectrial.records import load_record, manifest_json
-from spectrial.server import TAG_VAR, read_state
-from spectrial.trial import Trial, run_trial
+from spectrial.protocol.trial import Trial, run_trial
+from spectrial.record.store import load_record, manifest_json
+from spectrial.servers.lifecycle import TAG_VAR, read_state
 
 pytestmark = pytest.mark.slow
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]

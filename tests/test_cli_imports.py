@@ -23,8 +23,8 @@ sys.meta_path.insert(0, Block())
 
 def test_the_cli_path_needs_no_plotly_nor_notebooks() -> None:
     code = BLOCK + """
-import spectrial.cli, spectrial.trial, spectrial.session, spectrial.serving, spectrial.readers.headline, spectrial.figures
-from spectrial.records import load_record
+import spectrial.cli, spectrial.protocol.trial, spectrial.protocol.session, spectrial.analysis.serving, spectrial.readers.headline, spectrial.analysis.figures
+from spectrial.record.store import load_record
 from spectrial.readers.headline import headlines
 m = load_record(sys.argv[1], settle=False)
 print(headlines(m)[0].title)

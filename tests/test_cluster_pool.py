@@ -21,7 +21,7 @@ import pytest
 from sshd_plugin import SshdServer, free_port
 from test_cluster_slurm import leftovers
 
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 from spectrial.schema import Manifest
 
 pytestmark = [pytest.mark.slow]  # and `ssh` where the test sshd is a host of the pool

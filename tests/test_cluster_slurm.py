@@ -18,8 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
-from spectrial.records import load_record
-from spectrial.server import TAG_VAR
+from spectrial.record.store import load_record
+from spectrial.servers.lifecycle import TAG_VAR
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]

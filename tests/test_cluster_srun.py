@@ -16,11 +16,11 @@ from test_host_group_rpc import rpc_servers
 
 from spectrial.errors import ConfigError
 from spectrial.params import load_params
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 
 
 def test_srun_host_outside_a_job_says_what_is_missing(monkeypatch):
-    from spectrial.connect import get_host
+    from spectrial.hosts.connect import get_host
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with pytest.raises(ConfigError, match="SLURM_JOB_ID is not set"):

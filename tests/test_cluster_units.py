@@ -9,10 +9,10 @@ import pytest
 
 from spectrial.cluster.fanout import blocks
 from spectrial.cluster.merge import pool_speedups, sweep_best
-from spectrial.cluster.params import ClusterParams, time_limit_s
 from spectrial.cluster.slurm import SlurmExecutor, parameter_of, scontrol_fields
 from spectrial.errors import ConfigError
 from spectrial.params import load_params
+from spectrial.params.cluster import ClusterParams, time_limit_s
 from spectrial.schema import PointRecord, UnitComparison
 
 
@@ -121,8 +121,8 @@ def test_sweep_best_per_fingerprint_key_with_runner_up():
 
 def test_a_job_judges_only_its_own_gpus():
     """CUDA_VISIBLE_DEVICES (Slurm's, or env:) narrows the GPU-free check to the run's GPUs: a neighbour's busy GPU
-    on a shared node is not ours. The status is nvidia-smi's, parsed (spectrial.gpu.query) — built here by hand."""
-    from spectrial.gpu import Gpu, GpuApp, GpuStatus, within
+    on a shared node is not ours. The status is nvidia-smi's, parsed (spectrial.hosts.gpu.query) — built here by hand."""
+    from spectrial.hosts.gpu import Gpu, GpuApp, GpuStatus, within
 
     st = GpuStatus(True, [Gpu(0, "H200", "GPU-a", 70000, 143000, 90), Gpu(1, "H200", "GPU-b", 3, 143000, 0)],
                    [GpuApp(4242, 70000, "GPU-a", "python other_job.py")])

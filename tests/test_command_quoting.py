@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from sshd_plugin import Reaper
 
 from spectrial.errors import ConfigError
-from spectrial.host import Host
-from spectrial.ssh import SSHHost
+from spectrial.hosts.local import Host
+from spectrial.hosts.ssh import SSHHost
 
 pytest_plugins = ["sshd_plugin"]  # fixtures; harmless once tests/conftest.py registers the plugin too
 

@@ -19,9 +19,15 @@ from consistency import check_arm, check_doctor, check_manifest, check_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spectrial.figures import NOT_DISTINGUISHABLE, add_comparisons, pick_baseline, rederive, verdict_of
+from spectrial.analysis.figures import (
+    NOT_DISTINGUISHABLE,
+    add_comparisons,
+    pick_baseline,
+    rederive,
+    verdict_of,
+)
 from spectrial.readers.headline import headline
-from spectrial.records import as_manifest, load_record
+from spectrial.record.store import as_manifest, load_record
 from spectrial.schema import ArmRecord, Manifest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,7 +117,7 @@ def _decided(m: Manifest, sequences: dict[str, tuple[float | None, float | None,
     """The real decide record `m` as its trial would have recorded it had each arm's sequence ended at
     (estimate, low, high) after `rounds` rounds: the arms compared by `figures.add_comparisons` with the
     intervals `Trial._run_decide` hands it (the sequence's estimate with its interval), the decide record to
-    match (its summary line in `spectrial.sequential`'s words)."""
+    match (its summary line in `spectrial.analysis.sequential`'s words)."""
     assert m.decide is not None
     intervals, seqs = {}, []
     for d in m.decide.arms:

@@ -1,5 +1,5 @@
 """`decide:` — interleave rounds of starts until every speculative arm is decided by a confidence sequence over the
-paired rounds (spectrial.sequential; its validity by simulation is tests/test_sequential.py), on real llama.cpp;
+paired rounds (spectrial.analysis.sequential; its validity by simulation is tests/test_sequential.py), on real llama.cpp;
 and concurrency that is real: engine slots follow the requested concurrency, or the launch says why not."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from consistency import check_run
 
 from spectrial.errors import ConfigError
 from spectrial.params import load_params, parse_overrides
-from spectrial.plan import dry_run
-from spectrial.records import load_record
-from spectrial.trial import run_trial
+from spectrial.protocol.plan import dry_run
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import load_record
 
 LOCAL = Path(__file__).resolve().parents[1] / "params" / "local.yaml"
 
@@ -61,7 +61,7 @@ def test_llamacpp_slots_follow_the_concurrency() -> None:
 
 def test_vllm_and_sglang_name_their_slot_limits(tmp_path: Path) -> None:
     from spectrial.engines import get_engine
-    from spectrial.host import LocalHost
+    from spectrial.hosts.local import LocalHost
 
     for engine, cfg, words in (("vllm", {"max_num_seqs": 2}, "--max-num-seqs"),
                                ("sglang", {"max_running_requests": 2}, "--max-running-requests")):

@@ -13,8 +13,7 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from spectrial.errors import ConfigError  # noqa: E402
-from spectrial.sequential import (  # noqa: E402
+from spectrial.analysis.sequential import (  # noqa: E402
     GroupSequential,
     SpreadPrior,
     allocate,
@@ -25,6 +24,7 @@ from spectrial.sequential import (  # noqa: E402
     power_rounds,
     prior_from_starts,
 )
+from spectrial.errors import ConfigError  # noqa: E402
 
 ORIGINAL = 60.5 / 82.2  # the original case: 0.736x
 SD8 = 0.08 * math.sqrt(2.0)  # 8 % start-to-start spread: a paired round's SD
@@ -150,8 +150,8 @@ def test_design_arguments_are_checked() -> None:
 def test_a_host_that_moved_does_not_lend_its_history() -> None:
     """A decide run leans on its host's history only while its first baseline start lies inside the earlier
     baselines' band (the drift band for one start); a start 40 % slower is a changed host."""
-    from spectrial.earlier import BaselineRun, Earlier
-    from spectrial.trial import _moved
+    from spectrial.protocol.earlier import BaselineRun, Earlier
+    from spectrial.protocol.trial import _moved
 
     found = Earlier(folder="o", runs=["a", "b", "c"],
                     baselines=[BaselineRun(run_id=r, start_medians=v) for r, v in

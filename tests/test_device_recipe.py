@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from spectrial.figures import add_comparisons, arm_figures
+from spectrial.analysis.figures import add_comparisons, arm_figures
 from spectrial.params import load_params
-from spectrial.records import RunRecord
+from spectrial.record.store import RunRecord
 from spectrial.schema import ArmRecord, RequestRecord, WindowStats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def build_finer_sweep_record(output_dir: Path) -> Path:
     rec.manifest.arms = arms
     rec.manifest.host = {"name": "local", "fingerprint": {"gpus": [{"name": "NVIDIA H200 (synthetic record)"}]}}
     rec.manifest.engine = {"name": "llamacpp", "version": "synthetic: LLAMACPP.md finer H200 sweep"}
-    from spectrial.serving import write_requests
+    from spectrial.analysis.serving import write_requests
 
     write_requests(rec, reqs, {a.name: a.accept_len for a in arms})
     rec.finish("ok")
@@ -275,7 +275,7 @@ def test_wheels_close_over_the_device_image() -> None:
 @needs_payload
 @pytest.mark.slow
 def test_stripped_tree_configures() -> None:
-    """CMake configures the stripped tree with spectrial.provision's flags, for CPU and (with nvcc) CUDA 90."""
+    """CMake configures the stripped tree with spectrial.provisioning.llamacpp's flags, for CPU and (with nvcc) CUDA 90."""
     res = subprocess.run(["bash", str(PREPARE), "configure"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "CPU configure ok" in res.stderr

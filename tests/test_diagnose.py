@@ -1,4 +1,4 @@
-"""`spectrial.diagnose` / `spectrial doctor`: each detector fires on the public thread it cites (tests/fixtures/diagnose,
+"""`spectrial.readers.diagnose` / `spectrial doctor`: each detector fires on the public thread it cites (tests/fixtures/diagnose,
 every fixture with its source) and on a record built to trigger it, stays silent on a clean record, and finds on
 the committed records exactly what is really there. Also `spectrial diff`'s comparability verdict and the findings
 on top of report.html."""
@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from spectrial.diagnose import DETECTORS, Diagnosis, diagnose
-from spectrial.diagnose.registry import Detector
 from spectrial.errors import ConfigError, RecordDamaged
+from spectrial.readers.diagnose import DETECTORS, Diagnosis, diagnose
+from spectrial.readers.diagnose.registry import Detector
 from spectrial.readers.diff import comparability, diff_runs, format_findings
-from spectrial.records import as_manifest
+from spectrial.record.store import as_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "diagnose"
@@ -281,7 +281,7 @@ def test_a_finding_repeated_across_arms_is_said_once_and_logs_as_a_count(tmp_pat
                                                                                   "eagle3-synthetic"))]
     assert d.text().splitlines()[-1] == "read: manifest.json, 3 server logs in logs/"
     # any detector's repeats merge too: the same words about several arms become one finding with the count
-    from spectrial.diagnose import Finding, merge_repeats
+    from spectrial.readers.diagnose import Finding, merge_repeats
 
     twice = [Finding(kind="x", severity="warning", arm=a, title=f"{a}: the same") for a in ("a", "b")]
     merged, apart = merge_repeats([*twice, Finding(kind="x", severity="warning", arm="c", title="c: another")])
@@ -355,7 +355,7 @@ def test_out_of_reach_acceptance_is_not_a_probability_above_1() -> None:
 def test_seen_in_links_are_absolute() -> None:
     """A relative link breaks from a run folder: every source is a URL, the project's own example a file:// URI
     that exists."""
-    from spectrial.diagnose import SOURCES
+    from spectrial.readers.diagnose import SOURCES
 
     for s in SOURCES.values():
         assert s.url.startswith(("https://", "file:///")), s
@@ -566,8 +566,8 @@ def _resolve(manifest: dict[str, Any], path: str) -> Any:
 def test_doctor_on_a_real_local_trial(tiny_params: dict[str, Any], write_params: Any) -> None:
     """A real llama-server trial (baseline, draft-simple, synthetic EAGLE-3): every log is read and tied to its arm,
     every record path a finding cites exists, and what it reports agrees with the record's own figures."""
-    from spectrial.diagnose import load_context
-    from spectrial.trial import run_trial
+    from spectrial.protocol.trial import run_trial
+    from spectrial.readers.diagnose import load_context
 
     result = run_trial(write_params(tiny_params), progress=False)
     ctx = load_context(result.run_dir)

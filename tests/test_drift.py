@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from spectrial.diagnose import diagnose
-from spectrial.records import list_runs, load_record
+from spectrial.readers.diagnose import diagnose
+from spectrial.record.store import list_runs, load_record
 
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
 QUOTA = 0.25  # of one CPU: the slowed run's whole process tree (client, server) under a CFS bandwidth limit

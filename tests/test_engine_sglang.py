@@ -28,12 +28,12 @@ from spectrial.engines.sglang import (
     speculative_args,
 )
 from spectrial.errors import ConfigError, ResourceBusyError
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.logs.api import ServerLog
 from spectrial.params import Arm, load_params
-from spectrial.records import manifest_json
+from spectrial.record.store import manifest_json
 from spectrial.schema import RequestRecord
-from spectrial.server import LaunchSpec, Server
+from spectrial.servers.lifecycle import LaunchSpec, Server
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standin"
@@ -87,7 +87,7 @@ def test_kimi_example_dry_run_prints_the_expert_command(tmp_path):
         assert a["host"] == "ssh:kimi-pcie"
         assert NCCL_SIX.items() <= a["env"].items()
         assert a["env"]["NCCL_DEBUG"] == "INFO" and a["env"]["NCCL_DEBUG_SUBSYS"] == "INIT,ENV"
-    from spectrial.plan import dry_run  # the text the CLI prints without --json
+    from spectrial.protocol.plan import dry_run  # the text the CLI prints without --json
 
     display = dry_run(load_params(REPO / "params/examples/kimi-k25-pcie.yaml"))[1].display
     line = next(ln for ln in display.splitlines() if "--speculative-algorithm" in ln)
@@ -246,7 +246,7 @@ def test_source_identity_records_commit_and_uncommitted_diff(tmp_path):
 
 @pytest.mark.slow
 def test_port_in_use_is_refused_before_any_launch(tmp_path, port):
-    from spectrial.trial import run_trial
+    from spectrial.protocol.trial import run_trial
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))

@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
+from spectrial.analysis.figures import arm_figures
 from spectrial.engines import Window, get_engine
 from spectrial.engines.vllm import probe
 from spectrial.errors import ConfigError
-from spectrial.figures import arm_figures
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.logs.api import ServerLog
 from spectrial.params import load_params
-from spectrial.plan import dry_run
+from spectrial.protocol.plan import dry_run
 from spectrial.schema import RequestRecord
 
 

@@ -1,6 +1,6 @@
 """The environment check strict where it matters (issue 36, part 6), by hand: on a multi-GPU launch an NCCL_*
 variable nothing could verify in a server process fails the check, and NCCL's own evidence fails the start by
-default; what the checks verified is said in one line (`spectrial.envcheck.verified`) that the headline shows; the
+default; what the checks verified is said in one line (`spectrial.servers.envcheck.verified`) that the headline shows; the
 README says where `nccl_evidence_check` is documented, and it is documented there. The real runs are in
 tests/test_sglang_standin_trial.py (the SGLang test double, setproctitle included)."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 from spectrial.engines import get_engine
 from spectrial.engines.sglang import SGLangConfig
 from spectrial.engines.vllm import VLLMConfig
-from spectrial.envcheck import check_env, require_verified, strict_names, value_hash, verified
-from spectrial.host import ProcInfo
+from spectrial.hosts.local import ProcInfo
+from spectrial.hosts.memory import MemoryHost
 from spectrial.params import TrialParams, load_params
 from spectrial.readers.headline import headline
 from spectrial.schema import Manifest, NcclEvidence, NcclProcess, NcclVariable, StartRecord
-from spectrial.testing import MemoryHost
+from spectrial.servers.envcheck import check_env, require_verified, strict_names, value_hash, verified
 
 REPO = Path(__file__).resolve().parents[1]
 TAG = "SPECTRIAL_TAG"
@@ -50,7 +50,7 @@ def test_an_unverifiable_worker_fails_only_where_it_matters():
     seen = check_env(procs(blind=False), WANT, TAG)
     assert require_verified(seen, ["NCCL_PROTO", "NCCL_ALGO"], "x") is seen
     # the probe's record of the renamed worker verifies it: nothing left to fail
-    from spectrial.envcheck import ProbeRecord
+    from spectrial.servers.envcheck import ProbeRecord
 
     probe = {11: ProbeRecord(pid=11, vars={k: value_hash("t", v) for k, v in WANT.items()})}
     probed = check_env(procs(), WANT, TAG, launched={TAG: "t", **WANT}, probes=probe)

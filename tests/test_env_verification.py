@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from spectrial.engines import get_engine
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params
-from spectrial.server import Server
+from spectrial.servers.lifecycle import Server
 
 pytestmark = pytest.mark.slow
 

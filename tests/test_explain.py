@@ -134,7 +134,7 @@ def test_roofline_says_what_the_record_lacks_and_which_fields_to_set(tmp_path: A
     import shutil
     from pathlib import Path
 
-    from spectrial.records import load_record
+    from spectrial.record.store import load_record
 
     run = Path(__file__).resolve().parents[1] / "outputs/examples/h200-llamacpp-8b/20261129-151515-h200-8b-nb02"
     text = explain(load_record(run)).section("Roofline").text

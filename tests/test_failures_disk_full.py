@@ -20,11 +20,11 @@ from sshd_plugin import SshdServer
 from test_ssh_trial import ssh_params
 
 from spectrial.errors import ConfigError, HostError, ResourceBusyError, RunFailed
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
+from spectrial.hosts.ssh import SSHHost
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.ssh import SSHHost
-from spectrial.trial import run_trial
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import manifest_json
 
 pytestmark = pytest.mark.ssh
 

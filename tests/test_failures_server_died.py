@@ -20,11 +20,11 @@ from test_failures_ssh_drop import requests_in_flight, step_done, wait_for
 from test_ssh_trial import ssh_params
 
 from spectrial.errors import RunFailed
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.server import TAG_VAR
-from spectrial.trial import run_trial
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import manifest_json
+from spectrial.servers.lifecycle import TAG_VAR
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

@@ -23,10 +23,10 @@ import pytest
 from sshd_plugin import SshdServer
 from test_ssh_trial import ssh_params
 
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.trial import TrialResult, run_trial
+from spectrial.protocol.trial import TrialResult, run_trial
+from spectrial.record.store import manifest_json
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

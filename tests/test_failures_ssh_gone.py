@@ -24,13 +24,13 @@ import pytest
 from sshd_plugin import SSHD, SshdPool, SshdServer
 from test_ssh_trial import ssh_params
 
-from spectrial.bench import run_requests
 from spectrial.engines import get_engine
 from spectrial.errors import ConnectionLost, HostError
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
+from spectrial.measure.bench import run_requests
+from spectrial.measure.workloads import bundled_items
 from spectrial.params import load_params
-from spectrial.server import Server
-from spectrial.workloads import bundled_items
+from spectrial.servers.lifecycle import Server
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -191,8 +191,8 @@ def test_cli_when_sshd_goes_away_mid_run(own_sshd: SshdServer, tiny_params: dict
     """The whole CLI: sshd dies mid-benchmark; the trial ends within seconds (not minutes), exit 1, the record says
     the connection was lost and that the remote server (pid N) may still run there; the second arm is not tried.
     Once sshd is back, the next trial's kill step stops the leftover."""
-    from spectrial.records import manifest_json
-    from spectrial.trial import run_trial
+    from spectrial.protocol.trial import run_trial
+    from spectrial.record.store import manifest_json
 
     proc, run = _cli_remote_trial(own_sshd, tiny_params, write_params, tmp_path / "out")
     time.sleep(1.0)
@@ -221,8 +221,8 @@ def test_cli_when_sshd_goes_away_mid_run(own_sshd: SshdServer, tiny_params: dict
 def test_cli_ctrl_c_while_ssh_is_down_exits_130(own_sshd: SshdServer, tiny_params: dict[str, Any],
                                                 write_params: Any, tmp_path: Path) -> None:
     """Ctrl-C right after sshd went away: exit 130 at once, the record says it was interrupted."""
-    from spectrial.records import manifest_json
-    from spectrial.trial import run_trial
+    from spectrial.protocol.trial import run_trial
+    from spectrial.record.store import manifest_json
 
     proc, run = _cli_remote_trial(own_sshd, tiny_params, write_params, tmp_path / "out")
     time.sleep(1.0)

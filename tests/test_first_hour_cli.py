@@ -20,10 +20,10 @@ import pytest
 from sshd_plugin import SSHD, SshdServer, free_port
 
 from spectrial.errors import ConfigError, HostError, HostKeyError
+from spectrial.hosts.ssh import SSHHost
 from spectrial.params import load_params, parse_overrides
-from spectrial.plan import dry_run
+from spectrial.protocol.plan import dry_run
 from spectrial.secrets import is_secret_name, mask_mapping
-from spectrial.ssh import SSHHost
 
 pytest_plugins = ["sshd_plugin"]
 
@@ -104,7 +104,7 @@ def test_help_imports_neither_pandas_nor_the_gate() -> None:
             "from typer.testing import CliRunner\n"
             "r = CliRunner().invoke(app, ['--help'])\n"
             "print(r.exit_code, time.perf_counter() - t, sorted(m for m in ('pandas', 'spectrial.gate.run', "
-            "'spectrial.logs.api', 'spectrial.figures') if m in sys.modules))\n"
+            "'spectrial.logs.api', 'spectrial.analysis.figures') if m in sys.modules))\n"
             "print(r.output)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     first, _, output = res.stdout.partition("\n")

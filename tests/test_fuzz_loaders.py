@@ -1,6 +1,6 @@
 """Property-based fuzzing of everything that reads a file a user hands spectrial (issue 37, part 4):
 
-- the record loader (`spectrial.records`: manifest.json, requests.csv, stream.csv): arbitrary bytes, arbitrary JSON
+- the record loader (`spectrial.record.store`: manifest.json, requests.csv, stream.csv): arbitrary bytes, arbitrary JSON
   values, and mutations of the real committed records under outputs/examples (truncation at every length class, byte
   flips, fields of another type, missing fields, a future schema);
 - the params loader (`spectrial.params.load_params` on arbitrary YAML text and mutations of the committed params files,
@@ -44,7 +44,7 @@ from spectrial.errors import ConfigError, RecordDamaged, SpectrialError
 from spectrial.logs import parse, parse_tables, registry, summary
 from spectrial.logs.api import ServerLog
 from spectrial.params import TrialParams, load_params, parse_overrides
-from spectrial.records import load_record, read_manifest, read_requests, read_table, settle_record
+from spectrial.record.store import load_record, read_manifest, read_requests, read_table, settle_record
 from spectrial.schema import Manifest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -354,7 +354,7 @@ def load_tables(files: dict[str, bytes]) -> None:
         else:
             n = sum(len(v) for v in out.values())
             assert n <= sum(d.count(b"\n") for d in files.values()) + 1
-            from spectrial import serving
+            from spectrial.analysis import serving
 
             only_own_errors(serving.latency_curves, out)  # what report and migrate do with them
             for reqs in out.values():
@@ -568,7 +568,7 @@ def test_logs_command(texts: list[bytes], command: str) -> None:
     """`spectrial logs parse|summary FILE...` (in-process: the same typer command) exits 0, or 2 with `error:`."""
     from typer.testing import CliRunner
 
-    from spectrial.logs.cli import app
+    from spectrial.cli.logs import app
 
     with folder() as d:
         files = []

@@ -13,8 +13,8 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spectrial.bench import StreamLimits, stream_completion
-from spectrial.httpread import PROBE, BoundedTransport, Limits
+from spectrial.measure.bench import StreamLimits, stream_completion
+from spectrial.measure.httpread import PROBE, BoundedTransport, Limits
 from spectrial.schema import RequestRecord
 
 EXAMPLES = int(os.environ.get("SPECTRIAL_FUZZ_EXAMPLES", "150"))

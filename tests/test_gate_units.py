@@ -15,7 +15,7 @@ from spectrial.errors import ConfigError
 from spectrial.gate import GateTolerances, load_tolerances, run_gate
 from spectrial.gate.judge import Figure, _accepted_variance, arm_figures, judge
 from spectrial.gate.params import FigureTolerance
-from spectrial.records import as_manifest
+from spectrial.record.store import as_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "gate" / "manifest.json"

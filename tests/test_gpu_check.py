@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from spectrial.errors import ConfigError, ResourceBusyError
-from spectrial.gpu import query, wait_gpus_free
-from spectrial.host import LocalHost
+from spectrial.hosts.gpu import query, wait_gpus_free
+from spectrial.hosts.local import LocalHost
 
 
 def test_no_gpu_is_recorded_and_allowed_only_when_asked(monkeypatch, tmp_path):

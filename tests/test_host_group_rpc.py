@@ -17,12 +17,12 @@ from sshd_plugin import SshdServer, free_port
 
 from spectrial.engines.sglang import dist_init_addr, rank_argv
 from spectrial.errors import ConfigError
-from spectrial.group import HostGroup
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params, validate
-from spectrial.records import manifest_json
-from spectrial.server import Server, read_state
-from spectrial.trial import run_trial
+from spectrial.protocol.group import HostGroup
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import manifest_json
+from spectrial.servers.lifecycle import Server, read_state
 
 SGLANG_ARGV = ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "8", "--port", "30000"]
 

@@ -1,4 +1,4 @@
-"""The in-memory host (a TEST DOUBLE, `spectrial.testing.MemoryHost`) against the real one.
+"""The in-memory host (a TEST DOUBLE, `spectrial.hosts.memory.MemoryHost`) against the real one.
 
 One contract (commands and their failures, files, a detached process group and its stop, ports) runs against
 `LocalHost` (a real shell, real processes) and against `MemoryHost` (with the contract's commands scripted as
@@ -16,9 +16,9 @@ import pytest
 from sshd_plugin import free_port as _free_port
 
 from spectrial.errors import HostError
-from spectrial.fingerprint import GPU_QUERY, compare, fingerprint_key, host_fingerprint, stable_view
-from spectrial.host import Host, LocalHost, to_shell
-from spectrial.testing import MemoryHost
+from spectrial.hosts.fingerprint import GPU_QUERY, compare, fingerprint_key, host_fingerprint, stable_view
+from spectrial.hosts.local import Host, LocalHost, to_shell
+from spectrial.hosts.memory import MemoryHost
 
 ECHO = ["printf", "%s", "hello world"]
 FAIL = ["sh", "-c", "echo out; echo err >&2; exit 3"]

@@ -23,7 +23,7 @@ from fault_proxy import FaultProxy
 from sshd_plugin import free_port
 
 from spectrial.params import load_params
-from spectrial.plan import dry_run
+from spectrial.protocol.plan import dry_run
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "params" / "local.yaml"

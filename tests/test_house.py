@@ -24,11 +24,11 @@ DICT_ANY_BEFORE = 345  # `dict[str, Any]` in lib/ before issue 28 (scripts/impor
 LOOSE_BEFORE = 373  # with Mapping[str, Any], dict[str, object], dict[str, JsonValue]: no swap counts as a cut
 
 # the protocol: what runs a trial; no reader (the readers wing, the doctor, the notebook plumbing) below it
-PROTOCOL = ("spectrial.progress", "spectrial.server", "spectrial.bench", "spectrial.session", "spectrial.trial",
-            "spectrial.group", "spectrial.engines", "spectrial.host", "spectrial.ssh", "spectrial.records",
-            "spectrial.figures", "spectrial.serving", "spectrial.schema", "spectrial.params",
-            "spectrial.cluster.fanout", "spectrial.srun")
-READERS = ("spectrial.readers", "spectrial.diagnose", "spectrial.notebooks")
+PROTOCOL = ("spectrial.progress", "spectrial.servers.lifecycle", "spectrial.measure.bench", "spectrial.protocol.session", "spectrial.protocol.trial",
+            "spectrial.protocol.group", "spectrial.engines", "spectrial.hosts.local", "spectrial.hosts.ssh", "spectrial.record.store",
+            "spectrial.analysis.figures", "spectrial.analysis.serving", "spectrial.schema", "spectrial.params",
+            "spectrial.cluster.fanout", "spectrial.hosts.srun")
+READERS = ("spectrial.readers", "spectrial.readers.diagnose", "spectrial.cli.notebooks")
 RENDERING = ("plotly", "IPython", "nbformat", "ipywidgets")
 
 
@@ -140,9 +140,9 @@ def test_dict_str_any_at_least_halved() -> None:
 
 # what a notebook may import: the readers wing, the doctor, the notebook plumbing, and the protocol's doors (the
 # trial, the sweep, the NCCL check, params and records, the figures' one computation, pure analysis, model shapes)
-NOTEBOOK_IMPORTS = ("spectrial.readers", "spectrial.diagnose", "spectrial.notebooks", "spectrial.trial",
-                    "spectrial.sweep", "spectrial.nccl", "spectrial.params", "spectrial.records", "spectrial.schema",
-                    "spectrial.figures", "spectrial.serving", "spectrial.validity", "spectrial.errors",
+NOTEBOOK_IMPORTS = ("spectrial.readers", "spectrial.readers.diagnose", "spectrial.cli.notebooks", "spectrial.protocol.trial",
+                    "spectrial.sweep", "spectrial.nccl", "spectrial.params", "spectrial.record.store", "spectrial.schema",
+                    "spectrial.analysis.figures", "spectrial.analysis.serving", "spectrial.analysis.validity", "spectrial.errors",
                     "spectrial.analysis", "spectrial.models")
 
 

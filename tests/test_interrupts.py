@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from spectrial import interrupts
-from spectrial.host import LocalHost
-from spectrial.server import read_state
+from spectrial.hosts.local import LocalHost
+from spectrial.servers.lifecycle import read_state
 
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
 REPO = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def test_a_launch_is_not_cut_in_half(sig):
 def test_an_interrupt_in_a_steps_first_write_still_closes_the_step(tmp_path, monkeypatch):
     """The aimed moment of the double Ctrl-C test: the interrupt lands while `step` writes the step's start; the
     step must still end with ok false, its error and its elapsed time (it once stayed open in the record)."""
-    from spectrial.records import RunRecord
+    from spectrial.record.store import RunRecord
 
     rec = RunRecord(tmp_path, "t")
     real = RunRecord.save
@@ -131,9 +131,9 @@ def test_an_interrupt_while_the_run_is_created_leaves_it_failed(sig, moment, tmp
     """The aimed moments of the random test (CI once caught it there: the record said `running` after exit 130):
     a real signal right after the first `running` manifest is written, and right after the session is made,
     before the run's own guard. The record must say failed and why, every arm failed, nothing started."""
-    from spectrial.records import RunRecord
-    from spectrial.session import Session
-    from spectrial.trial import run_trial
+    from spectrial.protocol.session import Session
+    from spectrial.protocol.trial import run_trial
+    from spectrial.record.store import RunRecord
 
     target = RunRecord.save if moment == "record written" else Session.__init__
     sent = []
@@ -171,7 +171,7 @@ def test_an_interrupt_while_the_run_is_created_leaves_it_failed(sig, moment, tmp
 def test_an_interrupt_while_the_final_status_is_written_waits_for_it(tmp_path, monkeypatch):
     """The other aimed moment: a signal while `finish` writes the final status. The interrupt must wait for the
     write; it once landed between the status set in memory and the file, and the file said `running` for good."""
-    from spectrial.records import RunRecord
+    from spectrial.record.store import RunRecord
 
     rec = RunRecord(tmp_path, "t")
     real = RunRecord.save

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from spectrial.logs.cli import app
+from spectrial.cli.logs import app
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 VLLM = FIXTURES / "vllm_v1_2026_loggers_271.log"

@@ -244,7 +244,7 @@ def test_the_cli_takes_workers(tmp_path: Path, tiny: callable) -> None:
 
     from typer.testing import CliRunner
 
-    from spectrial.logs.cli import app
+    from spectrial.cli.logs import app
 
     path = tmp_path / "mixed.log"
     path.write_text(MIXED * 2)

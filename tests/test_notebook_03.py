@@ -12,7 +12,7 @@ import nbformat
 import pytest
 import yaml
 
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "03_sweep.ipynb"

@@ -23,7 +23,7 @@ import pytest
 from spectrial import progress
 from spectrial.readers.explain import explain
 from spectrial.readers.render import figures, plots
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "outputs" / "examples"
@@ -163,7 +163,7 @@ def test_wait_heartbeat_lines(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
 
 
 def test_build_estimate_from_the_cached_ninja_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from spectrial import provision
+    from spectrial.provisioning import llamacpp as provision
 
     monkeypatch.setenv("SPECTRIAL_CACHE", str(tmp_path))
     monkeypatch.setattr(provision.os, "cpu_count", lambda: 4)

@@ -1,4 +1,4 @@
-"""Observe-only trials (spectrial.observe) against real llama-servers the tests start themselves (their own
+"""Observe-only trials (spectrial.protocol.observe) against real llama-servers the tests start themselves (their own
 process groups), as a user's server would be: `spectrial observe URL` measures it as it is, never signals it,
 and writes an uncontrolled record whose accept length is what the server's own counters moved."""
 
@@ -19,10 +19,10 @@ import pytest
 import yaml
 from conftest import free_port
 
-from spectrial import metrics
-from spectrial.diagnose import diagnose
+from spectrial.measure import metrics
+from spectrial.readers.diagnose import diagnose
 from spectrial.readers.headline import headline
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 from spectrial.schema import NO_BASELINE, Manifest
 
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
@@ -206,7 +206,7 @@ def test_the_record_block_and_headline_without_a_server() -> None:
 
 
 def test_observe_params_take_the_url_and_need_no_model(tmp_path: Path, write_params: Any) -> None:
-    from spectrial.observe import observe_arm, observe_params
+    from spectrial.protocol.observe import observe_arm, observe_params
     from spectrial.schema import ObservedServer
 
     p = observe_params("http://127.0.0.1:9/", None, {"repeats": 2})

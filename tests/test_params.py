@@ -77,7 +77,7 @@ def test_bad_override_syntax():
 
 
 def test_bad_env_name_is_refused():
-    from spectrial.host import env_prefix
+    from spectrial.hosts.local import env_prefix
 
     with pytest.raises(ConfigError, match="not a valid environment variable name"):
         env_prefix({"BAD;NAME": "1"})

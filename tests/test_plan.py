@@ -15,7 +15,7 @@ import pytest
 
 from spectrial.errors import ConfigError
 from spectrial.params import load_params
-from spectrial.plan import ASSUMED_TINY_TOK_S, ENGINE_START_S, dry_run, make_plan
+from spectrial.protocol.plan import ASSUMED_TINY_TOK_S, ENGINE_START_S, dry_run, make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "params" / "local.yaml"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from spectrial.errors import RecordDamaged, SpectrialError
-from spectrial.records import MAX_RECORD_BYTES_ENV, load_record, read_requests, read_table, settle_record
+from spectrial.record.store import MAX_RECORD_BYTES_ENV, load_record, read_requests, read_table, settle_record
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = REPO / "outputs" / "examples" / "local-cpu-demo" / "20261129-152448-02_eagle3-5522"
@@ -307,8 +307,8 @@ def test_settle_never_writes_a_record_it_cannot_parse(tmp_path: Path, damage: di
 
 
 def test_earlier_and_drift_skip_damaged_records_and_say_which(tmp_path: Path) -> None:
-    from spectrial.drift import check_drift
-    from spectrial.earlier import earlier, find
+    from spectrial.protocol.drift import check_drift
+    from spectrial.protocol.earlier import earlier, find
 
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -350,7 +350,7 @@ def test_history_reader_lists_damaged_records(tmp_path: Path) -> None:
 def test_writers_of_a_finished_record_leave_a_damaged_one_alone(tmp_path: Path) -> None:
     """update_manifest (a report or notebook linked into the record) and add_log_to_record (the kill step copying a
     gone run's server log) read the record in full first: a damaged one is RecordDamaged, and nothing is written."""
-    from spectrial.records import add_log_to_record, update_manifest
+    from spectrial.record.store import add_log_to_record, update_manifest
 
     run = copy_run(tmp_path, "r")
     (run / "manifest.json").write_bytes(with_field((run / "manifest.json").read_bytes(), arms={"not": "a list"}))

@@ -138,10 +138,10 @@ def test_failed_run_still_gets_a_report(tmp_path: Path) -> None:
 def test_report_and_history_of_a_real_trial(tiny_params: dict, write_params: Callable[..., Path]) -> None:
     """A real local llama-server trial (baseline, draft, synthetic EAGLE-3): its record reads into history,
     explain finds nothing wrong with it, and its report draws every analysis figure offline."""
+    from spectrial.protocol.trial import run_trial
     from spectrial.readers import history
     from spectrial.readers.explain import explain
     from spectrial.readers.render.figures import explanation_figures
-    from spectrial.trial import run_trial
 
     result = run_trial(write_params(tiny_params), progress=False)
     assert result.status == "ok"

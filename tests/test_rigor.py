@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from spectrial.params import Arm, load_params
+from spectrial.protocol.session import schedule
+from spectrial.protocol.trial import run_trial
 from spectrial.readers.diff import diff_runs, format_findings
-from spectrial.records import manifest_json
-from spectrial.session import schedule
-from spectrial.trial import run_trial
+from spectrial.record.store import manifest_json
 
 
 def names(plan):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 from spectrial.schema import (
     Controller,
     EngineInfo,

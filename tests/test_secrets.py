@@ -11,12 +11,12 @@ import yaml
 from sshd_plugin import free_port
 
 from spectrial.errors import HostError, ServerError
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params
-from spectrial.plan import dry_run
-from spectrial.records import RunRecord
+from spectrial.protocol.plan import dry_run
+from spectrial.record.store import RunRecord
 from spectrial.secrets import is_secret_name, mask_argv, mask_env, mask_launch, redact, secret_values
-from spectrial.server import LaunchSpec, Probe, Server, read_state
+from spectrial.servers.lifecycle import LaunchSpec, Probe, Server, read_state
 
 
 def test_secret_names_by_whole_word():

@@ -17,14 +17,14 @@ pytest.importorskip("savvi", reason="savvi needs Python >= 3.11")
 
 from scipy import stats  # noqa: E402  (installed with savvi)
 
-from spectrial.errors import ConfigError  # noqa: E402
-from spectrial.sequential import (  # noqa: E402
+from spectrial.analysis.sequential import (  # noqa: E402
     PairedSequence,
     decide,
     first_finite_round,
     fixed_design_rounds,
     rounds_to_detect,
 )
+from spectrial.errors import ConfigError  # noqa: E402
 
 ALPHA = 0.05
 MAX_ROUNDS = 60

@@ -11,9 +11,9 @@ import pytest
 
 from spectrial.engines import get_engine
 from spectrial.errors import ResourceBusyError, ServerError
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import Arm, load_params
-from spectrial.server import Server, read_state, stop_previous
+from spectrial.servers.lifecycle import Server, read_state, stop_previous
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Serving figures (spectrial.serving) on constructed requests whose figures are known: percentiles against
+"""Serving figures (spectrial.analysis.serving) on constructed requests whose figures are known: percentiles against
 numpy, pooled per-token ITL against the old median of per-request medians, windows and rates at concurrency 1
 and 4, goodput under an SLO, bootstrap CIs, the granularity verdicts, old records (the committed SGLang run)
 and the requests.csv / stream.csv round trip."""
@@ -13,10 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spectrial.errors import ConfigError
-from spectrial.readers.render.plots import latency_figure
-from spectrial.schema import RequestRecord
-from spectrial.serving import (
+from spectrial.analysis.serving import (
     boot_percentiles,
     chunks,
     delivery,
@@ -26,6 +23,9 @@ from spectrial.serving import (
     requests_frame,
     serving_figures,
 )
+from spectrial.errors import ConfigError
+from spectrial.readers.render.plots import latency_figure
+from spectrial.schema import RequestRecord
 
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_RUN = REPO / "outputs" / "examples" / "h200-sglang" / "h200-sglang-8b-sweep-083946"

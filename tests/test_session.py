@@ -1,4 +1,4 @@
-"""One protocol, written once (spectrial.session), typed records (spectrial.schema), the step-wise trial."""
+"""One protocol, written once (spectrial.protocol.session), typed records (spectrial.schema), the step-wise trial."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from spectrial.engines import get_engine
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params
-from spectrial.records import as_manifest, load_record, manifest_json
+from spectrial.protocol.trial import Trial, run_trial
+from spectrial.record.store import as_manifest, load_record, manifest_json
 from spectrial.schema import SCHEMA_VERSION, Manifest, StartRecord
 from spectrial.sweep.params import load_sweep_params
 from spectrial.sweep.run import run_sweep
-from spectrial.trial import Trial, run_trial
 
 REPO = Path(__file__).resolve().parents[1]
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
@@ -79,19 +79,19 @@ def test_launch_spec_is_pure(tmp_path: Path, engine: str, config: dict[str, Any]
 
 # --- one start, written once ---------------------------------------------------------------------------------
 class ProbedStart(StartRecord):
-    """A start record with one more field, as a later change to spectrial.session would add."""
+    """A start record with one more field, as a later change to spectrial.protocol.session would add."""
 
     probe_field: str = "added in one place"
 
 
 @pytest.mark.slow
 def test_a_field_added_to_the_start_record_reaches_trial_and_sweep_records(tiny_params, monkeypatch) -> None:
-    """Trials and sweeps share the one start (spectrial.session): a field added to its record appears in both
+    """Trials and sweeps share the one start (spectrial.protocol.session): a field added to its record appears in both
     records, sweep code untouched; and the sweep's starts carry what only the trial's used to (env check
     with its processes, log summary, connection events, windows with their log lines)."""
-    import spectrial.session
+    import spectrial.protocol.session
 
-    monkeypatch.setattr(spectrial.session, "StartRecord", ProbedStart)
+    monkeypatch.setattr(spectrial.protocol.session, "StartRecord", ProbedStart)
     trial = run_trial(load_params(data={**tiny_params, "arms": [{"name": "baseline"}]}), progress=False)
     sweep_data = {**tiny_params, "name": "sw", "arms": [{"name": "baseline"}], "draft": "tiny:eagle3",
                   "grid": {"steps": [1], "synthetic_accept": [0.8], "concurrency": [1]}}

@@ -20,7 +20,7 @@ import pytest
 
 from spectrial.engines import get_engine
 from spectrial.engines.sglang import check_with_parser
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params
 
 pytestmark = pytest.mark.slow

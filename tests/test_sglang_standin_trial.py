@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from spectrial.errors import ConfigError, MeasurementRejected
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params
-from spectrial.records import manifest_json
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import manifest_json
 from spectrial.schema import EnvCheckRecord, NcclEvidence
-from spectrial.trial import run_trial
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -242,7 +242,7 @@ def test_a_worker_that_lacks_nccl_variables_fails_a_multi_gpu_run_unless_told(tm
                                                                        "nccl_evidence_check": "warn"})
     assert res.returncode == 0 and m["status"] == "ok", res.stderr[-3000:]
     from spectrial.readers.headline import headline
-    from spectrial.records import load_record
+    from spectrial.record.store import load_record
 
     env = headline(load_record(run_dir)).environment or ""
     assert env.startswith("environment NOT verified: NCCL_* 0 of 4") and "in 5 server processes (1 start" in env

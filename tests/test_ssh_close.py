@@ -63,7 +63,7 @@ def test_close_says_goodbye_with_a_stream_open(sshd: SshdServer, reaper: Reaper,
 
 
 def test_interpreter_exit_says_goodbye(sshd: SshdServer) -> None:
-    code = ("import sys; from spectrial.ssh import SSHHost\n"
+    code = ("import sys; from spectrial.hosts.ssh import SSHHost\n"
             f"h = SSHHost.from_spec({sshd.spec!r}, key_filename={sshd.key_filename!r}, known_hosts={sshd.known_hosts!r})\n"
             "h.client_url(1)\n"  # a forward open too
             "print(h.run('printf %s \"$SSH_CONNECTION\"').stdout.split()[1])\n")  # and never closed

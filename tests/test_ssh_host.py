@@ -17,10 +17,10 @@ import psutil
 import pytest
 from sshd_plugin import Reaper, SshdServer, free_port
 
-from spectrial.connect import get_host
 from spectrial.errors import ConfigError, HostError, HostKeyError
-from spectrial.host import Host, LocalHost
-from spectrial.ssh import SSHHost, parse_spec
+from spectrial.hosts.connect import get_host
+from spectrial.hosts.local import Host, LocalHost
+from spectrial.hosts.ssh import SSHHost, parse_spec
 
 pytest_plugins = ["sshd_plugin"]  # fixtures; harmless once tests/conftest.py registers the plugin too
 

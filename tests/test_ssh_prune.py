@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from spectrial.errors import ConfigError
-from spectrial.remote import list_run_dirs, prune_run_dirs
-from spectrial.ssh import SSHHost
+from spectrial.hosts.ssh import SSHHost
+from spectrial.provisioning.remote import list_run_dirs, prune_run_dirs
 
 pytestmark = pytest.mark.ssh
 

@@ -1,7 +1,7 @@
 """Stress through the real sshd on loopback: the SSH connection never drops by itself (issue 26).
 
 Two ways paramiko can kill a whole connection when several threads use its channels, both reproduced here
-before the fix in `spectrial.tunnel`:
+before the fix in `spectrial.hosts.tunnel`:
 - `select()` on a channel makes a pipe that the transport thread writes to; closing the channel closes it
   under that write ("Socket exception: Bad file descriptor (9)" / "Broken pipe (32)": 3 to 8 drops in every
   200 aborted downloads below, one remote trial in four);
@@ -32,8 +32,8 @@ from sshd_plugin import Reaper, SshdServer, free_port
 from test_ssh_trial import ssh_params
 
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.trial import run_trial
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import manifest_json
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

@@ -23,11 +23,11 @@ from sshd_plugin import SshdServer
 
 from spectrial.engines import get_engine
 from spectrial.engines.llamacpp import ready_offset_s
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
+from spectrial.hosts.ssh import SSHHost
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.server import Server
-from spectrial.ssh import SSHHost
+from spectrial.record.store import manifest_json
+from spectrial.servers.lifecycle import Server
 
 REPO = Path(__file__).resolve().parents[1]
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]

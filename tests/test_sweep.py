@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from spectrial.analysis import expected_accept_len
 from spectrial.errors import ConfigError
-from spectrial.host import LocalHost
-from spectrial.records import load_record, manifest_json
+from spectrial.hosts.local import LocalHost
+from spectrial.record.store import load_record, manifest_json
 from spectrial.schema import Manifest
 from spectrial.sweep import (
     SweepParams,
@@ -410,7 +410,7 @@ def test_replays_of_a_grid_record_and_of_a_trial(tiny_params):
              "max_tokens": 16, "arms": [{"name": "baseline"}] + [
                  {"name": f"e-k{k}", "method": "eagle3", "steps": k, "synthetic_accept": 0.8} for k in (1, 2, 4)]}
     from spectrial.params import load_params
-    from spectrial.trial import run_trial
+    from spectrial.protocol.trial import run_trial
 
     tr = run_trial(load_params(data=trial), progress=False)
     rep = replay(tr.run_dir)

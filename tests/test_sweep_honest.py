@@ -22,7 +22,7 @@ from spectrial.readers import sweep as sweep_reader
 from spectrial.readers.headline import headlines
 from spectrial.readers.history import record_rows
 from spectrial.readers.render import sweep as sweep_figures
-from spectrial.records import load_record, manifest_json
+from spectrial.record.store import load_record, manifest_json
 from spectrial.schema import SweepDecision
 from spectrial.sweep import World, load_sweep_params, replay, simulate, sweep_command
 from spectrial.sweep.result import not_measured, partial_reason, sweep_status
@@ -153,7 +153,7 @@ def test_an_older_record_stopped_by_its_budget_reads_as_partial(tmp_path):
     data = manifest_json(next((tmp_path / "replay").iterdir()))
     data["status"], data["reason"] = "ok", None
     data["budget"] = {k: v for k, v in data["budget"].items() if k not in ("not_measured", "partial")}
-    from spectrial.records import as_manifest
+    from spectrial.record.store import as_manifest
 
     old = as_manifest(data)
     assert sweep_status(old) == "partial"

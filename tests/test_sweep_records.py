@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from spectrial.readers import sweep as sweep_reader
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 from spectrial.schema import BestRecord, SweepBudget, SweepDecision
 from spectrial.sweep.result import budget_text, not_measured, sweep_status
 

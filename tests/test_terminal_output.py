@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from spectrial.readers.headline import Headline, headlines
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 
 REPO = Path(__file__).resolve().parents[1]
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]

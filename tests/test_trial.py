@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from spectrial.errors import ConfigError
-from spectrial.host import LocalHost
-from spectrial.records import manifest_json
-from spectrial.trial import run_trial
+from spectrial.hosts.local import LocalHost
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import manifest_json
 
 pytestmark = pytest.mark.slow
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]

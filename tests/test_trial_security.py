@@ -24,8 +24,8 @@ from test_ssh_trial import ssh_params
 
 from spectrial.errors import ConfigError
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.trial import run_trial
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import manifest_json
 
 pytestmark = pytest.mark.ssh
 C = "{canary}"

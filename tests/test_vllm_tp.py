@@ -24,11 +24,11 @@ import pytest
 from test_vllm_real import REPO, SPECTRIAL, only_run, tree_gone, vllm_cpu, vparams  # noqa: F401 (vllm_cpu: fixture)
 
 from spectrial.errors import ConfigError
-from spectrial.host import LocalHost
+from spectrial.hosts.local import LocalHost
 from spectrial.params import load_params
-from spectrial.records import manifest_json
-from spectrial.server import read_state
-from spectrial.trial import run_trial
+from spectrial.protocol.trial import run_trial
+from spectrial.record.store import manifest_json
+from spectrial.servers.lifecycle import read_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.usefixtures("vllm_cpu")]
 RANKS = ("VLLM::Worker_TP0", "VLLM::Worker_TP1")

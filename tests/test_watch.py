@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from spectrial import metrics
+from spectrial.measure import metrics
 
 pytestmark = pytest.mark.slow
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
@@ -233,7 +233,7 @@ def test_watch_a_real_vllm_cpu_server(tmp_path, port):
     from tokenizers import Tokenizer
 
     from spectrial.engines.base import get_engine
-    from spectrial.host import LocalHost
+    from spectrial.hosts.local import LocalHost
     from spectrial.models.hf import ensure_hf_models, simulate_counting
     from spectrial.params import load_params
 

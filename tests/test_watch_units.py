@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spectrial.cli.watch import _draw
 from spectrial.engines import llamacpp, sglang, vllm
 from spectrial.schema import CounterTotals
 from spectrial.watch import changes, sampler
@@ -143,7 +144,8 @@ def _text(drafts: int, accepted: int, tokens: int) -> str:
 def test_gap_resume_and_reset(tmp_path: Path, port: int):
     _Metrics.text = _text(10, 10, 30)
     srv = _serve(port)
-    w = Watch(WatchOptions(url=f"127.0.0.1:{port}", interval_s=1, output_dir=str(tmp_path)), progress_on=False)
+    w = Watch(WatchOptions(url=f"127.0.0.1:{port}", interval_s=1, output_dir=str(tmp_path)), progress_on=False,
+              draw=_draw)
     w.check()
     w.open()
     _Metrics.text = _text(20, 25, 65)

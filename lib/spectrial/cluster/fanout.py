@@ -30,10 +30,10 @@ import yaml
 from spectrial import interrupts
 from spectrial.cluster.executor import Executor, JobState, UnitJob
 from spectrial.cluster.merge import pool_speedups, sweep_best, sweep_points, unit_comparisons
-from spectrial.cluster.params import ClusterParams
 from spectrial.errors import ConfigError
 from spectrial.params import Arm, TrialParams
-from spectrial.records import RunRecord, list_runs, load_record, opened
+from spectrial.params.cluster import ClusterParams
+from spectrial.record.store import RunRecord, list_runs, load_record, opened
 from spectrial.schema import ClusterRecord, Manifest, SweepDecision, UnitRecord, utc_now
 from spectrial.secrets import secret_values
 from spectrial.sweep.params import flat_params

@@ -21,7 +21,7 @@ import math
 import statistics
 from collections import defaultdict
 
-from spectrial.figures import verdict_of
+from spectrial.analysis.figures import verdict_of
 from spectrial.schema import (
     BestRecord,
     Manifest,

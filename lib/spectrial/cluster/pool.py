@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from spectrial.cluster.executor import JobState, UnitJob
-from spectrial.cluster.params import ClusterParams
+from spectrial.params.cluster import ClusterParams
 
 
 @dataclass

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from spectrial.cluster.executor import JobState, UnitJob
-from spectrial.cluster.params import ClusterParams
 from spectrial.errors import ConfigError, HostError
+from spectrial.params.cluster import ClusterParams
 
 # Pending reasons that no amount of waiting resolves (Slurm's squeue %r): the unit fails at once, with the reason.
 NEVER_RUNS = ("PartitionTimeLimit", "PartitionNodeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS",

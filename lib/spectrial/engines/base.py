@@ -11,7 +11,7 @@ Several nodes (`hosts:`): the engine owns what runs where. `prepare_workers(head
 nodes and returns them as `Workers`; `launch_spec(arm, workers)` is the head's command with them (llama.cpp:
 `--rpc`; SGLang: rank 0's node flags); `worker_specs(head, arm, workers)` is what each other node runs
 (llama.cpp: rpc-server, up before the head; SGLang: the head's argv per rank). An engine without these refuses
-`hosts:`. `spectrial.group` runs the nodes and names no engine.
+`hosts:`. `spectrial.protocol.group` runs the nodes and names no engine.
 
 Built-in adapters register when imported; `get_engine` imports them by module name (`BUILTINS`) the first time
 one is asked for, so this module imports none of them.
@@ -28,16 +28,16 @@ from typing import Any, ClassVar, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from spectrial import metrics
-from spectrial.bench import ChatMessage, Payload, RequestBody, Sampling
-from spectrial.envcheck import strict_names
 from spectrial.errors import ConfigError
-from spectrial.host import Host
+from spectrial.hosts.local import Host
 from spectrial.logs.api import ServerLog
+from spectrial.measure import metrics
+from spectrial.measure.bench import ChatMessage, Payload, RequestBody, Sampling
+from spectrial.measure.workloads import Lengths
 from spectrial.params import Arm, TrialParams, format_validation_error
 from spectrial.schema import EngineIdentity, RequestRecord, ServerRequestStats, WindowStats
-from spectrial.server import LaunchSpec
-from spectrial.workloads import Lengths
+from spectrial.servers.envcheck import strict_names
+from spectrial.servers.lifecycle import LaunchSpec
 
 _REGISTRY: dict[str, type[Engine]] = {}
 BUILTINS = {"llamacpp": "spectrial.engines.llamacpp", "sglang": "spectrial.engines.sglang",
@@ -285,7 +285,7 @@ class Engine(ABC):
     def nccl_evidence_check(self, env: dict[str, str]) -> Literal["fail", "warn"]:
         """What a requested NCCL_* variable that NCCL did not report (or reported with another value) does to a
         start launched with `env`: `engine_config.nccl_evidence_check` where given, else fail on a multi-GPU
-        launch that requests NCCL_* variables (spectrial.envcheck.strict_names), warn otherwise."""
+        launch that requests NCCL_* variables (spectrial.servers.envcheck.strict_names), warn otherwise."""
         given = getattr(self.config, "nccl_evidence_check", None)
         if given is not None:
             return given

@@ -10,7 +10,7 @@ Readiness: every path answers 503 while loading; `/health` 200 when ready.
 Stats: `/metrics` counters (`llamacpp:spec_decode_num_drafts_total` = verify steps, ...) before/after the
 benchmark window; per request `timings`; drafting time from the `statistics` log lines (`-lv 4`).
 Remote hosts: `engine_bin: auto` and `tiny:` models are built/written here and uploaded into the host's cache
-(`spectrial.remote`). Multi-host: `rpc-server -H ADDR -p PORT` on the other nodes (`spectrial.group`), and
+(`spectrial.provisioning.remote`). Multi-host: `rpc-server -H ADDR -p PORT` on the other nodes (`spectrial.protocol.group`), and
 `--rpc ADDR:PORT,...` on the head.
 """
 
@@ -26,8 +26,6 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from spectrial import metrics
-from spectrial.bench import ChatMessage, RequestBody
 from spectrial.engines.base import (
     Engine,
     EngineIdentity,
@@ -39,13 +37,15 @@ from spectrial.engines.base import (
 )
 from spectrial.engines.flags import Flag, render
 from spectrial.errors import ConfigError
-from spectrial.host import Host
-from spectrial.httpread import PROBE, Limits, bounded_client
+from spectrial.hosts.local import Host
+from spectrial.measure import metrics
+from spectrial.measure.bench import ChatMessage, RequestBody
+from spectrial.measure.httpread import PROBE, Limits, bounded_client
+from spectrial.measure.workloads import Lengths, WorkItem
 from spectrial.params import Arm
 from spectrial.schema import CounterTotals, ServerRequestStats, Upload, WindowStats
-from spectrial.server import LaunchSpec, Probe, on_each
-from spectrial.server import classify_exit as server_classify_exit
-from spectrial.workloads import Lengths, WorkItem
+from spectrial.servers.lifecycle import LaunchSpec, Probe, on_each
+from spectrial.servers.lifecycle import classify_exit as server_classify_exit
 
 SPEC_TYPES = {"draft": "draft-simple", "eagle3": "draft-eagle3", "ngram": "ngram-simple"}
 METRIC_PREFIX = "llamacpp:"
@@ -135,7 +135,7 @@ class LlamaCpp(Engine):
     # --- preparation ---------------------------------------------------------------------------------
     def _upload(self, host: Host, local: Path, mode: int, what: str) -> str:
         """`local` mirrored into `host`'s cache (uploaded unless identical there); returns the path there."""
-        from spectrial.remote import host_cache_root, mirror_path, sync_file
+        from spectrial.provisioning.remote import host_cache_root, mirror_path, sync_file
 
         remote = mirror_path(local, host_cache_root(host, self.params.ssh.cache_dir))
         info = sync_file(host, local, remote, mode, what=f"ssh.cache_dir (needed for {what})")
@@ -144,7 +144,7 @@ class LlamaCpp(Engine):
 
     def engine_binary(self, host: Host, name: str = "llama-server") -> str:
         """Path of spectrial's build of `name` (llama-server or rpc-server) on `host`, built/uploaded as needed."""
-        from spectrial.provision import ensure_llama_server
+        from spectrial.provisioning.llamacpp import ensure_llama_server
 
         local = ensure_llama_server(cuda=self.config.cuda, cuda_arch=self.config.cuda_arch).parent / name
         if not local.is_file():
@@ -152,7 +152,7 @@ class LlamaCpp(Engine):
                               f"(remove {local.parent} and run `spectrial provision llama-server`)")
         if host.is_local:
             return str(local)
-        from spectrial.remote import check_runs, check_same_arch
+        from spectrial.provisioning.remote import check_runs, check_same_arch
 
         check_same_arch(host)
         remote = self._upload(host, local, 0o700, name)
@@ -245,7 +245,7 @@ class LlamaCpp(Engine):
 
     def resolve_dry(self) -> None:
         """Paths as they would be used, without building or checking anything."""
-        from spectrial.provision import binary_path
+        from spectrial.provisioning.llamacpp import binary_path
 
         p = self.params
         self.binary = str(binary_path("llama-server", self.config.cuda, self.config.cuda_arch)) \

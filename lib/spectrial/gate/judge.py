@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from spectrial.figures import median
+from spectrial.analysis.figures import median
 from spectrial.gate.params import FigureTolerance, GateTolerances
 from spectrial.params import workload_identity
 from spectrial.schema import ArmRecord, GateCheck, GateOutcome, Manifest, WindowRecord

@@ -9,7 +9,7 @@ from pathlib import Path
 from spectrial.errors import ConfigError
 from spectrial.gate.judge import differences, gate_arms, worst
 from spectrial.gate.params import GateTolerances
-from spectrial.records import Skipped, list_runs, load_record, load_records, read_manifest
+from spectrial.record.store import Skipped, list_runs, load_record, load_records, read_manifest
 from spectrial.schema import GateRecord, Manifest, utc_now
 
 USABLE = ("ok", "partial")

@@ -37,7 +37,7 @@ from spectrial.nccl import latency as nccl_latency
 from spectrial.nccl.evidence import SettingsRow, Visibility
 from spectrial.nccl.params import EnvSet, NcclCheckParams
 from spectrial.nccl.worker import Versions, WorkerResult, WorkerSpec, run_worker
-from spectrial.records import RunRecord, load_record, opened, read_table
+from spectrial.record.store import RunRecord, load_record, opened, read_table
 from spectrial.schema import GpusSeen, HostInfo, Manifest
 from spectrial.secrets import mask_env
 
@@ -341,8 +341,8 @@ def _host_info(params: NcclCheckParams) -> HostInfo:
                     python=platform.python_version(),
                     inherited_env=mask_env({k: v for k, v in os.environ.items() if k.startswith(_INHERITED_PREFIXES)}))
     if params.backend == "nccl" and shutil.which("nvidia-smi"):
-        from spectrial.gpu import query
-        from spectrial.host import LocalHost
+        from spectrial.hosts.gpu import query
+        from spectrial.hosts.local import LocalHost
 
         info.gpus = GpusSeen.model_validate(query(LocalHost()).as_dict())
         try:

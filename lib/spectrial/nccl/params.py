@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from spectrial.errors import ConfigError
-from spectrial.host import check_env_names
+from spectrial.hosts.local import check_env_names
 from spectrial.params import apply_override, read_params_yaml
 
 How = Literal["launch", "in_worker", "after_init"]

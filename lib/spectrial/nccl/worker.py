@@ -116,7 +116,7 @@ def _redirect_output(log_path: str) -> None:
 
 
 def _proc_environ() -> dict[str, str] | None:
-    from spectrial.host import parse_environ
+    from spectrial.hosts.local import parse_environ
 
     try:
         return parse_environ(Path("/proc/self/environ").read_bytes())

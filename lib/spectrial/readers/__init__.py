@@ -5,6 +5,6 @@ Analysis (numbers and prose sections; no plotly, IPython or nbformat): `headline
 `casestudy`, `diff` (two runs' findings), `sweep` (a sweep's points and verdict), `nccl` (an NCCL check's tables).
 Rendering, in `spectrial.readers.render` (plotly figures, notebook display, the HTML report): `figures` (explain's
 and the history's, and showing them), `plots`, `sweep`, `report`.
-The doctor (`spectrial.diagnose`) is a reader too, in its own package. A baseline's drift against earlier runs is
-measured by the protocol (`spectrial.drift`) and written into the record; the readers show it.
+The doctor (`spectrial.readers.diagnose`) is a reader too, in its own package. A baseline's drift against earlier runs is
+measured by the protocol (`spectrial.protocol.drift`) and written into the record; the readers show it.
 """

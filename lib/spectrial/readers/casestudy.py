@@ -24,7 +24,7 @@ from spectrial import analysis
 from spectrial.errors import ConfigError
 from spectrial.params import repo_root
 from spectrial.readers.history import HistoryRow, incomparability, record_rows, rows_frame, with_derived
-from spectrial.records import as_manifest, read_json_file
+from spectrial.record.store import as_manifest, read_json_file
 from spectrial.schema import ArmRecord, Manifest
 
 __all__ = ["CASE_NAME", "TRIAL_FIELDS", "KeyNumbers", "baseline_drift", "case_arms", "case_dir", "case_table",

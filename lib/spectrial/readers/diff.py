@@ -27,10 +27,10 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from spectrial.drift import argv_changes, argv_options, dict_changes
-from spectrial.fingerprint import stable_view
+from spectrial.hosts.fingerprint import stable_view
 from spectrial.params import workload_identity
-from spectrial.records import load_record
+from spectrial.protocol.drift import argv_changes, argv_options, dict_changes
+from spectrial.record.store import load_record
 from spectrial.schema import ArmRecord, HostFingerprint, HostInfo, Manifest
 
 
@@ -237,7 +237,7 @@ def _model_files(a: Manifest, b: Manifest) -> list[str]:
 
 
 def _judged(arm: ArmRecord) -> str:
-    """An arm's comparison with its baseline as the record states it (spectrial.figures)."""
+    """An arm's comparison with its baseline as the record states it (spectrial.analysis.figures)."""
     if arm.speedup is None:
         return "not compared"
     ci = f" [{arm.speedup_ci_low:.2f}, {arm.speedup_ci_high:.2f}]" if arm.speedup_ci_low and arm.speedup_ci_high else ""

@@ -5,7 +5,7 @@ each a title, a markdown paragraph, optionally a table and a figure (drawn by `s
 
 1. **Input check**: run status, failed arms, arms without a baseline, zero verify steps, accept length < 1,
    speculative arms without a cycle time. Bad input becomes sentences here; ``explain`` never raises on it.
-2. **Break-even**: per speculative arm, the record's break-even accept length (``spectrial.figures``: accept
+2. **Break-even**: per speculative arm, the record's break-even accept length (``spectrial.analysis.figures``: accept
    length / speed-up = its cycle / the baseline's ms per token), the achieved accept length, the margin, the
    speed-up with its interval and verdict, pays. Figure: tok/s a cycle of each arm's cost gives at every accept
    length (tau / cycle_ms * 1000), against the baseline.
@@ -50,10 +50,11 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, Field
 
-from spectrial import analysis, figures
+from spectrial import analysis
+from spectrial.analysis import figures
+from spectrial.analysis.figures import is_baseline, positive
 from spectrial.errors import ConfigError
-from spectrial.figures import is_baseline, positive
-from spectrial.records import as_arms, as_manifest
+from spectrial.record.store import as_arms, as_manifest
 from spectrial.schema import ArmRecord, Manifest
 
 __all__ = ["ArmView", "CategoryNumbers", "CycleFit", "ExplainNumbers", "Explanation", "FitError", "FitNumbers",

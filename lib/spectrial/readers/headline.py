@@ -1,6 +1,6 @@
 """The answer first: does speculation pay here, by how much, how sure — one line per arm, read from the record.
 
-`headline(manifest) -> Headline` reads the figures `spectrial.figures` put on the arms (it computes nothing of
+`headline(manifest) -> Headline` reads the figures `spectrial.analysis.figures` put on the arms (it computes nothing of
 its own but what would decide an undecided arm), so the CLI, notebook 02, report.html and `spectrial sweep` say
 the same thing:
 
@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 import pandas as pd
 from pydantic import BaseModel, Field
 
-from spectrial.figures import NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, pick_baseline, positive
-from spectrial.records import as_manifest
+from spectrial.analysis.figures import NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, pick_baseline, positive
+from spectrial.analysis.validity import is_invalid, problems
+from spectrial.record.store import as_manifest
 from spectrial.schema import ArmRecord, DecideRecord, Manifest, PointRecord
-from spectrial.validity import is_invalid, problems
 
 DETECT = 0.05  # the difference an undecided arm is told how to detect
 
@@ -61,7 +61,7 @@ class ArmLine(BaseModel):
     output_tok_s: float | None = None
     goodput: float | None = None
     invalid: list[str] = Field(default_factory=list)  # failed checks that void the verdict, as sentences
-    warnings: list[str] = Field(default_factory=list)  # failed checks that do not (spectrial.validity)
+    warnings: list[str] = Field(default_factory=list)  # failed checks that do not (spectrial.analysis.validity)
     accept_len_request_mean: float | None = None
     uncontrolled: str | None = None  # an observe-only record's arm: why nothing is compared (no baseline beside it)
 
@@ -128,8 +128,8 @@ class Headline(BaseModel):
     arms: list[ArmLine] = Field(default_factory=list)
     decided: str | None = None
     partial: str | None = None  # a sweep its budget stopped: what it did not measure here
-    environment: str | None = None  # what the environment checks verified (spectrial.envcheck.verified)
-    drift: str | None = None  # the baseline moved beyond earlier runs of this host (spectrial.drift; None: it did not)
+    environment: str | None = None  # what the environment checks verified (spectrial.servers.envcheck.verified)
+    drift: str | None = None  # the baseline moved beyond earlier runs of this host (spectrial.protocol.drift; None: it did not)
 
     def lines(self) -> list[str]:
         out = [self.title]
@@ -377,7 +377,7 @@ def _needs(a: ArmRecord, starts: int, decided_run: bool | DecideRecord | None = 
     """What would decide an undecided arm: how many more starts (or requests, with one start per arm) a fixed
     design needs to detect a DETECT difference, from the width of its interval; in a decide run (its
     `DecideRecord`), how many more rounds, since a decide run only ever adds rounds (one start of every arm)."""
-    from spectrial.sequential import rounds_to_detect
+    from spectrial.analysis.sequential import rounds_to_detect
 
     if isinstance(decided_run, DecideRecord) and any(x.arm == a.name for x in decided_run.arms):
         return _needs_rounds(a, decided_run)
@@ -401,7 +401,7 @@ def _needs_rounds(a: ArmRecord, d: DecideRecord) -> str | None:
     """An undecided arm of a decide run: its interval still unbounded (fewer rounds than its design's first
     look), or how many more rounds (and starts) its sequence's interval says a fixed design would need to detect
     DETECT, the rounds as the unit (`rounds_to_detect`)."""
-    from spectrial.sequential import rounds_to_detect
+    from spectrial.analysis.sequential import rounds_to_detect
 
     s = next((x for x in d.arms if x.arm == a.name), None)
     rounds = s.rounds if s is not None else d.rounds
@@ -472,7 +472,7 @@ def headlines(source: Manifest | Any) -> list[Headline]:
 
 def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) -> Headline:
     """The headline of a record (or of `arms` of it, e.g. one concurrency level of a sweep, one session): the
-    arms as `spectrial.figures` judged them against their baseline (re-judged when `arms` is a subset whose
+    arms as `spectrial.analysis.figures` judged them against their baseline (re-judged when `arms` is a subset whose
     reference differs)."""
     m = as_manifest(source) if source is not None else None
     if m is not None and m.kind == "observe":
@@ -481,7 +481,7 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
     arms = list(arms if arms is not None else m.arms)  # type: ignore[union-attr]
     base = pick_baseline(arms)
     if base is not None and any(a.status == "ok" and a.baseline_arm is None and a.verdict is None for a in arms):
-        from spectrial.figures import (
+        from spectrial.analysis.figures import (
             add_comparisons,  # arms never compared (built by hand): the one comparison
         )
 
@@ -504,7 +504,7 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
 
 
 def drift_line(m: Manifest) -> str | None:
-    """A flagged baseline drift in one line (the record's `drift`, spectrial.drift); None when not flagged."""
+    """A flagged baseline drift in one line (the record's `drift`, spectrial.protocol.drift); None when not flagged."""
     d = m.drift
     if d is None or not d.flagged:
         return None
@@ -512,9 +512,9 @@ def drift_line(m: Manifest) -> str | None:
 
 
 def environment_line(m: Manifest) -> str | None:
-    """What the record's environment checks verified, in one line (`spectrial.envcheck.verified`: the one
+    """What the record's environment checks verified, in one line (`spectrial.servers.envcheck.verified`: the one
     computation; None when no variable was requested)."""
-    from spectrial.envcheck import verified
+    from spectrial.servers.envcheck import verified
 
     return verified(m.starts).line
 
@@ -523,7 +523,7 @@ UNCONTROLLED = "uncontrolled: no baseline beside it"
 
 
 def observed_headline(m: Manifest) -> Headline:
-    """An observe-only record (spectrial.observe): one arm of a server measured as it was, nothing compared; the
+    """An observe-only record (spectrial.protocol.observe): one arm of a server measured as it was, nothing compared; the
     title says so first, then what was measured."""
     lines = []
     for a in m.arms:

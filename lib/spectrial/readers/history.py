@@ -5,7 +5,7 @@ run record (``source`` "record") and one row per parseable log file (``source`` 
 ``HISTORY_COLUMNS``; ``History.issues`` lists what could not be used or looks wrong (source, item, problem),
 never raising on bad input (a damaged record, RecordDamaged, is skipped: its issue names the file and the damage); ``History.log_summary`` is ``spectrial.logs.summary`` per log file.
 
-Row fields beyond the manifest's (see ``spectrial.trial`` for the per-arm fields):
+Row fields beyond the manifest's (see ``spectrial.protocol.trial`` for the per-arm fields):
 - ``config``: "baseline" or "<method> k=<steps>" (+ " synthetic a=<x>"), the column of the matrix views;
 - ``session``: the arm's ``session`` where a record has several (the seed case), else the run id;
 - ``run_status``: the run's status; a sweep its budget stopped is ``partial`` (and an issue names what it did not
@@ -13,14 +13,14 @@ Row fields beyond the manifest's (see ``spectrial.trial`` for the per-arm fields
 - ``nccl_env``: "set, verified" (NCCL_* variables requested and found in every server process),
   "set, check failed", "set, unverified", "none" (no NCCL_* variable) or "unrecorded";
 - ``n_values``: request rates behind ``tok_s`` (1 for a hand-measured figure);
-- derived where a hand-made record lacks them (``spectrial.figures.fill_derived``, each noted in ``derived``):
+- derived where a hand-made record lacks them (``spectrial.analysis.figures.fill_derived``, each noted in ``derived``):
   cycle_ms = verify_ms / verify_share or accept_len / tok_s * 1000; accept_len = tok_s * cycle_ms / 1000;
   ms_per_token = 1000 / tok_s;
-- ``cycle_ms``: the cycle on the verdict's clock (``spectrial.figures.verdict_cycle_ms``: break-even x the baseline's
+- ``cycle_ms``: the cycle on the verdict's clock (``spectrial.analysis.figures.verdict_cycle_ms``: break-even x the baseline's
   ms per token), so that it implies the row's break-even: the arm's ``cycle_ms``, but for a decide run's arm (whose
   speed-up is its paired rounds' estimate);
 - ``speedup`` (with its interval), ``break_even_accept_len``, ``verdict``, ``pays``, ``baseline_arm``: the record's
-  own comparison (``spectrial.figures``: the baseline of the same run, session and NCCL state where arms record
+  own comparison (``spectrial.analysis.figures``: the baseline of the same run, session and NCCL state where arms record
   one), never recomputed here.
 """
 
@@ -34,11 +34,11 @@ from typing import Any
 
 import pandas as pd
 
+from spectrial.analysis.figures import fill_derived, verdict_cycle_ms
 from spectrial.analysis.stats import finite
 from spectrial.errors import RecordDamaged, SpectrialError
-from spectrial.figures import fill_derived, verdict_cycle_ms
 from spectrial.params import repo_root
-from spectrial.records import Skipped, as_manifest, load_record
+from spectrial.record.store import Skipped, as_manifest, load_record
 from spectrial.schema import ArmRecord, EngineInfo, HostInfo, Manifest
 
 __all__ = ["HISTORY_COLUMNS", "History", "HistoryRow", "baseline_over_time", "fill_derived", "incomparability",

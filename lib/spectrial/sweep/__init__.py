@@ -4,7 +4,7 @@
     result = run_sweep("params/sweep-local.yaml", {"strategy": "guided"})
     result.points(); result.best(); result.manifest.decisions
 
-`spectrial sweep PARAMS [-p NAME=VALUE]` runs the same from the shell (`spectrial.sweep.cli.sweep_command`).
+`spectrial sweep PARAMS [-p NAME=VALUE]` runs the same from the shell (`spectrial.cli.sweep.sweep_command`).
 Parameters: `spectrial.sweep.params`; what is measured and when: `spectrial.sweep.run`; the model:
 `spectrial.sweep.model`; the search's decisions: `spectrial.sweep.guided`; figures and the verdict:
 `spectrial.readers.sweep`; replays of finished grids: `spectrial.sweep.replayer`; known worlds to judge a search

@@ -2,7 +2,7 @@
 
 A grid record holds every setting's server start (its windows' counters and per-position rates) and every
 request (`requests.csv`). Replaying runs the guided search (or any strategy and budget) with each "server
-start" served from the record by `ReplaySource` (a `spectrial.session.StartSource`) instead of a host: same
+start" served from the record by `ReplaySource` (a `spectrial.protocol.session.StartSource`) instead of a host: same
 decisions code, no host, no device time. The replay's clock is the recorded duration of each start, so time
 budgets behave as they would have. Use it to judge the search on a committed record (a GPU grid, say) and
 to compare guided with the grid on identical measurements, free of the drift between two live runs.
@@ -19,9 +19,9 @@ import pandas as pd
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
 from spectrial.params import validate as validate_trial
-from spectrial.records import RunRecord, load_record, opened, read_table
+from spectrial.protocol.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
+from spectrial.record.store import RunRecord, load_record, opened, read_table
 from spectrial.schema import Manifest, RequestRecord, StartRecord, WindowRecord
-from spectrial.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
 from spectrial.sweep.params import Setting, load_sweep_params
 from spectrial.sweep.result import SweepResult
 from spectrial.sweep.run import Sweep, execute, new_record

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from spectrial.records import RunResult
+from spectrial.record.store import RunResult
 from spectrial.schema import Manifest, PredictedLevel, SweepBudget, UnmeasuredSetting
 
 POINT_COLUMNS = ["point", "setting", "scenario", "steps", "topk", "draft_tokens", "concurrency", "status", "phase",

@@ -9,7 +9,7 @@
             nothing is left that could change the answer beyond the noise, or the budget ends. What to measure
             next is `sweep.guided.decide`, a pure function of a frozen view of the sweep (`Sweep.view`); this
             loop owns the bookkeeping: the decisions recorded, predictions attached, starts, budget.
-    -> figures per point (spectrial.figures.arm_figures), speed-up against the baseline of the same host
+    -> figures per point (spectrial.analysis.figures.arm_figures), speed-up against the baseline of the same host
        fingerprint and concurrency (figures.add_comparisons), best setting per scenario and concurrency against
        the runner-up (figures.compare_requests at confirm_level), the final model's prediction for every point.
 
@@ -19,7 +19,7 @@ once and never averaged in: `Sweep.start_estimate`). A sweep its budget stopped 
 never started is named in `budget.not_measured` with why and the final model's prediction (and range) per level,
 and a best is "confirmed" only when no unmeasured setting could beat it (`Sweep._skipped`, `Sweep._best`).
 
-One server start = one setting; inside it, one benchmark window per concurrency level (spectrial.session).
+One server start = one setting; inside it, one benchmark window per concurrency level (spectrial.protocol.session).
 Starts come from a `StartSource`: a live `Session`, a finished grid (sweep.replayer) or a model world
 (sweep.world). The baseline is measured once per host fingerprint key: if the fingerprint changes during the
 sweep, a new baseline is measured before the next setting.
@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from spectrial.analysis.figures import add_comparisons, arm_figures, compare_requests, merge_stats
 from spectrial.errors import (
     ConfigError,
     ConnectionLost,
@@ -43,9 +44,16 @@ from spectrial.errors import (
     RunFailed,
     SpectrialError,
 )
-from spectrial.figures import add_comparisons, arm_figures, compare_requests, merge_stats
 from spectrial.params import Arm, TrialParams
-from spectrial.records import RunRecord, opened
+from spectrial.protocol.session import (
+    MeasuredStart,
+    Session,
+    StartSource,
+    WindowPlan,
+    lost_requests,
+    schedule,
+)
+from spectrial.record.store import RunRecord, opened
 from spectrial.schema import (
     ArmFigures,
     BestRecord,
@@ -64,7 +72,6 @@ from spectrial.schema import (
     WindowStats,
 )
 from spectrial.secrets import secret_values
-from spectrial.session import MeasuredStart, Session, StartSource, WindowPlan, lost_requests, schedule
 from spectrial.sweep.guided import CONFIRMED, Measure, Stop, SweepView, decide
 from spectrial.sweep.model import (
     MeasuredPoint,
@@ -526,7 +533,7 @@ def run_sweep(params: SweepParams | str | Path, overrides: dict[str, Any] | None
         params = load_sweep_params(params, overrides)
     elif overrides:
         params = load_sweep_params(data=params.model_dump(mode="json"), overrides=overrides)
-    from spectrial.plan import sweep_plan
+    from spectrial.protocol.plan import sweep_plan
 
     plan = sweep_plan(params, launches=False)
     if progress:
@@ -576,7 +583,7 @@ def execute(sw: Sweep, raise_on_failure: bool = True, drift: bool = True) -> Swe
         with record.step("summarise"):
             sw.summarise()
             if drift:
-                from spectrial.drift import check_drift
+                from spectrial.protocol.drift import check_drift
 
                 record.manifest.drift = check_drift(record.manifest, params.trial.drift_dir or params.trial.output_dir,
                                                     params.trial.drift_tolerance)
@@ -615,6 +622,6 @@ def execute(sw: Sweep, raise_on_failure: bool = True, drift: bool = True) -> Swe
 
 def _write_requests(record: RunRecord, sw: Sweep) -> None:
     """requests.csv and stream.csv of a sweep (each request's delivery judged against its point's accept length)."""
-    from spectrial.serving import write_requests
+    from spectrial.analysis.serving import write_requests
 
     write_requests(record, sw.all_requests(), {p.id: p.accept_len for p in record.manifest.points}, key="point")

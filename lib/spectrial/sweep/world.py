@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from spectrial.params import Arm
-from spectrial.records import RunRecord, opened
+from spectrial.protocol.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
+from spectrial.record.store import RunRecord, opened
 from spectrial.schema import EngineInfo, HostInfo, RequestRecord, StartRecord, WindowRecord, WindowStats
-from spectrial.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
 from spectrial.sweep.params import Setting, SweepParams
 from spectrial.sweep.result import SweepResult
 from spectrial.sweep.run import Sweep, execute, new_record
@@ -87,7 +87,7 @@ class World:
 
 
 class WorldSource(OfflineSource):
-    """Server starts drawn from a World (a `spectrial.session.StartSource`)."""
+    """Server starts drawn from a World (a `spectrial.protocol.session.StartSource`)."""
 
     fp_key = "world"
 

@@ -1,5 +1,5 @@
 """Optional load for a watch (`--drive-rate R --params FILE`): the params file's workload sent at R requests/s,
-open loop, with spectrial.bench's streaming client and the engine's own request bodies. Off by default: a
+open loop, with spectrial.measure.bench's streaming client and the engine's own request bodies. Off by default: a
 production server gets only what its users send."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from spectrial.bench import stream_completion, stream_limits
 from spectrial.errors import ConfigError
-from spectrial.httpread import Limits, bounded_client
+from spectrial.measure.bench import stream_completion, stream_limits
+from spectrial.measure.httpread import Limits, bounded_client
 from spectrial.schema import RequestRecord
 
 MAX_IN_FLIGHT = 64  # requests open at once at most (a server slower than the rate is not flooded without bound)
@@ -23,9 +23,9 @@ class Driver:
         if not params_file:
             raise ConfigError("--drive-rate needs --params FILE (the workload to send)", parameter="params")
         from spectrial.engines.base import get_engine
-        from spectrial.host import LocalHost
+        from spectrial.hosts.local import LocalHost
+        from spectrial.measure.workloads import build_workload, estimate_lengths, request_order
         from spectrial.params import load_params
-        from spectrial.workloads import build_workload, estimate_lengths, request_order
 
         p = load_params(params_file, {})
         engine = get_engine(p.engine, p, LocalHost())

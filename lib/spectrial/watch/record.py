@@ -13,16 +13,18 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from spectrial import metrics, progress
+from spectrial import progress
 from spectrial.errors import ConfigError, ServerMisbehaved
-from spectrial.httpread import METRICS, BoundExceeded, Limits, bounded_client
-from spectrial.records import RunRecord
+from spectrial.measure import metrics
+from spectrial.measure.httpread import METRICS, BoundExceeded, Limits, bounded_client
+from spectrial.record.store import RunRecord
 from spectrial.schema import WatchChange, WatchGap, WatchInterval, WatchRecord, utc_now
 from spectrial.watch import changes, sampler
 
@@ -101,7 +103,10 @@ class Watch:
     """One watch: `run()` samples until the duration is over (or an interrupt); the record is written after every
     interval. Usable step by step: `check()`, `open()`, `step()` (one interval), `finish()`."""
 
-    def __init__(self, opts: WatchOptions, progress_on: bool = True) -> None:
+    def __init__(self, opts: WatchOptions, progress_on: bool = True,
+                 draw: Callable[[WatchRecord], str] | None = None) -> None:
+        # the recorder writes numbers; its command draws (`draw` returns the figure's HTML, written as watch.html)
+        self.draw = draw
         self.opts = opts.model_copy(update={"url": normalise_url(opts.url)})
         # a scrape ends within the interval whatever the server does (a slow one is a gap, not a stall), and its
         # body is capped (a /metrics bomb is refused with its size)
@@ -226,13 +231,11 @@ class Watch:
         if self.driver is not None:
             w.notes.append(self.driver.summary())
         self.save()
-        try:
-            from spectrial.readers.render.watch import watch_figure
-
-            self.record.write_text("watch.html", watch_figure(w, title=f"watch of {w.url}").to_html(
-                include_plotlyjs=True, full_html=True))
-        except ImportError as exc:  # plotly missing: the record stands without its figure
-            w.notes.append(f"figure not written: {exc}")
+        if self.draw is not None:
+            try:
+                self.record.write_text("watch.html", self.draw(w))
+            except ImportError as exc:  # plotly missing: the record stands without its figure
+                w.notes.append(f"figure not written: {exc}")
         if status is not None:
             self.record.finish(status, reason)
 

@@ -1,6 +1,6 @@
 """Reading a live server's `/metrics` for a watch, and the arithmetic of one interval (pure).
 
-`read` takes one snapshot (spectrial.metrics, prometheus_client's parser) and hands it to the engine module's
+`read` takes one snapshot (spectrial.measure.metrics, prometheus_client's parser) and hands it to the engine module's
 `watch_totals` (the counter names live there; the module is imported by name, as `engines.base.get_engine`
 imports the adapters); `measure` subtracts two such totals into a `WatchInterval`:
 a counter that went down or a changed process start time is a restart (`reset`: the interval's counts are
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from spectrial import metrics
 from spectrial.engines.base import BUILTINS
 from spectrial.errors import ConfigError
+from spectrial.measure import metrics
 from spectrial.schema import CounterTotals, WatchInterval, utc_now
 
 # engine -> its metrics' name prefix (llamacpp.METRIC_PREFIX, vllm's and sglang's names)

@@ -8,9 +8,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spectrial.figures import base_ms_per_token, is_baseline, pick_baseline, verdict_cycle_ms
+from spectrial.analysis.figures import base_ms_per_token, is_baseline, pick_baseline, verdict_cycle_ms
+from spectrial.analysis.serving import COLOURS, LATENCY_PANELS, latency_curves
 from spectrial.schema import ArmRecord, DecideRecord, RequestRecord
-from spectrial.serving import COLOURS, LATENCY_PANELS, latency_curves
 
 
 def _ok(arms: list[ArmRecord]) -> list[ArmRecord]:
@@ -118,7 +118,7 @@ def latency_figure(by_arm: Mapping[str, Sequence[RequestRecord]], *,
                    expected_tokens_per_chunk: Mapping[str, float | None] | None = None,
                    title: str = "Latency distributions per arm") -> go.Figure:
     """Percentile curves (x: ms, y: percentile) of TTFT, TPOT, ITL per token and E2E latency, one colour per
-    arm (`spectrial.serving.latency_curves`: a figure the arm's stream granularity makes meaningless is left out)."""
+    arm (`spectrial.analysis.serving.latency_curves`: a figure the arm's stream granularity makes meaningless is left out)."""
     fig = make_subplots(rows=1, cols=4, subplot_titles=LATENCY_PANELS, shared_yaxes=True, horizontal_spacing=0.04)
     colour = {name: COLOURS[i % len(COLOURS)] for i, name in enumerate(by_arm)}
     shown: set[str] = set()

@@ -3,7 +3,7 @@
 The report is the run's executed notebook (``manifest.notebook``) converted with nbconvert's
 ``HTMLExporter`` (lab template, code hidden by default); a run without one (a CLI trial, the case
 record) gets a notebook built from its manifest: a header, the arms table and the analysis sections
-of :func:`spectrial.readers.explain.explain`. Either way the doctor's findings (:func:`spectrial.diagnose.diagnose` on
+of :func:`spectrial.readers.explain.explain`. Either way the doctor's findings (:func:`spectrial.readers.diagnose.diagnose` on
 the run folder and its logs) come first, under the title.
 
 Offline by construction: plotly.js (``plotly.offline.get_plotlyjs()``) is inlined once in the page head,
@@ -25,11 +25,11 @@ from typing import Any
 
 import nbformat
 
-from spectrial.diagnose.model import Diagnosis
+from spectrial.analysis.figures import category_table
 from spectrial.errors import ConfigError
-from spectrial.figures import category_table
+from spectrial.readers.diagnose.model import Diagnosis
 from spectrial.readers.render import figures as render
-from spectrial.records import (
+from spectrial.record.store import (
     Skipped,
     as_manifest,
     list_runs,
@@ -167,7 +167,7 @@ def serving_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
     goodput) and the latency distributions from the run folder's requests (requests.csv, stream.csv)."""
     import nbformat.v4 as nbf
 
-    from spectrial import serving
+    from spectrial.analysis import serving
     from spectrial.readers.render.figures import figure_bundle
     from spectrial.readers.render.plots import latency_figure
 
@@ -193,19 +193,19 @@ def serving_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
 
 
 def validity_cells(manifest: Manifest, run_dir: Path | None) -> list[Any]:
-    """The measurement's checks per arm (spectrial.validity), and the accept length per request beside the
+    """The measurement's checks per arm (spectrial.analysis.validity), and the accept length per request beside the
     token-weighted one, with the distribution from requests.csv."""
     import nbformat.v4 as nbf
 
-    from spectrial.figures import accept_table
-    from spectrial.validity import checks_table
+    from spectrial.analysis.figures import accept_table
+    from spectrial.analysis.validity import checks_table
 
     cells = []
     checks = checks_table(manifest.arms)
     if len(checks):
         bad = checks[checks["result"] == "INVALID"]
         text = ("## Is the measurement valid?\n\nLoad, queue, prefix cache, early stops, stream and start-to-start "
-                "checks per arm (spectrial.validity). A failed INVALID check voids the arm's verdict.")
+                "checks per arm (spectrial.analysis.validity). A failed INVALID check voids the arm's verdict.")
         if len(bad):
             text += "\n\n**Invalid:** " + "; ".join(f"{r.arm}: {r.says}" for r in bad.itertuples())
         cells += [nbf.new_markdown_cell(text), nbf.new_code_cell("", outputs=[nbf.new_output(
@@ -287,8 +287,8 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
     default: the manifest's own, without logs), serving metrics, arms table, the explain sections."""
     import nbformat.v4 as nbf
 
-    from spectrial.diagnose import diagnose
-    from spectrial.figures import filled
+    from spectrial.analysis.figures import filled
+    from spectrial.readers.diagnose import diagnose
 
     manifest = as_manifest(source)
     host, engine = manifest.host, manifest.engine
@@ -345,7 +345,7 @@ def analysis_cells(manifest: Manifest, target_tok_s: float | None = None, headin
     """The explain sections of a record (one analysis per session of a hand-made record that has several)."""
     import nbformat.v4 as nbf
 
-    from spectrial.figures import filled
+    from spectrial.analysis.figures import filled
     from spectrial.readers.explain import explain
     from spectrial.readers.render.figures import explanation_cells
 
@@ -404,7 +404,7 @@ def refresh_notebook(nb: Any, manifest: Manifest, diagnosis: Diagnosis | None = 
         elif _ANALYSIS.search(src):
             cells += analysis_cells(manifest, target, heading=False)
         elif _DOCTOR.search(src):
-            from spectrial.diagnose import diagnose
+            from spectrial.readers.diagnose import diagnose
 
             cells.append(nbf.new_markdown_cell((diagnosis or diagnose(manifest)).markdown()))
         elif _ANSWER.search(src):
@@ -469,7 +469,7 @@ def write_report(run_dir: str | Path, *, show_code: bool = False) -> Path:
     if not (run / "manifest.json").is_file():
         raise ConfigError(f"RUN_DIR {run} holds no manifest.json: pass a run folder, e.g. outputs/<run-id>")
     manifest = load_record(run)  # a damaged record: RecordDamaged (the file and what is wrong), nothing written
-    from spectrial.diagnose import diagnose
+    from spectrial.readers.diagnose import diagnose
 
     found = diagnose(run)
     nb_name = manifest.notebook

@@ -1,0 +1,295 @@
+"""Is a measurement valid? The checks a speed-up must pass before spectrial calls an arm faster or slower.
+
+Modelled on the load checks of Red Hat's `speculators` (scripts/evaluate/throughput_interactivity.py validate),
+computed from what the record already holds (every request's timing, the engine's window counters), per arm:
+
+    concurrency      achieved concurrency (mean requests in flight: sum of e2e latency / window time) at least
+                     `min_concurrency_ratio` x the requested one; a concurrency above the engine's slots queues
+    queueing         TTFT p90 under `queue_ttft_factor` x the fastest TTFT or under `queue_ttft_ms` (a queue in
+                     front of the engine inflates TTFT, not decode). The engines' waiting gauges (vLLM
+                     num_requests_waiting, SGLang num_queue_reqs, llama.cpp requests_deferred) are read only at
+                     the window's edges, where the queue is empty: TTFT is the evidence
+    prefix_cache     prompt tokens served from a prefix cache at most `max_prefix_cache_hit` of those looked up
+                     (llama.cpp timings cache_n, vLLM prefix_cache_hits / queries, SGLang meta_info
+                     cached_tokens): a cached prompt skips the prefill the baseline paid
+    early_stop       at most `max_early_stop` of the requests ended before the length they asked (EOS, a stop
+                     string); acceptance on outputs cut short is biased. Invalid for fixed-length workloads,
+                     a warning where lengths are the workload's own (output_len dataset, MT-Bench)
+    steady_state     (warning) enough measured requests per start (`min_requests`) and a warm-up request; known
+                     before the run from its params (`planned`, the same rule on the planned requests per start:
+                     every committed params file is held to no such warning by tests/test_validity.py)
+    stream           tokens per streamed chunk against the accept length: a coarse stream makes the client's
+                     decode rate a delivery rate (invalid when the verdict's rate is the client's, else a warning)
+    start_spread     (warning) starts that disagree beyond their own noise (between-start CV over what the
+                     within-start spread predicts > `max_start_spread`): the verdict's interval then rests on the
+                     between-start spread (resampled starts), which it says; one start cannot show it
+
+An arm whose check of severity "invalid" failed (or whose baseline's did) gets the verdict "invalid
+measurement (...)" and pays "undecided" (spectrial.analysis.figures.judged): never "faster" or "slower".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from spectrial.schema import ArmFigures, Check, RequestRecord, Validity, WindowStats
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Thresholds of the checks (params `validity`)."""
+
+    min_concurrency_ratio: float = 0.75
+    queue_ttft_factor: float = 10.0
+    queue_ttft_ms: float = 1000.0
+    max_prefix_cache_hit: float = 0.05
+    max_early_stop: float = 0.10
+    min_requests: int = 5
+    max_start_spread: float = 2.0
+    min_tokens_per_chunk_ratio: float = 0.5
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the run asked for, beside what it measured."""
+
+    concurrency: int = 1
+    slots: int | None = None
+    slots_setting: str = ""
+    fixed_length: bool = True  # every request asked a fixed length (output_len fixed)
+    warmup: int = 1
+    limits: Limits = field(default_factory=Limits)
+
+
+def _r(x: float | None, n: int = 3) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(float(x), n)
+
+
+def over_slots(s: Setting, got: float | None = None) -> Check | None:
+    """The concurrency check's verdict that needs no measurement: a concurrency above the engine's slots (None when
+    it is not)."""
+    if s.slots is None or s.concurrency <= s.slots:
+        return None
+    ev: dict[str, Any] = {"requested": s.concurrency, "achieved": _r(got), "slots": s.slots,
+                          "slots_setting": s.slots_setting or None}
+    return Check(name="concurrency", ok=False, value=_r(got), limit=float(s.slots), evidence=ev,
+                 summary=f"concurrency {s.concurrency} is above the engine's {s.slots} slots "
+                         f"({s.slots_setting}): requests queue in the server",
+                 fix=f"raise {s.slots_setting} to at least {s.concurrency}, or lower concurrency")
+
+
+def concurrency(f: ArmFigures, s: Setting) -> Check:
+    sv = f.serving
+    got = sv.achieved_concurrency if sv else None
+    ev: dict[str, Any] = {"requested": s.concurrency, "achieved": _r(got), "slots": s.slots,
+                          "slots_setting": s.slots_setting or None}
+    queued = over_slots(s, got)
+    if queued is not None:
+        return queued
+    if s.concurrency <= 1 or got is None:
+        return Check(name="concurrency", ok=True if s.concurrency <= 1 else None, value=_r(got), evidence=ev,
+                     summary="one request at a time" if s.concurrency <= 1 else "achieved concurrency unknown")
+    lim = s.limits.min_concurrency_ratio * s.concurrency
+    ok = got >= lim
+    return Check(name="concurrency", ok=ok, value=_r(got), limit=_r(lim), evidence=ev,
+                 summary=f"achieved concurrency {got:.2f} of {s.concurrency} requested"
+                         + ("" if ok else f" (below {lim:.2f}: the load was not what was asked)"),
+                 fix=None if ok else "send more requests per start (repeats) so the window is not ramp-up and "
+                                     "tail; check that the client is not the bottleneck")
+
+
+def queueing(requests: Sequence[RequestRecord], s: Setting) -> Check:
+    ttft = np.array([r.ttft_ms for r in requests if r.ok and r.ttft_ms is not None], dtype=float)
+    lim = s.limits
+    ev: dict[str, Any] = {}
+    if len(ttft) < 2:
+        return Check(name="queueing", ok=None, summary="too few TTFTs to judge queueing", evidence=ev)
+    p90, lo = float(np.percentile(ttft, 90)), float(ttft.min())
+    ev.update(ttft_p90_ms=_r(p90, 1), ttft_min_ms=_r(lo, 1), factor=_r(p90 / lo if lo > 0 else None, 1))
+    slow = p90 > lim.queue_ttft_factor * lo and p90 > lim.queue_ttft_ms
+    ok = not slow
+    why = [f"TTFT p90 {p90:.0f} ms is {p90 / lo:.0f}x the fastest ({lo:.0f} ms)"] if slow else []
+    return Check(name="queueing", ok=ok, value=_r(p90, 1), limit=_r(max(lim.queue_ttft_factor * lo,
+                                                                      lim.queue_ttft_ms), 1), evidence=ev,
+                 summary=("no queue: TTFT p90 " f"{p90:.0f} ms, fastest {lo:.0f} ms") if ok else
+                 "requests queued: " + "; ".join(why),
+                 fix=None if ok else "lower concurrency to the engine's slots, or give the engine more slots / "
+                                     "memory; a queue measures waiting, not decoding")
+
+
+def prefix_cache(stats: WindowStats, s: Setting) -> Check:
+    q, hit = stats.prompt_tokens, stats.cached_prompt_tokens
+    ev = {"prompt_tokens": q, "cached_prompt_tokens": hit}
+    if q is None or hit is None:
+        return Check(name="prefix_cache", ok=None, evidence=ev,
+                     summary="prefix-cache hits not reported by the engine")
+    if q == 0:
+        return Check(name="prefix_cache", ok=True, value=0.0, limit=s.limits.max_prefix_cache_hit, evidence=ev,
+                     summary="no prompt token looked up in a prefix cache (the cache is off)")
+    ratio = hit / q
+    ok = ratio <= s.limits.max_prefix_cache_hit
+    return Check(name="prefix_cache", ok=ok, value=_r(ratio, 4), limit=s.limits.max_prefix_cache_hit, evidence=ev,
+                 summary=f"{ratio:.1%} of prompt tokens served from the prefix cache"
+                         + ("" if ok else f" (above {s.limits.max_prefix_cache_hit:.0%}: prefill skipped)"),
+                 fix=None if ok else "turn the engine's prefix cache off (vLLM enable_prefix_caching: false, "
+                                     "SGLang disable_radix_cache: true; llama.cpp requests already say "
+                                     "cache_prompt false) or use a workload of unique prompts")
+
+
+def early_stop(requests: Sequence[RequestRecord], s: Setting) -> Check:
+    asked = [(r.tokens, r.max_tokens) for r in requests if r.ok and r.max_tokens]
+    if not asked:
+        return Check(name="early_stop", ok=None, summary="requested lengths not recorded")
+    short = sum(1 for t, m in asked if t < m)
+    share = short / len(asked)
+    ok = share <= s.limits.max_early_stop
+    sev = "invalid" if s.fixed_length else "warning"
+    delivered = sum(t for t, _ in asked) / sum(m for _, m in asked)
+    return Check(name="early_stop", ok=ok, severity=sev, value=_r(share, 4), limit=s.limits.max_early_stop,
+                 evidence={"short": short, "requests": len(asked), "delivered_share": _r(delivered, 4)},
+                 summary=f"{short} of {len(asked)} requests ended before their requested length "
+                         f"({delivered:.0%} of the requested tokens delivered)",
+                 fix=None if ok else "set ignore_eos: true (and no stop strings) for fixed-length requests, or "
+                                     "output_len: dataset where natural lengths are the point")
+
+
+def steady_state(requests: Sequence[RequestRecord], s: Setting) -> Check:
+    """Enough measured requests in every start, after a warm-up: the rule of `steady_state_of`, on the requests
+    each start measured."""
+    per_start: dict[int, int] = {}
+    for r in requests:
+        if r.ok:
+            per_start[r.restart] = per_start.get(r.restart, 0) + 1
+    return steady_state_of(per_start, s)
+
+
+def steady_state_of(per_start: Mapping[int, int], s: Setting) -> Check:
+    """The steady-state rule on requests per start (measured: `steady_state`; planned: `planned`): the smallest
+    start has at least `min_requests`, and each start warmed up with at least one request."""
+    fewest = min(per_start.values()) if per_start else 0
+    ok = fewest >= s.limits.min_requests and s.warmup >= 1
+    why = []
+    if fewest < s.limits.min_requests:
+        why.append(f"{fewest} measured request(s) in the smallest start (under {s.limits.min_requests})")
+    if s.warmup < 1:
+        why.append("no warm-up request: the first measured request pays compilation and cache fills")
+    fix = []
+    if fewest < s.limits.min_requests:
+        fix.append(f"raise repeats to at least {s.limits.min_requests} (or lower validity.min_requests)")
+    if s.warmup < 1:
+        fix.append("set warmup to at least 1")
+    return Check(name="steady_state", ok=ok, severity="warning", value=float(fewest),
+                 limit=float(s.limits.min_requests), evidence={"requests_per_start": dict(per_start),
+                                                               "warmup": s.warmup},
+                 summary=f"{fewest} measured requests per start after {s.warmup} warm-up" if ok else "; ".join(why),
+                 fix=None if ok else "; ".join(fix))
+
+
+def planned(requests_per_start: int, s: Setting) -> list[Check]:
+    """The checks whose outcome the params decide before anything runs: the run's own rules (`steady_state_of`,
+    `over_slots`) on the planned requests per start, so a params file and its run cannot disagree. A params file
+    that fails one of these makes every run of it carry the warning (tests/test_validity.py holds every committed
+    params file to none)."""
+    out = [steady_state_of({0: requests_per_start}, s)]
+    queued = over_slots(s)
+    if queued is not None:
+        out.append(queued)
+    return [c for c in out if c.ok is False]
+
+
+def stream(f: ArmFigures, speculative: bool, s: Setting) -> Check:
+    sv = f.serving
+    if sv is None or sv.tokens_per_chunk is None:
+        return Check(name="stream", ok=None, severity="warning", summary="stream granularity unknown")
+    expected = sv.expected_tokens_per_chunk or 1.0
+    ratio = expected / sv.tokens_per_chunk
+    coarse = sv.granularity == "coarse" or ratio < s.limits.min_tokens_per_chunk_ratio
+    client = (f.tok_s_source or "").startswith("client")
+    sev = "invalid" if client else "warning"
+    return Check(name="stream", ok=not coarse, severity=sev, value=_r(sv.tokens_per_chunk),
+                 limit=_r(expected), evidence={"tokens_per_chunk": _r(sv.tokens_per_chunk),
+                                               "expected": _r(expected), "granularity": sv.granularity,
+                                               "rate_source": f.tok_s_source},
+                 summary=f"{sv.tokens_per_chunk:.2f} tokens per streamed chunk "
+                         f"(decoding gives {expected:.2f}{' per verify step' if speculative else ''})"
+                         + (": the stream bunches steps" if coarse else ""),
+                 fix=None if not coarse else "the client's decode rate is a delivery rate here: use an engine "
+                                             "that reports its own per-request timing, or a lighter API server")
+
+
+def start_spread(f: ArmFigures, s: Setting) -> Check:
+    between, expected = f.cv_between_starts, f.cv_between_expected
+    n = len(f.start_medians or [])
+    if n < 2 or between is None:
+        return Check(name="start_spread", ok=None, severity="warning",
+                     summary="one start: the interval covers the noise within a start only; restarts >= 2 show "
+                             "what another start would give",
+                     fix="set restarts: 2 or more")
+    ratio = between / expected if expected else None
+    ok = ratio is None or ratio <= s.limits.max_start_spread
+    ev = {"cv_between_starts": _r(between, 4), "cv_between_expected": _r(expected, 4), "starts": n,
+          "start_medians": [_r(x, 2) for x in f.start_medians or []]}
+    return Check(name="start_spread", ok=ok, severity="warning", value=_r(ratio, 2), limit=s.limits.max_start_spread,
+                 evidence=ev,
+                 summary=(f"starts agree: between-start CV {between:.1%} vs {expected:.1%} expected from the noise "
+                          "within them") if ok else
+                 (f"starts disagree beyond their own noise: between-start CV {between:.1%} vs {expected:.1%} "
+                  "expected; the verdict's interval resamples starts (between-start spread)"),
+                 fix=None if ok else "more restarts narrow an interval that rests on the starts; look for what "
+                                     "changed between starts (clocks, placement, other load)")
+
+
+def assess(requests: Sequence[RequestRecord], stats: WindowStats, f: ArmFigures, speculative: bool,
+           setting: Setting) -> Validity:
+    """Every check of one arm's (or sweep point's) measurement."""
+    ok = [r for r in requests if r.ok]
+    checks = [concurrency(f, setting), queueing(ok, setting), prefix_cache(stats, setting),
+              early_stop(ok, setting), steady_state(ok, setting), stream(f, speculative, setting),
+              start_spread(f, setting)]
+    return Validity(checks=checks, failed=[c.name for c in checks if c.ok is False and c.severity == "invalid"],
+                    warnings=[c.name for c in checks if c.ok is False and c.severity == "warning"])
+
+
+INVALID = "invalid measurement"
+
+
+def invalid_names(arm: Any, base: Any = None) -> list[str]:
+    """The failed checks that make `arm`'s comparison with `base` invalid (the baseline's prefixed)."""
+    out = list(getattr(getattr(arm, "validity", None), "failed", None) or [])
+    if base is not None and base is not arm:
+        out += [f"baseline {n}" for n in getattr(getattr(base, "validity", None), "failed", None) or []]
+    return out
+
+
+def invalid_verdict(names: Sequence[str]) -> str:
+    return f"{INVALID} ({', '.join(names)})"
+
+
+def is_invalid(verdict: str | None) -> bool:
+    return bool(verdict) and str(verdict).startswith(INVALID)
+
+
+def problems(v: Validity | None) -> list[Check]:
+    """The failed checks, invalidating ones first."""
+    if v is None:
+        return []
+    bad = [c for c in v.checks if c.ok is False]
+    return sorted(bad, key=lambda c: c.severity != "invalid")
+
+
+def checks_table(arms: Sequence[Any]) -> Any:
+    """One row per arm and check: ok / failed / n/a, severity, figure, limit, what it says (a DataFrame)."""
+    import pandas as pd
+
+    rows = []
+    for a in arms:
+        for c in getattr(getattr(a, "validity", None), "checks", None) or []:
+            rows.append({"arm": a.name, "check": c.name,
+                         "result": "ok" if c.ok else "n/a" if c.ok is None else
+                         ("INVALID" if c.severity == "invalid" else "warning"),
+                         "value": c.value, "limit": c.limit, "says": c.summary})
+    return pd.DataFrame(rows)

@@ -1,0 +1,1 @@
+"""Measuring a server: the benchmark client (`bench`), the workloads it sends, /metrics scrapes, and every HTTP read bounded (`httpread`)."""

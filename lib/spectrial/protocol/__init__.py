@@ -1,0 +1,1 @@
+"""The protocol: the preamble and one server start (`session`), a trial, a node group, the plan (the price before the purchase), drift against earlier runs, observing a server spectrial did not start."""

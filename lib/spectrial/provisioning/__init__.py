@@ -1,0 +1,1 @@
+"""What a host needs before a trial: the llama.cpp build (`llamacpp`), engine venvs (`venvs`), uploads to remote hosts (`remote`)."""

@@ -27,6 +27,21 @@ DICT_ANY = re.compile(r"dict\[str,\s*Any\]")
 # every map whose values the type does not say: dict[str, Any] and its look-alikes (JsonValue says "any JSON")
 LOOSE_MAPS = re.compile(r"(?:dict|Mapping|MutableMapping)\[str,\s*(?:Any|object|JsonValue)\]")
 
+# The floors, from the bottom: each names the rooms (a folder under spectrial/, or a module at its top) standing on
+# it. An import may go to its own floor or one below, never up; a new file is covered by its folder. A room that
+# is on no floor is itself a finding (tests/test_house.py): give it one here and in docs/HOUSE.md.
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("the record's types", ("errors", "schema", "secrets", "ownership", "interrupts", "progress")),
+    ("pure numbers and text", ("analysis", "logs")),
+    ("parameters", ("params",)),
+    ("the run record", ("record",)),
+    ("the machine", ("hosts", "provisioning", "models", "measure", "servers")),
+    ("engines", ("engines",)),
+    ("protocols", ("protocol", "sweep", "cluster", "nccl", "gate", "watch")),
+    ("readers", ("readers",)),
+    ("doors", ("cli",)),
+)
+
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
     """Every module of the package by dotted name (a package's ``__init__`` is the package's name)."""
@@ -150,6 +165,36 @@ def tallest_chain(edges: dict[str, set[str]]) -> list[str]:
     return chain
 
 
+def room(module: str) -> str:
+    """The room of a module: its folder under the package, or the module itself at the top (`__init__`)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def floor_of() -> dict[str, int]:
+    return {r: i for i, (_, rooms) in enumerate(FLOORS) for r in rooms}
+
+
+def back_arrows(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports that run up a floor (module -> module), and rooms on no floor as (module, "?")."""
+    floor = floor_of()
+    found: list[tuple[str, str]] = []
+    for module, targets in sorted(edges.items()):
+        here = room(module)
+        if here == "__init__":
+            continue
+        if here not in floor:
+            found.append((module, "?"))
+            continue
+        found += [(module, t) for t in sorted(targets) if room(t) != "__init__" and floor.get(room(t), -1) > floor[here]]
+    return found
+
+
+def top_modules(root: Path = ROOT) -> list[str]:
+    """The modules standing flat at the package's top (its `__init__` left out)."""
+    return sorted(p.stem for p in (root / PACKAGE).glob("*.py") if p.stem != "__init__")
+
+
 def dict_any_count(root: Path = ROOT, pattern: re.Pattern[str] = DICT_ANY) -> int:
     """How often the package's code says `dict[str, Any]` (or, with LOOSE_MAPS, any map of untyped values)."""
     return sum(len(pattern.findall(p.read_text())) for p in (root / PACKAGE).rglob("*.py"))
@@ -164,6 +209,8 @@ def summary(root: Path = ROOT) -> dict:
         "circles": circles(edges),
         "levels": max(level.values()),
         "tallest_chain": tallest_chain(edges),
+        "top_modules": top_modules(root),
+        "back_arrows": back_arrows(edges),
         "dict_str_any": dict_any_count(root),
         "loose_maps": dict_any_count(root, LOOSE_MAPS),
         "level_of": dict(sorted(level.items(), key=lambda kv: (-kv[1], kv[0]))),
@@ -186,11 +233,15 @@ def main(argv: list[str] | None = None) -> int:
         for module, lvl in facts["level_of"].items():
             print(f"{lvl:3d}  {module}")
         return 0
-    print(f"modules {facts['modules']}, imports {facts['edges']}, levels {facts['levels']}, "
-          f"circles {len(facts['circles'])}, dict[str, Any] {facts['dict_str_any']} "
+    print(f"modules {facts['modules']} ({len(facts['top_modules'])} flat at the top), imports {facts['edges']}, "
+          f"levels {facts['levels']}, circles {len(facts['circles'])}, back arrows {len(facts['back_arrows'])}, "
+          f"dict[str, Any] {facts['dict_str_any']} "
           f"(maps of untyped values, JsonValue/object/Mapping included: {facts['loose_maps']})")
     for circle in facts["circles"]:
         print("circle:", " <-> ".join(circle))
+    for module, target in facts["back_arrows"]:
+        print("back arrow:", module, "->", target if target != "?" else "(its room is on no floor)")
+    print("top:", " ".join(facts["top_modules"]))
     print("tallest chain:", " -> ".join(facts["tallest_chain"]))
     return 0
 

@@ -3,7 +3,9 @@
     python scripts/sglang_bundle.py build   (default) wheels from the lock (cached in
                                             ~/.cache/spectrial/sglang-wheels), `pip install --no-deps
                                             --no-compile --target`, trims, checks, writes
-                                            .device/sglang-0.5.17.tar.xz and .device/sglang-0.5.17.json
+                                            .device/sglang-0.5.17.tar.xz and .device/sglang-0.5.17.json,
+                                            and keeps a copy in ~/.cache/spectrial/sglang-build/bundles/<lock
+                                            and script sha256> that a fresh checkout copies instead of building
     python scripts/sglang_bundle.py check   re-check the tarball (size, contents) against its manifest
     python scripts/sglang_bundle.py lock    re-derive scripts/sglang_bundle.lock from the package index: the
                                             wheels' Requires-Dist (CPython 3.12, Linux x86_64) walked from
@@ -693,17 +695,66 @@ def check_tarball(path: Path = TARBALL, trimmed: Sequence[str] = ()) -> dict:
             "flashinfer_data_members": jit}
 
 
+def restore_built(kept: Path, lock_sha: str, script_sha: str) -> dict | None:
+    """The tarball and manifest a build of this lock and this script left in `kept` (BUILD_DIR/bundles/<key>),
+    copied into .device/ when they still match (a fresh clone then skips the ~2 min of install and xz -9);
+    None when there is none or it does not match."""
+    tarball, manifest_file = kept / TARBALL.name, kept / MANIFEST.name
+    if not (tarball.is_file() and manifest_file.is_file()):
+        return None
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except ValueError:
+        return None
+    if (manifest.get("lock_sha256"), manifest.get("script_sha256")) != (lock_sha, script_sha) or manifest.get(
+            "sha256") != sha256_of(tarball):
+        return None
+    DEVICE_DIR.mkdir(parents=True, exist_ok=True)
+    partial = DEVICE_DIR / f".{TARBALL.name}.partial"
+    shutil.copyfile(tarball, partial)
+    partial.replace(TARBALL)
+    MANIFEST.write_text(manifest_file.read_text())
+    say(f"{TARBALL.relative_to(REPO)}: the build of this lock and this script kept in {kept} (--force rebuilds)")
+    return manifest
+
+
+def keep_built(kept: Path) -> None:
+    """Keep a copy of the tarball and its manifest, keyed by the lock's and this script's sha256, for the next
+    checkout (written aside, then renamed: other checkouts share BUILD_DIR)."""
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=kept.parent))
+    except OSError as e:
+        say(f"could not keep the build in {kept}: {e}")
+        return
+    try:
+        shutil.copyfile(TARBALL, tmp / TARBALL.name)
+        shutil.copyfile(MANIFEST, tmp / MANIFEST.name)
+        shutil.rmtree(kept, ignore_errors=True)
+        tmp.rename(kept)
+    except OSError as e:  # only a cache: the build itself succeeded
+        say(f"could not keep the build in {kept}: {e}")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build(force: bool = False) -> dict:
     """Download, install, trim, check, pack and describe the bundle; skipped when it is up to date."""
     t_start = time.monotonic()
     lock = read_lock()
     lock_sha, script_sha = sha256_of(LOCK), sha256_of(Path(__file__))
+    kept = BUILD_DIR / "bundles" / f"{lock_sha[:16]}-{script_sha[:16]}"  # built before, by any checkout
     if not force and TARBALL.is_file() and MANIFEST.is_file():
         old = json.loads(MANIFEST.read_text())
         if (old.get("lock_sha256"), old.get("script_sha256"), old.get("sha256")) == (
                 lock_sha, script_sha, sha256_of(TARBALL)):
             say(f"{TARBALL.relative_to(REPO)} is up to date with the lock and this script (--force rebuilds)")
+            if not (kept / TARBALL.name).is_file():
+                keep_built(kept)
             return old
+    if not force:
+        restored = restore_built(kept, lock_sha, script_sha)
+        if restored is not None:
+            return restored
     t0 = time.monotonic()
     wheels = download(lock)
     t_download = time.monotonic() - t0
@@ -754,6 +805,7 @@ def build(force: bool = False) -> dict:
                   "PYTHONPATH=/tmp/sglang-site",
     }
     MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
+    keep_built(kept)
     say(f"wrote {TARBALL.relative_to(REPO)}: {figures['tarball_bytes'] / 1e6:.1f} MB "
         f"({figures['tarball_bytes'] / 2**20:.1f} MiB of {LIMIT_BYTES / 2**20:.0f}), {len(dists)} distributions, "
         f"{unpacked / 2**20:.1f} MiB unpacked; manifest {MANIFEST.relative_to(REPO)}")

@@ -201,6 +201,33 @@ def test_missing_lock_names_the_fix(tmp_path: Path) -> None:
         bundle.read_lock(tmp_path / "none.lock")
 
 
+def test_a_build_kept_for_this_lock_and_script_is_copied_not_rebuilt(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh checkout (no .device/) copies the tarball an earlier build of the same lock and script kept in the
+    build cache; one that does not match (another script, a damaged tarball) is not used."""
+    device, build_dir = tmp_path / "device", tmp_path / "build"
+    for name, value in (("DEVICE_DIR", device), ("TARBALL", device / bundle.TARBALL.name),
+                        ("MANIFEST", device / bundle.MANIFEST.name), ("BUILD_DIR", build_dir)):
+        monkeypatch.setattr(bundle, name, value)
+    monkeypatch.setattr(bundle, "REPO", tmp_path)
+    lock_sha, script_sha = bundle.sha256_of(bundle.LOCK), bundle.sha256_of(SCRIPT)
+    device.mkdir()
+    bundle.TARBALL.write_bytes(b"not really xz")
+    manifest = {"lock_sha256": lock_sha, "script_sha256": script_sha, "sha256": bundle.sha256_of(bundle.TARBALL)}
+    bundle.MANIFEST.write_text(json.dumps(manifest))
+    assert bundle.build() == manifest  # up to date: kept for the next checkout on the way
+    kept = build_dir / "bundles" / f"{lock_sha[:16]}-{script_sha[:16]}"
+    assert (kept / bundle.TARBALL.name).read_bytes() == b"not really xz"
+    bundle.TARBALL.unlink()
+    bundle.MANIFEST.unlink()
+    monkeypatch.setattr(bundle, "download", lambda lock: pytest.fail("rebuilt instead of copying the kept build"))
+    assert bundle.build() == manifest
+    assert bundle.TARBALL.read_bytes() == b"not really xz" and json.loads(bundle.MANIFEST.read_text()) == manifest
+    assert bundle.restore_built(kept, lock_sha, "another script") is None
+    (kept / bundle.TARBALL.name).write_bytes(b"damaged")
+    assert bundle.restore_built(kept, lock_sha, script_sha) is None
+
+
 @pytest.mark.slow
 def test_builder_writes_a_checked_tarball_under_60_mib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs the builder (wheels from ~/.cache/spectrial/sglang-wheels, downloaded the first time: ~650 MB,

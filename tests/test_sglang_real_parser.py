@@ -36,7 +36,10 @@ CACHE = Path(os.environ.get("SPECTRIAL_CACHE", "~/.cache/spectrial")).expanduser
 def sglang_python() -> str:
     """Python of the cached venv holding real SGLang (built on first use)."""
     py = CACHE / "bin" / "python"
-    probe = [str(py), "-c", "import sglang, torch, torchvision; print(sglang.__version__)"]
+    # installed, read from the distributions' metadata (importing sglang and torch here would cost ~5 s more:
+    # the parse below imports them anyway, and a venv that cannot import fails it with the import error)
+    probe = [str(py), "-c", "from importlib.metadata import version as v; v('torch'), v('torchvision'); "
+             "print(v('sglang'))"]
     if py.is_file() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == VERSION:
         return str(py)
     steps = [[sys.executable, "-m", "venv", "--clear", str(CACHE)],

@@ -125,11 +125,15 @@ class Diagnosis(BaseModel):
             lines += [f"- could not read: {_md(p)}" for p in self.problems]
         return "\n".join(lines)
 
-    def show(self) -> None:
-        """Display the findings in a notebook (markdown)."""
-        from IPython.display import Markdown, display
+    def _repr_markdown_(self) -> str:
+        """A notebook shows the findings as markdown (IPython's display protocol: nothing imported here)."""
+        return self.markdown()
 
-        display(Markdown(self.markdown()))
+    def show(self) -> None:
+        """Display the findings in a notebook (markdown; drawn by the readers' render wing)."""
+        from spectrial.readers.render.display import show_markdown
+
+        show_markdown(self.markdown())
 
 
 def read_summary(read: list[str]) -> str:

@@ -23,20 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from spectrial.analysis.catalogue import figure
 from spectrial.analysis.figures import median
 from spectrial.gate.params import FigureTolerance, GateTolerances
 from spectrial.params import workload_identity
 from spectrial.schema import ArmRecord, GateCheck, GateOutcome, Manifest, WindowRecord
 
 # figure -> (unit, which way is better)
-FIGURES: dict[str, tuple[str, str]] = {
-    "accept_len": ("tokens per verify step", "higher"),
-    "per_position": ("acceptance probability", "higher"),
-    "speedup": ("x baseline decode rate", "higher"),
-    "tok_s": ("tok/s per request (decode)", "higher"),
-    "ttft_ms": ("ms, p50", "lower"),
-    "itl_ms": ("ms, p50", "lower"),
-}
+GATED = ("accept_len", "per_position", "speedup", "tok_s", "ttft_ms", "itl_ms")
+# each gated figure's unit and better direction, as the catalogue declares them (spectrial.analysis.catalogue)
+FIGURES: dict[str, tuple[str, str]] = {n: (figure(n).unit, figure(n).better) for n in GATED}
 THROUGHPUT = ("speedup", "tok_s", "ttft_ms", "itl_ms")
 GREEDY = "greedy with a real draft: the same prompts give the same acceptance"
 

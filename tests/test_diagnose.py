@@ -534,7 +534,8 @@ def test_diff_verdict_not_comparable_names_gpu_model_and_build() -> None:
 
 
 def test_diff_of_committed_records() -> None:
-    assert diff_runs(H200, CPU).comparability.verdict.startswith("not comparable: different GPU, host, model")
+    verdict = diff_runs(H200, CPU).comparability.verdict
+    assert verdict.startswith("not comparable: different GPU, host (kernel, cpu_model, cpu_count), model"), verdict
     assert diff_runs(H200, SWEEP).comparability.verdict == "comparable: only the set of arms differs"
 
 

@@ -32,12 +32,10 @@ RENDERING = ("plotly", "IPython.display", "nbformat", "papermill")
 # Engine names still standing outside ENGINE_ROOMS, by room, as issue 38 found them (a ratchet: a room's count can
 # only fall, a room not listed must stay at zero, a room that reaches zero leaves the list). Code names only: an
 # identifier holding an engine's name, or a string that is an engine's key ("sglang", "vllm:..."); prose is free.
-ENGINE_NAMES_LEFT = {"cli/__init__.py": 9, "hosts/fingerprint.py": 1, "measure/workloads.py": 3, "models/hf.py": 1,
-                     "models/tiny.py": 2, "params/__init__.py": 4, "protocol/observe.py": 38, "protocol/plan.py": 7,
+ENGINE_NAMES_LEFT = {"cli/__init__.py": 9, "hosts/fingerprint.py": 1, "params/__init__.py": 4,
                      "provisioning/llamacpp.py": 15, "provisioning/remote.py": 1, "provisioning/venvs.py": 26,
                      "readers/diagnose/acceptance.py": 8, "readers/diagnose/capacity.py": 11,
-                     "readers/diagnose/context.py": 9, "schema.py": 2, "sweep/params.py": 2, "watch/record.py": 2,
-                     "watch/sampler.py": 9}
+                     "readers/diagnose/context.py": 9, "schema.py": 2}
 LIB = ROOT / "lib" / "spectrial"
 
 

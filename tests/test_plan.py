@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from spectrial.engines.base import engine_class
 from spectrial.errors import ConfigError
 from spectrial.params import load_params
-from spectrial.protocol.plan import ASSUMED_TINY_TOK_S, ENGINE_START_S, dry_run, make_plan
+from spectrial.protocol.plan import ASSUMED_TINY_TOK_S, dry_run, make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "params" / "local.yaml"
@@ -30,7 +31,7 @@ def test_a_fixed_plan_counts_every_start_and_states_its_basis(tmp_path):
     p = _params(tmp_path, restarts=3)
     plan = make_plan(p, launches=False).record
     assert plan.design == "fixed" and plan.starts == 3 * len(p.arms)
-    per_start = ENGINE_START_S["llamacpp"] + 10e6 / 1e9 + (p.warmup + p.repeats) * p.max_tokens / ASSUMED_TINY_TOK_S
+    per_start = engine_class("llamacpp").start_s + 10e6 / 1e9 + (p.warmup + p.repeats) * p.max_tokens / ASSUMED_TINY_TOK_S
     assert math.isclose(plan.start_s, per_start, rel_tol=1e-6), plan.start_basis
     assert math.isclose(plan.wall_s[1], plan.starts * per_start, rel_tol=1e-6)
     assert "estimated" in plan.start_basis and "llamacpp" in plan.start_basis

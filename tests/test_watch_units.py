@@ -111,7 +111,7 @@ def test_engine_readers_and_detection():
                              "sglang:num_requests_total": 2, "sglang:num_running_reqs": 1})
     assert (s.verify_steps, s.accepted, s.tokens, s.requests_running) == (10, 13, 25, 1)
     assert sampler.detect_engine({"process_cpu_seconds_total": 1.0}) is None
-    assert sampler.PREFIXES["llamacpp"] == llamacpp.METRIC_PREFIX and vllm.PREFIX.startswith(sampler.PREFIXES["vllm"])
+    assert sampler.prefixes()["llamacpp"] == llamacpp.METRIC_PREFIX and vllm.PREFIX.startswith(sampler.prefixes()["vllm"])
 
 
 # --- the state machine: gap, resume, reset ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
@@ -1139,6 +1139,32 @@ class HostFingerprint(Found):
     cuda_version: str | None = Field(None, description="CUDA version the driver supports (nvidia-smi)")
     gpus: list[GpuRow] | None = Field(None, description="One row per GPU, keyed by nvidia-smi's field names (None: "
                                                         "not recorded, no nvidia-smi output read)")
+
+
+# Fields that describe the machine (a change is a different machine state), vs. fields that move with load.
+STABLE_GPU_FIELDS = ("name", "uuid", "driver_version", "clocks.max.sm", "clocks.max.mem", "pcie.link.gen.max",
+                     "pcie.link.width.current", "power.limit", "persistence_mode", "ecc.mode.current",
+                     "memory.total", "compute_cap")
+
+
+class StableView(TypedDict):
+    """The parts of a fingerprint that define 'the same machine state' (None: not recorded)."""
+
+    gpus: list[dict[str, str | list[str] | None]]
+    hostname: str | None
+    kernel: str | None
+    cpu_model: str | None
+    cpu_count: str | None
+    cpu_governor: str | None
+    cuda_version: str | None
+
+
+def stable_view(fp: HostFingerprint) -> StableView:
+    """The parts of a fingerprint that define 'the same machine state': the fingerprint key's and the one
+    comparison's (spectrial.hosts.fingerprint, spectrial.record.comparable)."""
+    gpus = [{k: g.get(k) for k in STABLE_GPU_FIELDS} for g in fp.gpus or []]
+    return {"gpus": gpus, "hostname": fp.hostname, "kernel": fp.kernel, "cpu_model": fp.cpu_model,
+            "cpu_count": fp.cpu_count, "cpu_governor": fp.cpu_governor, "cuda_version": fp.cuda_version}
 
 
 class GpuSeen(Found):

@@ -32,7 +32,7 @@ from spectrial.cluster.executor import Executor, JobState, UnitJob
 from spectrial.cluster.merge import pool_speedups, sweep_best, sweep_points, unit_comparisons
 from spectrial.errors import ConfigError
 from spectrial.params import Arm, TrialParams
-from spectrial.params.cluster import ClusterParams
+from spectrial.params.cluster import ClusterParams, blocks
 from spectrial.record.store import RunRecord, list_runs, load_record, opened
 from spectrial.schema import ClusterRecord, Manifest, SweepDecision, UnitRecord, utc_now
 from spectrial.secrets import secret_values
@@ -52,15 +52,6 @@ def make_executor(cluster: ClusterParams, port: int, stop_grace_s: float) -> Exe
     from spectrial.cluster.pool import PoolExecutor
 
     return PoolExecutor(cluster, port, stop_grace_s)
-
-
-def blocks(items: list[str], n: int) -> list[list[str]]:
-    """`items` spread round-robin over `n` blocks; with fewer items than blocks, items repeat (replicas)."""
-    if not items:
-        return []
-    if len(items) >= n:
-        return [items[i::n] for i in range(n)]
-    return [[items[i % len(items)]] for i in range(n)]
 
 
 def unit_hosts(t: TrialParams) -> list[dict[str, str | None]]:

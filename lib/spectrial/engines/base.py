@@ -22,7 +22,8 @@ from __future__ import annotations
 import importlib
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import httpx
@@ -35,7 +36,7 @@ from spectrial.measure import metrics
 from spectrial.measure.bench import ChatMessage, Payload, RequestBody, Sampling
 from spectrial.measure.workloads import Lengths
 from spectrial.params import Arm, TrialParams, format_validation_error
-from spectrial.schema import EngineIdentity, RequestRecord, ServerRequestStats, WindowStats
+from spectrial.schema import EngineIdentity, ObservedServer, RequestRecord, ServerRequestStats, WindowStats
 from spectrial.servers.envcheck import strict_names
 from spectrial.servers.lifecycle import LaunchSpec
 
@@ -71,6 +72,47 @@ def get_engine(name: str, params: TrialParams, host: Host) -> Engine:
         raise ConfigError(f"engine: {name!r} is not known; choose one of {sorted({*_REGISTRY, *BUILTINS})}",
                           parameter="engine")
     return _REGISTRY[name](params, host)
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The adapter class registered as `name` (a built-in one imported the first time); ConfigError if unknown."""
+    if name not in _REGISTRY and name in BUILTINS:
+        importlib.import_module(BUILTINS[name])
+    if name not in _REGISTRY:
+        raise ConfigError(f"engine: {name!r} is not known; choose one of {sorted({*_REGISTRY, *BUILTINS})}",
+                          parameter="engine")
+    return _REGISTRY[name]
+
+
+def engine_classes() -> list[type[Engine]]:
+    """Every adapter, the built-ins first in their order, then any registered later."""
+    for module in BUILTINS.values():
+        importlib.import_module(module)
+    return [_REGISTRY[n] for n in BUILTINS if n in _REGISTRY] + [c for n, c in _REGISTRY.items() if n not in BUILTINS]
+
+
+@dataclass
+class ServerProbe:
+    """One running server's answers to identification requests (status and JSON body per path), each asked once.
+    An adapter's `identify` reads what it needs from it (spectrial observe)."""
+
+    url: str
+    client: httpx.Client
+    answers: dict[str, tuple[int, Any]] = field(default_factory=dict)
+
+    def get(self, path: str) -> tuple[int, Any]:
+        if path not in self.answers:
+            r = self.client.get(f"{self.url}{path}")
+            try:
+                body: Any = r.json()
+            except ValueError:
+                body = r.text
+            self.answers[path] = (r.status_code, body)
+        return self.answers[path]
+
+    def json(self, path: str) -> dict[str, Any] | list[Any] | None:
+        code, body = self.get(path)
+        return body if code == 200 and isinstance(body, dict | list) else None
 
 
 def other_engine_hint(name: str, key: str) -> str:
@@ -176,6 +218,40 @@ class Engine(ABC):
 
     name: ClassVar[str] = "engine"
     config_model: ClassVar[type[BaseModel]]
+    # --- a server spectrial did not start (spectrial observe): what the engine is called, how its metrics are turned
+    # on, how to make it speculate, and what it says about itself
+    label: ClassVar[str] = "engine"
+    metric_prefix: ClassVar[str] = ""  # its /metrics names start so (spectrial watch tells engines by it)
+    server_header: ClassVar[str | None] = None  # what its HTTP `server` header says, where it says one
+    metrics_flag: ClassVar[str] = "turn its metrics on"  # how to turn /metrics on
+    # --- what plans and grids need to know (spectrial.protocol.plan, spectrial.sweep.params)
+    start_s: ClassVar[float] = 60.0  # a start's fixed cost before the model's bytes: process, CUDA context, graphs
+    tree_drafts: ClassVar[bool] = True  # drafts a tree (top-k > 1); False: a chain only
+    tiny_remote: ClassVar[bool] = False  # spectrial's tiny models can be uploaded to a remote host
+    auto_binary: ClassVar[str | None] = None  # what `engine_bin: auto` is (built here, uploaded to a remote host)
+
+    @classmethod
+    def with_slots(cls, engine_config: dict[str, Any], concurrency: int) -> dict[str, Any]:
+        """`engine_config` with server slots for `concurrency` streams where the engine needs them said."""
+        return engine_config
+    speculation_hint: ClassVar[str] = ""
+    observe_config: ClassVar[dict[str, Any]] = {}  # engine_config an observed server of this engine is read with
+
+    @classmethod
+    def identify(cls, probe: ServerProbe, obs: ObservedServer) -> bool:
+        """Whether the server behind `probe` is this engine; if so fill `obs` (version, model, slots, context,
+        speculative method and settings), each with how it was found in `obs.found`."""
+        return False
+
+    @classmethod
+    def observed_metrics(cls, body: str, obs: ObservedServer) -> None:
+        """What the server's /metrics text says that its info endpoints did not (e.g. whether it speculates)."""
+        return None
+
+    @classmethod
+    def refresh_observed(cls, probe: ServerProbe, obs: ObservedServer) -> None:
+        """Read again what the server says only after it served a request (e.g. the method a slot runs)."""
+        return None
 
     def __init__(self, params: TrialParams, host: Host) -> None:
         self.params, self.host = params, host
@@ -328,6 +404,17 @@ class Engine(ABC):
     def chat_template_note(self) -> str:
         """Where the chat template of chat requests comes from (for the record)."""
         return "the server's: the model's own chat template"
+
+    def tiny_model_path(self, ref: str) -> Path:
+        """Where a run writes spectrial's tiny model `ref` (`tiny:target`, ...) in this machine's cache, without
+        writing it (a Hugging Face folder; an engine that reads another format says its own)."""
+        from spectrial.models.hf import hf_cache_root, hf_spec
+
+        if ref not in self.TINY_ROLES:  # as the real run would say, before anything starts
+            raise ConfigError(f"{ref!r} is not one of spectrial's tiny HF models {sorted(self.TINY_ROLES)} "
+                              f"(engine {self.name})", parameter="model")
+        knobs = dict(getattr(self.config, "tiny", {}) or {})
+        return hf_cache_root() / hf_spec(**knobs).key() / self.TINY_ROLES[ref]
 
     def model_dir(self) -> str | None:
         """The target's Hugging Face model folder on the host (None: not a folder, e.g. a GGUF file)."""

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from spectrial.engines.base import (
     Engine,
     EngineIdentity,
+    ServerProbe,
     Window,
     Worker,
     Workers,
@@ -43,7 +44,7 @@ from spectrial.measure.bench import ChatMessage, RequestBody
 from spectrial.measure.httpread import PROBE, Limits, bounded_client
 from spectrial.measure.workloads import Lengths, WorkItem
 from spectrial.params import Arm
-from spectrial.schema import CounterTotals, ServerRequestStats, Upload, WindowStats
+from spectrial.schema import CounterTotals, ObservedServer, ServerRequestStats, Upload, WindowStats
 from spectrial.servers.lifecycle import LaunchSpec, Probe, on_each
 from spectrial.servers.lifecycle import classify_exit as server_classify_exit
 
@@ -120,11 +121,102 @@ def synth_rates(value: float | list[float] | None, steps: int) -> list[float] | 
     return [round(float(value) ** (i + 1), 6) for i in range(steps)]
 
 
+# llama.cpp's names of its speculative types -> spectrial's methods
+TYPE_METHODS = {"draft-simple": "draft", "draft-eagle3": "eagle3", "ngram-simple": "ngram", "ngram-cache": "ngram",
+                "ngram-map-k": "ngram", "ngram-map-k4v": "ngram", "ngram-mod": "ngram"}
+
+
+def _observed_slots(probe: ServerProbe, obs: ObservedServer, fresh: bool = False) -> None:
+    """`/slots`: whether each slot speculates, and (once a slot served a request) the types it runs."""
+    if fresh:
+        probe.answers.pop("/slots", None)
+    slots = probe.json("/slots")
+    if not isinstance(slots, list) or not slots or not isinstance(slots[0], dict):
+        obs.found.setdefault("speculative", "not said: GET /slots is off (llama-server --no-slots)")
+        return
+    spec = [s.get("speculative") for s in slots if isinstance(s.get("speculative"), bool)]
+    if spec:
+        obs.speculative = any(spec)
+        obs.found["speculative"] = f"GET /slots speculative: {spec[0] if len(set(spec)) == 1 else spec}"
+    for s in slots:
+        types = (s.get("params") or {}).get("speculative.types")
+        if types:
+            obs.settings["slots.speculative.types"] = types
+            _observed_types(obs, str(types), "GET /slots params['speculative.types'] (of a slot that served a request)")
+            return
+
+
+def _observed_types(obs: ObservedServer, types: str, how: str) -> None:
+    named = [t.strip() for t in types.split(",") if t.strip() and t.strip() != "none"]
+    if not named:
+        return
+    obs.engine_method = ",".join(named)
+    methods = {TYPE_METHODS.get(t) for t in named} - {None}
+    if len(methods) == 1:
+        obs.method = methods.pop()
+        obs.found["method"] = f"{how}: {types}"
+        obs.found["engine_method"] = obs.found["method"]
+
 @register("llamacpp")
 class LlamaCpp(Engine):
     """llama.cpp's llama-server."""
 
     config_model = LlamaCppConfig
+
+    label = "llama.cpp"
+    start_s = 2.0
+    tree_drafts = False  # llama.cpp drafts a chain
+    tiny_remote = True  # its tiny GGUF files are uploaded with it
+    auto_binary = "spectrial's llama.cpp build"
+
+    @classmethod
+    def with_slots(cls, engine_config: dict[str, Any], concurrency: int) -> dict[str, Any]:
+        """One slot per concurrent stream (-np)."""
+        return {**engine_config, "parallel": max(int(engine_config.get("parallel") or 1), concurrency)}
+
+    def tiny_model_path(self, ref: str) -> Path:
+        """llama.cpp reads a GGUF file."""
+        from spectrial.models.tiny import cache_root, tiny_spec
+
+        knobs = dict(getattr(self.config, "tiny", {}) or {})
+        return cache_root() / "models" / tiny_spec(**knobs).key() / f"{ref.removeprefix('tiny:')}.gguf"
+    metric_prefix = METRIC_PREFIX
+    server_header = "llama.cpp"
+    metrics_flag = "llama-server --metrics"
+    speculation_hint = ("start llama-server with a speculative method (e.g. --spec-type draft-simple -md DRAFT "
+                        "--spec-draft-n-max 2) at its next restart")
+
+    @classmethod
+    def identify(cls, probe: ServerProbe, obs: ObservedServer) -> bool:
+        props = probe.json("/props")
+        if not isinstance(props, dict) or "build_info" not in props:
+            return False
+        obs.found["_how"] = "GET /props has build_info"
+        obs.version = str(props["build_info"])
+        obs.found["version"] = "GET /props build_info"
+        if props.get("model_path") or props.get("model_alias"):
+            obs.model = str(props.get("model_alias") or props.get("model_path"))
+            obs.found["model"] = "GET /props model_alias" if props.get("model_alias") else "GET /props model_path"
+        if isinstance(props.get("total_slots"), int):
+            obs.slots = props["total_slots"]
+            obs.found["slots"] = "GET /props total_slots"
+        gen = props.get("default_generation_settings") or {}
+        if isinstance(gen.get("n_ctx"), int):
+            obs.context_tokens = gen["n_ctx"]
+            obs.found["context_tokens"] = "GET /props default_generation_settings.n_ctx"
+        types = (gen.get("params") or {}).get("speculative.types")
+        if types:
+            obs.settings["props.speculative.types"] = types
+        _observed_slots(probe, obs)
+        if obs.method is None and types:
+            _observed_types(obs, str(types), "GET /props default_generation_settings.params['speculative.types']")
+        return True
+
+    @classmethod
+    def refresh_observed(cls, probe: ServerProbe, obs: ObservedServer) -> None:
+        """llama.cpp names the method a slot runs only once the slot served a request: read /slots again."""
+        if obs.method is None:
+            _observed_slots(probe, obs, fresh=True)
 
     def __init__(self, params, host) -> None:  # type: ignore[no-untyped-def]
         super().__init__(params, host)

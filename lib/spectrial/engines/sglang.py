@@ -33,6 +33,7 @@ from spectrial.engines.base import (
     Engine,
     EngineIdentity,
     HostProbe,
+    ServerProbe,
     Window,
     Worker,
     Workers,
@@ -47,7 +48,7 @@ from spectrial.measure import metrics
 from spectrial.measure.bench import ChatMessage, Payload, RequestBody, Sampling
 from spectrial.measure.workloads import ChatTemplate, hf_chat_template
 from spectrial.params import Arm
-from spectrial.schema import CounterTotals, GitSource, ServerRequestStats, WindowStats
+from spectrial.schema import CounterTotals, GitSource, ObservedServer, ServerRequestStats, WindowStats
 from spectrial.secrets import mask_launch
 from spectrial.servers.lifecycle import LaunchSpec, Probe
 
@@ -273,11 +274,58 @@ def check_with_parser(host: Any, python: str, argvs: list[list[str]], env: dict[
     return out
 
 
+# SGLang's speculative algorithms -> spectrial's methods
+ALGORITHM_METHODS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "nextn", "STANDALONE": "draft", "NGRAM": "ngram"}
+
 @register("sglang")
 class SGLang(Engine):
     """SGLang's launch_server."""
 
     config_model = SGLangConfig
+
+    label = "SGLang"
+    start_s = 90.0
+    metric_prefix = "sglang:"
+    metrics_flag = "SGLang --enable-metrics (SGLang >= 0.5.14 exports the speculation counters)"
+    speculation_hint = "start SGLang with --speculative-algorithm (EAGLE3, STANDALONE, NGRAM, ...) at its next restart"
+    observe_config = {"enable_metrics": True}  # its adapter reads /metrics only with metrics on (observe checks them)
+
+    @classmethod
+    def identify(cls, probe: ServerProbe, obs: ObservedServer) -> bool:
+        info, path = probe.json("/server_info"), "/server_info"
+        if not isinstance(info, dict):
+            info, path = probe.json("/get_server_info"), "/get_server_info"
+        if not isinstance(info, dict) or not ("speculative_algorithm" in info or "model_path" in info):
+            return False
+        obs.found["_how"] = f"GET {path} has model_path / speculative_algorithm"
+        if info.get("version"):
+            obs.version = str(info["version"])
+            obs.found["version"] = f"GET {path} version"
+        if info.get("served_model_name") or info.get("model_path"):
+            obs.model = str(info.get("served_model_name") or info.get("model_path"))
+            obs.found["model"] = f"GET {path} " + ("served_model_name" if info.get("served_model_name")
+                                                   else "model_path")
+        if isinstance(info.get("max_running_requests"), int):
+            obs.slots = info["max_running_requests"]
+            obs.found["slots"] = f"GET {path} max_running_requests"
+        if isinstance(info.get("context_length"), int):
+            obs.context_tokens = info["context_length"]
+            obs.found["context_tokens"] = f"GET {path} context_length"
+        obs.settings.update({k: v for k, v in info.items() if k.startswith("speculative_") and v is not None})
+        if "speculative_algorithm" in info:
+            algo = info.get("speculative_algorithm")
+            obs.speculative = bool(algo)
+            obs.found["speculative"] = f"GET {path} speculative_algorithm: {algo}"
+            if algo:
+                obs.engine_method = str(algo)
+                if (m := ALGORITHM_METHODS.get(str(algo).upper())) is not None:
+                    obs.method = m
+                    obs.found["method"] = f"GET {path} speculative_algorithm: {algo}"
+                obs.found["engine_method"] = f"GET {path} speculative_algorithm"
+        if isinstance(info.get("speculative_num_steps"), int):
+            obs.steps = info["speculative_num_steps"]
+            obs.found["steps"] = f"GET {path} speculative_num_steps"
+        return True
 
     def __init__(self, params, host) -> None:  # type: ignore[no-untyped-def]
         super().__init__(params, host)

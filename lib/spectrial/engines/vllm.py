@@ -31,7 +31,16 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from spectrial.engines.base import Engine, EngineIdentity, HostProbe, Window, Workers, client_decode, register
+from spectrial.engines.base import (
+    Engine,
+    EngineIdentity,
+    HostProbe,
+    ServerProbe,
+    Window,
+    Workers,
+    client_decode,
+    register,
+)
 from spectrial.engines.flags import Flag, general, render
 from spectrial.engines.nccl_evidence import DEBUG_ENV
 from spectrial.engines.sglang import parse_marked_json
@@ -39,7 +48,7 @@ from spectrial.errors import ConfigError
 from spectrial.measure import metrics
 from spectrial.measure.bench import ChatMessage, RequestBody
 from spectrial.params import Arm
-from spectrial.schema import CounterTotals, CrossCheck, ServerRequestStats, WindowStats
+from spectrial.schema import CounterTotals, CrossCheck, ObservedServer, ServerRequestStats, WindowStats
 from spectrial.servers.lifecycle import LaunchSpec, Probe
 
 METHODS = {"eagle3": "eagle3", "eagle": "eagle", "draft": "draft_model", "ngram": "ngram", "nextn": "mtp"}
@@ -152,11 +161,62 @@ def speculative_config(method: str, steps: int, topk: int, draft_tokens: int | N
     return out
 
 
+# vLLM's speculative methods -> spectrial's methods
+METHOD_NAMES = {"eagle": "eagle", "eagle3": "eagle3", "ngram": "ngram", "draft_model": "draft", "mtp": "nextn",
+                "deepseek_mtp": "nextn", "medusa": "eagle"}
+DRAFTS_METRIC = "vllm:spec_decode_num_drafts_total"
+
 @register("vllm")
 class VLLM(Engine):
     """vLLM's OpenAI-compatible server."""
 
     config_model = VLLMConfig
+
+    label = "vLLM"
+    start_s = 60.0
+    metric_prefix = "vllm:"
+    metrics_flag = ("vLLM serves /metrics unless it was started with metrics disabled: is this the API server\'s "
+                    "address (not a proxy\'s)?")
+    speculation_hint = "start vLLM with --speculative-config at its next restart"
+
+    @classmethod
+    def identify(cls, probe: ServerProbe, obs: ObservedServer) -> bool:
+        ver = probe.json("/version")
+        if not isinstance(ver, dict) or "version" not in ver:
+            return False
+        obs.found["_how"] = "GET /version has version"
+        obs.version = str(ver["version"])
+        obs.found["version"] = "GET /version version"
+        models = probe.json("/v1/models")
+        data = models.get("data") if isinstance(models, dict) else None
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            m = data[0]
+            obs.model = str(m.get("root") or m.get("id"))
+            obs.found["model"] = "GET /v1/models data[0]." + ("root" if m.get("root") else "id")
+            if isinstance(m.get("max_model_len"), int):
+                obs.context_tokens = m["max_model_len"]
+                obs.found["context_tokens"] = "GET /v1/models data[0].max_model_len"
+            spec = m.get("speculative_config")  # exposed by some builds; the counters below otherwise
+            if isinstance(spec, dict):
+                obs.settings.update({f"speculative_config.{k}": v for k, v in spec.items()})
+                method = str(spec.get("method") or "")
+                if method:
+                    obs.engine_method = method
+                    obs.found["engine_method"] = "GET /v1/models data[0].speculative_config.method"
+                    if (mm := METHOD_NAMES.get(method)) is not None:
+                        obs.method = mm
+                        obs.found["method"] = f"GET /v1/models data[0].speculative_config.method: {method}"
+                if isinstance(spec.get("num_speculative_tokens"), int):
+                    obs.steps = spec["num_speculative_tokens"]
+                    obs.found["steps"] = "GET /v1/models data[0].speculative_config.num_speculative_tokens"
+        return True
+
+    @classmethod
+    def observed_metrics(cls, body: str, obs: ObservedServer) -> None:
+        """vLLM exports its speculation counters only with a speculative config: they say whether it speculates."""
+        if obs.speculative is None:
+            obs.speculative = DRAFTS_METRIC in body
+            obs.found["speculative"] = ("GET /metrics " + ("has" if obs.speculative else "has no") + f" {DRAFTS_METRIC}")
 
     def __init__(self, params, host) -> None:  # type: ignore[no-untyped-def]
         super().__init__(params, host)

@@ -26,7 +26,8 @@ from statistics import NormalDist
 from spectrial.analysis.catalogue import figure
 from spectrial.analysis.figures import median
 from spectrial.gate.params import FigureTolerance, GateTolerances
-from spectrial.params import workload_identity
+from spectrial.record import comparable as cmp
+from spectrial.record.comparable import Category, Comparability
 from spectrial.schema import ArmRecord, GateCheck, GateOutcome, Manifest, WindowRecord
 
 # figure -> (unit, which way is better)
@@ -197,57 +198,42 @@ def judge(arm: str, figure: str, tol: FigureTolerance, candidate: Figure | None,
     return check
 
 
-# --- comparability --------------------------------------------------------------------------------------------
-def _hardware(m: Manifest) -> str | None:
-    fp = m.host.fingerprint
-    if fp is None:
-        return None
-    gpus = [str(g.get("name")) for g in fp.gpus or []]
-    if gpus:
-        return f"{len(gpus)} x {', '.join(sorted(set(gpus)))}"
-    return f"CPU {fp.cpu_model} x {fp.cpu_count}" if fp.cpu_model else None
+# --- comparability (spectrial.record.comparable: the one answer) ------------------------------------------------
+# the categories the gate requires, by the names a tolerances file's `allow` takes; the gate judges the arm
+# settings (`changed`) and lets the launch configuration and the host's state beyond its GPU model differ
+NAMES: dict[Category, str] = {"GPU": "hardware", "engine": "engine", "engine version": "engine_version",
+                              "model": "model", "workload": "workload", "repeats": "workload",
+                              "sampling": "sampling", "concurrency": "concurrency"}
+REQUIRES: tuple[Category, ...] = tuple(NAMES)
 
 
-def _target(m: Manifest) -> str | None:
-    ref = m.params.get("model")
-    path = (m.engine.models or {}).get(str(ref)) if ref is not None else None
-    ident = next((f for f in m.models if path and f.path == path), None)
-    if ident is not None and ident.head_tail_sha256:
-        return f"{ref} ({ident.size} bytes, {ident.head_tail_sha256})"
-    return str(ref) if ref is not None else None
+def comparison(cand: Manifest, ref: Manifest, allow: Sequence[str] = (), history: bool = False) -> Comparability:
+    """The candidate against one reference run: the gate's categories required, less those `allow` names. The
+    hardware is compared only where spectrial started both servers (an observe-only run's host is not
+    fingerprinted); a history (`history`) also requires the fingerprint key, unless the hardware is allowed."""
+    require = list(REQUIRES)
+    if history and not (cand.controlled and "hardware" in allow):
+        require.append("fingerprint key")  # an observe-only run's key is its server's (url, engine, version, model)
+    ignore = [c for c, name in NAMES.items() if name in allow]
+    if not (cand.controlled and ref.controlled):
+        ignore.append("GPU")
+    return cmp.compare(cand, ref, require=require, ignore=ignore)
 
 
-def _workload(m: Manifest) -> tuple[dict[str, object], object]:
-    """The workload (the requests measured: items, format, lengths, seed, repeats, restarts) and the sampling."""
-    ident: dict[str, object] = dict(workload_identity(m.params))
-    ident.update({k: m.params.get(k) for k in ("repeats", "restarts", "warmup") if k in m.params})
-    return ident, ident.pop("sampling", None)
-
-
-def _engine_version(m: Manifest) -> str | None:
-    return (m.engine.version or "").strip() or None
-
-
-def differences(cand: Manifest, ref: Manifest) -> dict[str, str]:
-    """What differs between two runs in ways that make their figures incomparable (name -> "reference ->
-    candidate"), by the names a tolerances file's `allow` takes. A value recorded in one run only is a difference."""
-    out: dict[str, str] = {}
-    pairs = {
-        "hardware": (_hardware(cand), _hardware(ref)) if cand.controlled and ref.controlled else (None, None),
-        "engine": (cand.engine.name or cand.params.get("engine"), ref.engine.name or ref.params.get("engine")),
-        "engine_version": (_engine_version(cand), _engine_version(ref)),
-        "model": (_target(cand), _target(ref)),
-        "concurrency": (cand.params.get("concurrency", 1), ref.params.get("concurrency", 1)),
-    }
-    (cw, cs), (rw, rs) = _workload(cand), _workload(ref)
-    pairs["sampling"] = (cs, rs)
-    for name, (a, b) in pairs.items():
-        if a != b:
-            out[name] = f"{_short(b)} -> {_short(a)}"
-    keys = [k for k in dict.fromkeys([*rw, *cw]) if rw.get(k) != cw.get(k)]
-    if keys:
-        out["workload"] = ", ".join(f"{k} {_short(rw.get(k), 80)} -> {_short(cw.get(k), 80)}" for k in keys)
-    return out
+def differences(c: Comparability, blocking: bool = True, hardware: bool = True) -> dict[str, str]:
+    """The gate's categories that differ (name -> "reference -> candidate"), the blocking ones or the allowed ones;
+    a value recorded in one run only is a difference. `hardware`: False where it was not compared (a run
+    spectrial did not start)."""
+    out: dict[str, list[str]] = {}
+    for d in c.blocking if blocking else c.allowed:
+        name = NAMES.get(d.category)
+        if name is None or (name == "hardware" and not hardware):
+            continue
+        if name == "workload":
+            out.setdefault(name, []).append(f"{d.field} {_short(d.b, 80)} -> {_short(d.a, 80)}")
+        else:
+            out.setdefault(name, []).append(f"{_short(d.b)} -> {_short(d.a)}")
+    return {k: ", ".join(v) for k, v in out.items()}
 
 
 def _short(v: object, n: int = 160) -> str:
@@ -255,14 +241,10 @@ def _short(v: object, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def setting_changes(cand: ArmRecord, ref: ArmRecord) -> list[str]:
+def setting_changes(cand: Manifest, ref: Manifest, arm: str) -> list[str]:
     """The arm's own settings that differ (the draft, its depth, synthetic acceptance): what the gate judges."""
-    out = []
-    for key in ("method", "draft", "steps", "topk", "draft_tokens", "synthetic_accept"):
-        a, b = getattr(ref, key), getattr(cand, key)
-        if a != b:
-            out.append(f"{cand.name}: {key} {a!r} -> {b!r}")
-    return out
+    c = cmp.compare(cand, ref, arms=(arm, arm), require=())
+    return [f"{arm}: {d.field} {d.b!r} -> {d.a!r}" for d in c.of("arm settings")]
 
 
 def worst(outcomes: Sequence[GateOutcome]) -> GateOutcome:
@@ -293,7 +275,7 @@ def gate_arms(cand: Manifest, refs: Sequence[Manifest], tol: GateTolerances) -> 
                                     reason=f"the candidate has no arm {name!r} (its arms: "
                                            f"{', '.join(a.name for a in cand.arms) or 'none'})"))
             continue
-        changed += setting_changes(c_arm, ref_arms[-1][1])
+        changed += setting_changes(cand, ref_arms[-1][0], name)
         ref_figs = [arm_figures(r, a) for r, a in ref_arms]
         cand_figs = arm_figures(cand, c_arm) if c_arm.status == "ok" else {}
         if c_arm.status != "ok":

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spectrial.errors import ConfigError
-from spectrial.gate.judge import differences, gate_arms, worst
+from spectrial.gate.judge import comparison, differences, gate_arms, worst
 from spectrial.gate.params import GateTolerances
 from spectrial.record.store import Skipped, list_runs, load_record, load_records, read_manifest
 from spectrial.schema import GateRecord, Manifest, utc_now
@@ -51,11 +51,9 @@ def history(cand: Manifest, runs_dir: str | Path, last: int, tol: GateTolerances
             continue
         if m.run_id == cand.run_id or m.status not in USABLE or m.kind != cand.kind:
             continue
-        if m.fingerprint_key != cand.fingerprint_key and not (cand.controlled and "hardware" in tol.allow):
-            continue  # an observe-only run's key is its server's (url, engine, version, model)
         if (m.started_at or "") >= (cand.started_at or "~"):
             continue
-        if set(differences(cand, m)) - set(tol.allow):
+        if not comparison(cand, m, tol.allow, history=True).comparable:
             continue
         out.append(m)
     out.sort(key=lambda m: m.started_at or "")
@@ -94,9 +92,11 @@ def run_gate(candidate: str | Path, tol: GateTolerances, reference: str | Path |
             rec.notes.append(f"{len(refs)} of the {last} runs asked for were found")
     rec.reference_runs = [r.run_id for r in refs]
     for r in refs:
-        for name, what in differences(cand, r).items():
-            line = f"{name} differs from {r.run_id}: {what}"
-            (rec.allowed_differences if name in tol.allow else rec.not_comparable).append(line)
+        c = comparison(cand, r, tol.allow)
+        hardware = cand.controlled and r.controlled
+        for blocking, lines in ((True, rec.not_comparable), (False, rec.allowed_differences)):
+            lines += [f"{name} differs from {r.run_id}: {what}"
+                      for name, what in differences(c, blocking, hardware).items()]
     if cand.status not in USABLE:
         rec.notes.append(f"the candidate's run ended {cand.status}: {cand.reason or 'no reason recorded'}")
     loose = [who for m, who in ((cand, "the candidate"), *((r, f"reference {r.run_id}") for r in refs))

@@ -12,36 +12,27 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from typing import TypedDict
 
 from spectrial.hosts.local import Host
-from spectrial.schema import EngineInfo, FileIdentity, GpuRow, HostFingerprint
+from spectrial.schema import (  # noqa: F401 (the machine's stable view: the schema's, named here too)
+    STABLE_GPU_FIELDS,
+    EngineInfo,
+    FileIdentity,
+    GpuRow,
+    HostFingerprint,
+    StableView,
+    stable_view,
+)
 
 GPU_QUERY = ("index", "name", "uuid", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem",
              "clocks.max.mem", "pcie.link.gen.current", "pcie.link.width.current", "pcie.link.gen.max",
              "temperature.gpu", "power.draw", "power.limit", "persistence_mode", "ecc.mode.current",
              "clocks_event_reasons.active", "memory.total", "compute_cap")
-# Fields that describe the machine (a change is a different machine state), vs. fields that move with load.
-STABLE_GPU_FIELDS = ("name", "uuid", "driver_version", "clocks.max.sm", "clocks.max.mem", "pcie.link.gen.max",
-                     "pcie.link.width.current", "power.limit", "persistence_mode", "ecc.mode.current",
-                     "memory.total", "compute_cap")
 SAMPLE_QUERY = ("timestamp", "index", "clocks.sm", "clocks.mem", "temperature.gpu", "power.draw",
                 "utilization.gpu", "clocks_event_reasons.active")
 # clocks_event_reasons bits that mean the GPU is held back (not idle / application clocks).
 THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown",
                  0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
-
-
-class StableView(TypedDict):
-    """The parts of a fingerprint that define 'the same machine state' (None: not recorded)."""
-
-    gpus: list[dict[str, str | list[str] | None]]
-    hostname: str | None
-    kernel: str | None
-    cpu_model: str | None
-    cpu_count: str | None
-    cpu_governor: str | None
-    cuda_version: str | None
 
 
 _SCRIPT = r"""
@@ -118,13 +109,6 @@ def engine_identity(host: Host, binary: str | None) -> FileIdentity | None:
     if binary and not binary.startswith(("python", "vllm")):
         return file_identity(host, binary)
     return None
-
-
-def stable_view(fp: HostFingerprint) -> StableView:
-    """The parts of a fingerprint that define 'the same machine state' (for drift grouping)."""
-    gpus = [{k: g.get(k) for k in STABLE_GPU_FIELDS} for g in fp.gpus or []]
-    return {"gpus": gpus, "hostname": fp.hostname, "kernel": fp.kernel, "cpu_model": fp.cpu_model,
-            "cpu_count": fp.cpu_count, "cpu_governor": fp.cpu_governor, "cuda_version": fp.cuda_version}
 
 
 def fingerprint_key(fp: HostFingerprint, engine: EngineInfo | None = None) -> str:

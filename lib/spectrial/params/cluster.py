@@ -131,3 +131,12 @@ class ClusterParams(BaseModel):
 
     def n_units(self) -> int:
         return self.units or self.max_parallel
+
+
+def blocks(items: list[str], n: int) -> list[list[str]]:
+    """`items` spread round-robin over `n` blocks; with fewer items than blocks, items repeat (replicas)."""
+    if not items:
+        return []
+    if len(items) >= n:
+        return [items[i::n] for i in range(n)]
+    return [[items[i % len(items)]] for i in range(n)]

@@ -1,7 +1,8 @@
 """Baseline drift: is this run's baseline where earlier baselines of the same fingerprint were?
 
 Earlier runs (spectrial.protocol.earlier) are the run records under a folder with this run's `fingerprint_key` (host state +
-engine build), engine, model (and model files) and workload. The unit is the server start, as in a decide run: each
+engine build), engine, model (and model files) and workload: `REQUIRES`, through the one comparison
+(spectrial.record.comparable). The unit is the server start, as in a decide run: each
 earlier baseline start contributes its median decode rate (tok/s per request), so the band does not widen with
 how few requests a start had (a request-level interval would: 3-request baselines made a band of 74-532 tok/s).
 
@@ -23,9 +24,14 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from spectrial.analysis.figures import pick_baseline
+from spectrial.record import comparable as cmp
+from spectrial.record.comparable import Category, argv_options
 from spectrial.schema import ArmRecord, DriftRecord, Manifest
 
 LEVEL = 0.95
+# what an earlier run must share with this one (spectrial.record.comparable): its fingerprint key (host state and
+# engine build), engine, model and model files, workload and sampling; not its concurrency, repeats or launch
+REQUIRES: tuple[Category, ...] = ("fingerprint key", "engine", "model", "model files", "workload", "sampling")
 
 
 def check_drift(manifest: Manifest, folder: str | Path, tolerance: float = 0.10) -> DriftRecord:
@@ -42,8 +48,7 @@ def check_drift(manifest: Manifest, folder: str | Path, tolerance: float = 0.10)
         return out
     runs, skipped = find(folder, manifest.params, fingerprint_key=manifest.fingerprint_key,
                          exclude=manifest.run_id, before=manifest.started_at or "~", kinds=(manifest.kind,))
-    models = _models(manifest)
-    runs = [m for m in runs if _models(m) == models]
+    runs = [m for m in runs if cmp.compare(manifest, m, require=REQUIRES).comparable]
     earlier = summarize(runs, folder, skipped)
     damaged = (f" ({earlier.skipped} damaged record(s) under {folder} skipped: {'; '.join(earlier.damaged[:3])}"
                f"{'; ...' if len(earlier.damaged) > 3 else ''})") if earlier.skipped else ""
@@ -108,10 +113,6 @@ def prediction_band(values: list[float], k: int, tolerance: float, runs: int) ->
     return center, floor, None, f"one earlier start: ±{tolerance:.0%} (drift_tolerance), no spread to judge by"
 
 
-def _models(m: Manifest) -> tuple[tuple[object, object], ...]:
-    return tuple(sorted((x.size, x.head_tail_sha256) for x in m.models))
-
-
 def _what_differs(a: ArmRecord, b: ArmRecord) -> list[str]:
     """argv and env differences between two arm records."""
     return argv_changes(b.argv or [], a.argv or []) + dict_changes(b.env or {}, a.env or {}, "env")
@@ -145,21 +146,6 @@ def dict_changes(a: Mapping[str, JsonValue], b: Mapping[str, JsonValue], label: 
             else:
                 out.append(f"{label}.{k}: {fa[k]!r} -> {fb[k]!r}")
     return out
-
-
-def argv_options(argv: list[str]) -> dict[str, str]:
-    """A launch command's options as {flag: value} ("" for a flag without a value)."""
-    opts: dict[str, str] = {}
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            opts[a] = argv[i + 1]
-            i += 2
-        else:
-            opts[a] = ""
-            i += 1
-    return opts
 
 
 def argv_changes(a: list[str], b: list[str]) -> list[str]:

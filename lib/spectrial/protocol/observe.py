@@ -24,7 +24,6 @@ import hashlib
 import json
 import socket
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import httpx
 from spectrial import interrupts
 from spectrial.analysis.figures import arm_figures, median, merge_stats, window_rates, with_figures
 from spectrial.analysis.validity import Setting
-from spectrial.engines.base import Engine, Window, get_engine
+from spectrial.engines.base import Engine, ServerProbe, Window, engine_class, engine_classes, get_engine
 from spectrial.errors import ConfigError, RunFailed, ServerError, ServerMisbehaved, SpectrialError
 from spectrial.hosts.connect import get_host
 from spectrial.hosts.fingerprint import host_fingerprint
@@ -65,41 +64,7 @@ from spectrial.schema import (
 from spectrial.servers.lifecycle import LaunchSpec, Probe
 
 ONE_ARM = "observe measures the server as it is: one arm"
-METRICS_FLAG = {"llamacpp": "llama-server --metrics", "sglang": "SGLang --enable-metrics",
-                "vllm": "vLLM serves /metrics unless it was started with metrics disabled"}
-ENGINE_NAMES = {"llamacpp": "llama.cpp", "sglang": "SGLang", "vllm": "vLLM"}
-# the engines' own names of what they run -> spectrial's methods
-LLAMACPP_TYPES = {"draft-simple": "draft", "draft-eagle3": "eagle3", "ngram-simple": "ngram", "ngram-cache": "ngram",
-                  "ngram-map-k": "ngram", "ngram-map-k4v": "ngram", "ngram-mod": "ngram"}
-SGLANG_ALGORITHMS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "nextn", "STANDALONE": "draft", "NGRAM": "ngram"}
-VLLM_METHODS = {"eagle": "eagle", "eagle3": "eagle3", "ngram": "ngram", "draft_model": "draft", "mtp": "nextn",
-                "deepseek_mtp": "nextn", "medusa": "eagle"}
-
-
 # --- identify: what the server says it is ------------------------------------------------------------------
-@dataclass
-class _Probe:
-    """One server's answers to the identification requests (status and JSON body per path)."""
-
-    url: str
-    client: httpx.Client
-    answers: dict[str, tuple[int, Any]] = field(default_factory=dict)
-
-    def get(self, path: str) -> tuple[int, Any]:
-        if path not in self.answers:
-            r = self.client.get(f"{self.url}{path}")
-            try:
-                body: Any = r.json()
-            except ValueError:
-                body = r.text
-            self.answers[path] = (r.status_code, body)
-        return self.answers[path]
-
-    def json(self, path: str) -> dict[str, Any] | list[Any] | None:
-        code, body = self.get(path)
-        return body if code == 200 and isinstance(body, dict | list) else None
-
-
 def _unreachable(url: str, exc: Exception) -> ServerError:
     return ServerError(f"observe.url: {url} does not answer ({type(exc).__name__}: {exc})", phase="ready", name=url,
                        hint="check that the server is running and listening on that address and port (curl "
@@ -116,7 +81,7 @@ def identify(params: TrialParams) -> ObservedServer:
     url = params.observe.url
     timeout = params.observe.probe_timeout_s
     with bounded_client(probe_limits(params.limits, timeout), verify=True) as client:
-        pr = _Probe(url, client)
+        pr = ServerProbe(url, client)
         try:
             code, body = pr.get("/health")
         except BoundExceeded as exc:
@@ -134,181 +99,49 @@ def identify(params: TrialParams) -> ObservedServer:
         except httpx.HTTPError as exc:
             raise _unreachable(url, exc) from None
     if obs.speculative is False:
-        raise ConfigError(f"observe.url: the {ENGINE_NAMES[obs.engine or '']} server at {url} does not speculate "
+        cls = engine_class(obs.engine or "")
+        raise ConfigError(f"observe.url: the {cls.label} server at {url} does not speculate "
                           f"({obs.found.get('speculative', '')}): observe measures speculative decoding",
-                          parameter="observe.url", hint=_speculation_hint(obs.engine or ""))
+                          parameter="observe.url", hint=cls.speculation_hint)
     return obs
 
 
-def _speculation_hint(engine: str) -> str:
-    return {"llamacpp": "start llama-server with a speculative method (e.g. --spec-type draft-simple -md DRAFT "
-                        "--spec-draft-n-max 2) at its next restart",
-            "sglang": "start SGLang with --speculative-algorithm (EAGLE3, STANDALONE, NGRAM, ...) at its next restart",
-            "vllm": "start vLLM with --speculative-config at its next restart"}.get(engine, "")
-
-
-def _identify_engine(params: TrialParams, pr: _Probe) -> ObservedServer:
-    """Which engine answers (the one the params name, when they name one), and what it reports."""
+def _identify_engine(params: TrialParams, pr: ServerProbe) -> ObservedServer:
+    """Which engine answers (the one the params name, when they name one; each adapter's `identify` reads its own
+    endpoints), and what it reports."""
     obs = ObservedServer(url=pr.url, host_note=_host_note(pr.url))
     named = params.engine if "engine" in params.model_fields_set else None
-    for engine, read in (("llamacpp", _llamacpp), ("sglang", _sglang), ("vllm", _vllm)):
-        if named not in (None, engine):
+    classes = engine_classes()
+    for cls in classes:
+        if named not in (None, cls.name):
             continue
-        if read(pr, obs):
-            obs.engine = engine
-            obs.found.setdefault("engine", f"{ENGINE_NAMES[engine]} answered ({obs.found.pop('_how', '')})")
+        if cls.identify(pr, obs):
+            obs.engine = cls.name
+            obs.found.setdefault("engine", f"{cls.label} answered ({obs.found.pop('_how', '')})")
             if named:
                 obs.found["engine"] = f"the params' engine ({named}); {obs.found['engine']}"
             return obs
     asked = ", ".join(f"GET {p} -> {c}" for p, (c, _) in pr.answers.items())
-    what = f"a {ENGINE_NAMES[named]} server" if named else "llama.cpp, SGLang or vLLM"
+    labels = [c.label for c in classes]
+    what = f"a {engine_class(named).label} server" if named else ", ".join(labels[:-1]) + " or " + labels[-1]
     raise ConfigError(f"observe.url: the server at {pr.url} does not answer like {what} ({asked})",
                       parameter="observe.url", hint="check the URL (the server's base URL, no path); name the engine "
-                                                    "with -p engine=llamacpp|sglang|vllm")
+                                                    f"with -p engine={'|'.join(c.name for c in classes)}")
 
 
-def _llamacpp(pr: _Probe, obs: ObservedServer) -> bool:
-    props = pr.json("/props")
-    if not isinstance(props, dict) or "build_info" not in props:
-        return False
-    obs.found["_how"] = "GET /props has build_info"
-    obs.version = str(props["build_info"])
-    obs.found["version"] = "GET /props build_info"
-    if props.get("model_path") or props.get("model_alias"):
-        obs.model = str(props.get("model_alias") or props.get("model_path"))
-        obs.found["model"] = "GET /props model_alias" if props.get("model_alias") else "GET /props model_path"
-    if isinstance(props.get("total_slots"), int):
-        obs.slots = props["total_slots"]
-        obs.found["slots"] = "GET /props total_slots"
-    gen = props.get("default_generation_settings") or {}
-    if isinstance(gen.get("n_ctx"), int):
-        obs.context_tokens = gen["n_ctx"]
-        obs.found["context_tokens"] = "GET /props default_generation_settings.n_ctx"
-    types = (gen.get("params") or {}).get("speculative.types")
-    if types:
-        obs.settings["props.speculative.types"] = types
-    _llamacpp_slots(pr, obs)
-    if obs.method is None and types:
-        _llamacpp_types(obs, str(types), "GET /props default_generation_settings.params['speculative.types']")
-    return True
-
-
-def _llamacpp_slots(pr: _Probe, obs: ObservedServer, fresh: bool = False) -> None:
-    """`/slots`: whether each slot speculates, and (once a slot served a request) the types it runs."""
-    if fresh:
-        pr.answers.pop("/slots", None)
-    slots = pr.json("/slots")
-    if not isinstance(slots, list) or not slots or not isinstance(slots[0], dict):
-        obs.found.setdefault("speculative", "not said: GET /slots is off (llama-server --no-slots)")
-        return
-    spec = [s.get("speculative") for s in slots if isinstance(s.get("speculative"), bool)]
-    if spec:
-        obs.speculative = any(spec)
-        obs.found["speculative"] = f"GET /slots speculative: {spec[0] if len(set(spec)) == 1 else spec}"
-    for s in slots:
-        types = (s.get("params") or {}).get("speculative.types")
-        if types:
-            obs.settings["slots.speculative.types"] = types
-            _llamacpp_types(obs, str(types), "GET /slots params['speculative.types'] (of a slot that served a request)")
-            return
-
-
-def _llamacpp_types(obs: ObservedServer, types: str, how: str) -> None:
-    named = [t.strip() for t in types.split(",") if t.strip() and t.strip() != "none"]
-    if not named:
-        return
-    obs.engine_method = ",".join(named)
-    methods = {LLAMACPP_TYPES.get(t) for t in named} - {None}
-    if len(methods) == 1:
-        obs.method = methods.pop()
-        obs.found["method"] = f"{how}: {types}"
-        obs.found["engine_method"] = obs.found["method"]
-
-
-def _sglang(pr: _Probe, obs: ObservedServer) -> bool:
-    info, path = pr.json("/server_info"), "/server_info"
-    if not isinstance(info, dict):
-        info, path = pr.json("/get_server_info"), "/get_server_info"
-    if not isinstance(info, dict) or not ("speculative_algorithm" in info or "model_path" in info):
-        return False
-    obs.found["_how"] = f"GET {path} has model_path / speculative_algorithm"
-    if info.get("version"):
-        obs.version = str(info["version"])
-        obs.found["version"] = f"GET {path} version"
-    if info.get("served_model_name") or info.get("model_path"):
-        obs.model = str(info.get("served_model_name") or info.get("model_path"))
-        obs.found["model"] = f"GET {path} " + ("served_model_name" if info.get("served_model_name") else "model_path")
-    if isinstance(info.get("max_running_requests"), int):
-        obs.slots = info["max_running_requests"]
-        obs.found["slots"] = f"GET {path} max_running_requests"
-    if isinstance(info.get("context_length"), int):
-        obs.context_tokens = info["context_length"]
-        obs.found["context_tokens"] = f"GET {path} context_length"
-    obs.settings.update({k: v for k, v in info.items() if k.startswith("speculative_") and v is not None})
-    if "speculative_algorithm" in info:
-        algo = info.get("speculative_algorithm")
-        obs.speculative = bool(algo)
-        obs.found["speculative"] = f"GET {path} speculative_algorithm: {algo}"
-        if algo:
-            obs.engine_method = str(algo)
-            if (m := SGLANG_ALGORITHMS.get(str(algo).upper())) is not None:
-                obs.method = m
-                obs.found["method"] = f"GET {path} speculative_algorithm: {algo}"
-            obs.found["engine_method"] = f"GET {path} speculative_algorithm"
-    if isinstance(info.get("speculative_num_steps"), int):
-        obs.steps = info["speculative_num_steps"]
-        obs.found["steps"] = f"GET {path} speculative_num_steps"
-    return True
-
-
-def _vllm(pr: _Probe, obs: ObservedServer) -> bool:
-    ver = pr.json("/version")
-    if not isinstance(ver, dict) or "version" not in ver:
-        return False
-    obs.found["_how"] = "GET /version has version"
-    obs.version = str(ver["version"])
-    obs.found["version"] = "GET /version version"
-    models = pr.json("/v1/models")
-    data = models.get("data") if isinstance(models, dict) else None
-    if isinstance(data, list) and data and isinstance(data[0], dict):
-        m = data[0]
-        obs.model = str(m.get("root") or m.get("id"))
-        obs.found["model"] = "GET /v1/models data[0]." + ("root" if m.get("root") else "id")
-        if isinstance(m.get("max_model_len"), int):
-            obs.context_tokens = m["max_model_len"]
-            obs.found["context_tokens"] = "GET /v1/models data[0].max_model_len"
-        spec = m.get("speculative_config")  # exposed by some builds; the counters below otherwise
-        if isinstance(spec, dict):
-            obs.settings.update({f"speculative_config.{k}": v for k, v in spec.items()})
-            method = str(spec.get("method") or "")
-            if method:
-                obs.engine_method = method
-                obs.found["engine_method"] = "GET /v1/models data[0].speculative_config.method"
-                if (mm := VLLM_METHODS.get(method)) is not None:
-                    obs.method = mm
-                    obs.found["method"] = f"GET /v1/models data[0].speculative_config.method: {method}"
-            if isinstance(spec.get("num_speculative_tokens"), int):
-                obs.steps = spec["num_speculative_tokens"]
-                obs.found["steps"] = "GET /v1/models data[0].speculative_config.num_speculative_tokens"
-    return True
-
-
-def _check_metrics(obs: ObservedServer, pr: _Probe) -> None:
-    """/metrics must answer with the engine's counters (they scope the window); vLLM's speculation counters say
-    whether it speculates (it exports them only with a speculative config)."""
+def _check_metrics(obs: ObservedServer, pr: ServerProbe) -> None:
+    """/metrics must answer with the engine's counters (they scope the window); what they say of speculation goes
+    to the adapter (`observed_metrics`: vLLM exports its speculation counters only with a speculative config)."""
     code, body = pr.get("/metrics")
-    engine = obs.engine or ""
+    cls = engine_class(obs.engine or "")
     if code != 200 or not isinstance(body, str) or not body.strip():
-        raise ConfigError(f"observe.url: the {ENGINE_NAMES[engine]} server at {obs.url} has no /metrics (GET "
+        raise ConfigError(f"observe.url: the {cls.label} server at {obs.url} has no /metrics (GET "
                           f"/metrics -> {code}): spectrial scopes accept length and acceptance to its measurement "
                           "window with the server's own counters", parameter="observe.url",
-                          hint=f"the server must run with metrics on ({METRICS_FLAG[engine]}); observe never "
+                          hint=f"the server must run with metrics on ({cls.metrics_flag}); observe never "
                                "restarts a server, so ask whoever runs it to add the flag at its next restart")
     obs.found["metrics"] = "GET /metrics -> 200"
-    if engine == "vllm" and obs.speculative is None:
-        obs.speculative = "vllm:spec_decode_num_drafts_total" in body
-        obs.found["speculative"] = ("GET /metrics " + ("has" if obs.speculative else "has no")
-                                    + " vllm:spec_decode_num_drafts_total")
+    cls.observed_metrics(body, obs)
 
 
 def _host_note(url: str) -> str:
@@ -334,8 +167,8 @@ class ObserveSource:
         self.host = get_host("local")  # the client: this machine
         data = params.model_dump(mode="json")
         data["engine"] = observed.engine
-        if observed.engine == "sglang":  # its adapter reads /metrics only with metrics on (checked by identify)
-            data["engine_config"] = {**data.get("engine_config", {}), "enable_metrics": True}
+        # what an adapter needs to read a server it did not start (SGLang's: metrics on, checked by identify)
+        data["engine_config"] = {**data.get("engine_config", {}), **engine_class(observed.engine).observe_config}
         self.eparams = TrialParams.model_validate(data)
         self.engine: Engine = get_engine(observed.engine, self.eparams, self.host)
         self.workload: Workload | None = None
@@ -456,12 +289,12 @@ class ObserveSource:
         return MeasuredWindow(w, record, requests, stats)
 
     def refresh_method(self) -> None:
-        """llama.cpp names the method a slot runs only once the slot served a request: read /slots again."""
-        if self.observed.engine != "llamacpp" or self.observed.method is not None:
+        """What the server says only after it served a request (llama.cpp: the method a slot runs), read again."""
+        if self.observed.method is not None:
             return
         with bounded_client(probe_limits(self.params.limits, self.params.observe.probe_timeout_s if self.params.observe
                                                      else None)) as client:
-            _llamacpp_slots(_Probe(self.url, client), self.observed, fresh=True)
+            engine_class(self.observed.engine or "").refresh_observed(ServerProbe(self.url, client), self.observed)
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self._t0

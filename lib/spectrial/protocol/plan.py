@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from spectrial.engines import Engine, get_engine
+from spectrial.engines.base import engine_class
 from spectrial.errors import ConfigError
 from spectrial.hosts.local import LocalHost
 from spectrial.ownership import OWNER_VAR
@@ -51,25 +52,9 @@ class PlannedLaunch(BaseModel):
     display: str
 
 
-def tiny_model_path(engine: Engine, ref: str) -> Path:
-    """Where a run writes spectrial's tiny model `ref` (`tiny:target`, ...) in this machine's cache, without
-    writing it: llama.cpp reads a GGUF file, vLLM and SGLang a Hugging Face folder."""
-    knobs = dict(getattr(engine.config, "tiny", {}) or {})
-    if engine.name == "llamacpp":
-        from spectrial.models.tiny import cache_root, tiny_spec
-
-        return cache_root() / "models" / tiny_spec(**knobs).key() / f"{ref.removeprefix('tiny:')}.gguf"
-    from spectrial.models.hf import hf_cache_root, hf_spec
-
-    if ref not in engine.TINY_ROLES:  # as the real run would say, before anything starts
-        raise ConfigError(f"{ref!r} is not one of spectrial's tiny HF models {sorted(engine.TINY_ROLES)} "
-                          f"(engine {engine.name})", parameter="model")
-    return hf_cache_root() / hf_spec(**knobs).key() / engine.TINY_ROLES[ref]
-
-
 def _remote_path(local: Path, params: TrialParams) -> str:
     """`local` (a file of this machine's cache) as the host's cache holds it after the upload."""
-    from spectrial.provisioning.llamacpp import cache_root
+    from spectrial.provisioning.cache import cache_root
 
     try:
         rel = local.relative_to(cache_root())
@@ -86,10 +71,10 @@ def resolved_names(params: TrialParams, engine: Engine, arm: Arm) -> tuple[dict[
     names: dict[str, str] = {}
     notes: list[str] = []
     for ref in dict.fromkeys(r for r in refs if r.startswith("tiny:")):
-        if remote and engine.name != "llamacpp":  # as the real run says
+        if remote and not engine.tiny_remote:  # as the real run says
             raise ConfigError(f"{ref!r} (spectrial's tiny HF models) is written on the local host only; give a "
                               f"model path on {params.host}", parameter="model")
-        local = tiny_model_path(engine, ref)
+        local = engine.tiny_model_path(ref)
         names[ref] = _remote_path(local, params) if remote else str(local)
         notes.append(f"{ref} is spectrial's tiny model, written by a real run to {local} (seconds)"
                      + (f" and uploaded to {names[ref]} on {params.host}" if remote else ""))
@@ -97,11 +82,11 @@ def resolved_names(params: TrialParams, engine: Engine, arm: Arm) -> tuple[dict[
     if unresolved:
         notes.append("model paths are read on the host that runs the server"
                      + (f" ({params.host}); nothing is uploaded for them" if remote else ""))
-    if params.engine_bin == "auto" and params.engine == "llamacpp" and remote:
+    if params.engine_bin == "auto" and engine.auto_binary and remote:
         binary = str(getattr(engine, "binary", "") or "")
         if binary:
             names[binary] = _remote_path(Path(binary), params)
-            notes.append(f"engine_bin: auto is spectrial's llama.cpp build ({binary}), built here if missing and "
+            notes.append(f"engine_bin: auto is {engine.auto_binary} ({binary}), built here if missing and "
                          f"uploaded to {names[binary]} on {params.host}")
     return names, notes
 
@@ -148,7 +133,6 @@ def added_env(params: TrialParams, env: dict[str, str], python: bool) -> dict[st
 # --- the price -------------------------------------------------------------------------------------------------
 ASSUMED_SPREAD = 0.05  # start-to-start SD of a start's log rate without history (benchmarks/bench_noise.py: 2-8 %)
 DISK_BYTES_PER_S = 1.0e9  # a cold model read (NVMe, network storage slower)
-ENGINE_START_S = {"llamacpp": 2.0, "vllm": 60.0, "sglang": 90.0}  # process, CUDA context, graphs, warm-up
 ASSUMED_TOK_S = 50.0  # decode rate per request without history (a 70B-class model on one GPU)
 ASSUMED_TINY_TOK_S = 300.0  # spectrial's tiny models on 2 CPU cores (measured 250-470 tok/s)
 PLAN_EFFECTS = (0.74, 0.90, 1.10, 0.95, 1.05)  # the original case, 10 %, 5 %
@@ -235,7 +219,7 @@ def start_time(params: TrialParams, earlier: Any | None = None) -> StartTime:
                          basis=f"load {_dur(earlier.overhead_s)} measured by {len(earlier.runs)} earlier run(s) of "
                                f"this host ({earlier.starts} starts); {req_basis}")
     size, where = model_bytes(params)
-    fixed = ENGINE_START_S.get(params.engine, 60.0)
+    fixed = engine_class(params.engine).start_s  # process, CUDA context, graphs, warm-up
     load = fixed + (size or 0) / DISK_BYTES_PER_S
     if size:
         amount = f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.0f} MB"
@@ -400,7 +384,7 @@ def _why_first(d: Any, prior: Any) -> str:
 def _units(params: TrialParams) -> list[list[str]]:
     if params.cluster is None:
         return []
-    from spectrial.cluster.fanout import blocks
+    from spectrial.params.cluster import blocks
 
     return blocks([a.name for a in params.arms if a.speculative], params.cluster.n_units())
 

@@ -22,16 +22,17 @@ Order of consequence of the detailed lines (what most often explains a different
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import JsonValue
 
 from spectrial.hosts.fingerprint import stable_view
-from spectrial.params import workload_identity
-from spectrial.protocol.drift import argv_changes, argv_options, dict_changes
+from spectrial.protocol.drift import argv_changes, dict_changes
+from spectrial.record import comparable as cmp
+from spectrial.record.comparable import Category
 from spectrial.record.store import load_record
-from spectrial.schema import ArmRecord, HostFingerprint, HostInfo, Manifest
+from spectrial.schema import ArmRecord, HostFingerprint, Manifest
 
 
 @dataclass(order=True)
@@ -53,7 +54,7 @@ class DiffResult(list[Finding]):
     """The findings of `diff_runs` (a list, most consequential first) with the runs' `comparability` and the most
     consequential measured change (`headline`, a `Change` or None when no arm was measured in both)."""
 
-    def __init__(self, findings: list[Finding], comparability: Comparability, headline: Change | None = None
+    def __init__(self, findings: list[Finding], comparability: Verdict, headline: Change | None = None
                  ) -> None:
         super().__init__(findings)
         self.comparability = comparability
@@ -260,174 +261,73 @@ def format_findings(findings: list[Finding]) -> str:
 
 
 # ------------------------------------------------------------------ comparability
-# what must be the same for two numbers to be compared, in the order the verdict names them
-CATEGORIES = ("GPU", "GPU unit", "driver", "clocks and power limits", "topology", "CUDA", "host", "model",
-              "engine build", "workload")
-_GPU_FIELDS = {"name": "GPU", "memory.total": "GPU", "compute_cap": "GPU", "uuid": "GPU unit",
-               "driver_version": "driver", "clocks.max.sm": "clocks and power limits",
-               "clocks.max.mem": "clocks and power limits", "power.limit": "clocks and power limits",
-               "persistence_mode": "clocks and power limits", "ecc.mode.current": "clocks and power limits",
-               "pcie.link.gen.max": "topology", "pcie.link.width.current": "topology"}
-_GPU_BOUND = frozenset({"driver", "clocks and power limits", "topology", "CUDA"})
-_HOST_FIELDS = {"hostname": "host", "kernel": "host", "cpu_model": "host", "cpu_count": "host",
-                "cpu_governor": "host"}
+# what must be the same for two numbers to be compared (spectrial.record.comparable: the one answer); the launch
+# configuration may differ: it is the experiment (`only`)
+REQUIRES: tuple[Category, ...] = ("GPU", "host", "model", "model files", "engine", "engine version",
+                                  "engine build", "workload", "sampling", "concurrency")
+WORDS: dict[Category, str] = {"model files": "model", "engine": "engine build", "engine version": "engine build"}
+UNIT = "GPU (another unit of the same model)"
 
 
 @dataclass(frozen=True)
-class Comparability:
-    """Whether two runs measure the same thing: `differs` names what makes them not comparable (machine, model,
-    engine build, workload), `unknown` what only one run records, `only` the launch settings that differ (the
-    experiment, when nothing else does)."""
+class Verdict:
+    """Whether two runs measure the same thing (`result`, the one comparison): `differs` names what makes them
+    not comparable (machine, model, engine build, workload), `unknown` what only one run records, `only` the
+    launch settings that differ (the experiment, when nothing else does)."""
 
-    differs: tuple[str, ...] = ()
-    unknown: tuple[str, ...] = ()
-    only: tuple[str, ...] = ()
-    reasons: tuple[str, ...] = field(default=(), compare=False)
+    result: cmp.Comparability
+
+    def _words(self, recorded: bool) -> tuple[str, ...]:
+        words: dict[str, list[str]] = {}
+        for d in self.result.blocking:
+            if (d.recorded == "both") == recorded:
+                word = UNIT if d.field == "GPU units" else WORDS.get(d.category, d.category)
+                fields = words.setdefault(word, [])
+                if d.category == "host" and d.field not in fields:
+                    fields.append(d.field)
+        # the machine's state says which part moved (driver, topology, CUDA, ...): a user's next question
+        return tuple(f"{w} ({', '.join(f)})" if f else w for w, f in words.items())
+
+    @property
+    def differs(self) -> tuple[str, ...]:
+        return self._words(True)
+
+    @property
+    def unknown(self) -> tuple[str, ...]:
+        return tuple(w for w in self._words(False) if w not in self.differs)
+
+    @property
+    def only(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(d.field for d in self.result.of("configuration")))
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(d.text() for d in self.result.blocking)
 
     @property
     def comparable(self) -> bool:
-        return not self.differs and not self.unknown
+        return self.result.comparable
 
     @property
     def verdict(self) -> str:
         """'not comparable: different GPU, model and engine build', 'comparable: only NCCL_PROTO differs', ..."""
-        if self.differs or self.unknown:
+        differs, unknown, only = self.differs, self.unknown, self.only
+        if differs or unknown:
             parts = []
-            if self.differs:
-                parts.append("different " + _and(list(self.differs)))
-            if self.unknown:
-                parts.append(_and(list(self.unknown)) + " recorded in only one run")
+            if differs:
+                parts.append("different " + _and(list(differs)))
+            if unknown:
+                parts.append(_and(list(unknown)) + " recorded in only one run")
             return "not comparable: " + "; ".join(parts)
-        if not self.only:
+        if not only:
             return "comparable: no recorded difference in machine, model, engine build, workload or launch"
-        return f"comparable: only {_and(list(self.only))} differ{'s' if len(self.only) == 1 else ''}"
+        return f"comparable: only {_and(list(only))} differ{'s' if len(only) == 1 else ''}"
 
 
 def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-GpuValue = str | list[str] | None  # a GPU fingerprint field (StableView's gpus)
-
-
-def _gpus(host: HostInfo) -> list[dict[str, GpuValue]] | None:
-    """The GPUs a run records (an empty list: recorded, none), as fingerprint fields; None: not recorded."""
-    if host.fingerprint is not None and host.fingerprint.gpus is not None:
-        return stable_view(host.fingerprint)["gpus"]
-    if host.gpus is not None:
-        return [{"name": g.name, "uuid": g.uuid} for g in host.gpus.gpus]
-    if host.gpu_key:
-        return [{"name": host.gpu_key, "driver_version": host.driver}] * (host.gpu_count or 1)
-    return None
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """The models a run names: the target, and each model file's identity (head/tail hash, size) by path."""
-
-    target: str | None
-    files: dict[str, tuple[JsonValue, JsonValue]]
-
-    def same_as(self, other: ModelIdentity) -> bool:
-        """Same target, and the same identity for every file both runs name, paired by path, else by file name
-        (a model set rebuilt in another folder); a file only one run uses belongs to an arm only that run has."""
-        if self.target != other.target:
-            return False
-        by_name = {Path(p).name: v for p, v in other.files.items() if p not in self.files}
-        for p, v in self.files.items():
-            w = other.files.get(p, by_name.get(Path(p).name))
-            if w is not None and None not in (v[0], w[0]) and v != w:
-                return False
-        return True
-
-    def __repr__(self) -> str:  # as the reasons of `comparability` print it
-        return repr({"target": self.target, "files": self.files})
-
-
-def _models(m: Manifest) -> ModelIdentity | None:
-    """Model files by path (their identity), with the target's path; None: not recorded."""
-    files = {x.path: (x.head_tail_sha256, x.size) for x in m.models}
-    target = m.params.get("model") or (m.model_info.name if m.model_info is not None else None)
-    if not files and not target:
-        return None
-    return ModelIdentity(target=target, files=files)
-
-
-# what a run records of one category: GPU names, units, drivers, field tuples, host fields, models, ...
-Facet = (list[str] | list[tuple[GpuValue, ...]] | str | dict[str, str | None]
-         | dict[str, str | tuple[JsonValue, JsonValue]] | dict[str, JsonValue] | ModelIdentity | None)
-
-
-def _facets(m: Manifest) -> dict[str, Facet]:
-    """Per category, what a run records (None: not recorded)."""
-    host, eng = m.host, m.engine
-    out: dict[str, Facet] = {c: None for c in CATEGORIES}
-    gpus = _gpus(host)
-    if gpus is not None:
-        out["GPU"] = sorted(str(g.get("name")) for g in gpus)
-        units = sorted(str(g["uuid"]) for g in gpus if g.get("uuid"))
-        out["GPU unit"] = units or None
-        drivers = sorted({str(g["driver_version"]) for g in gpus if g.get("driver_version")})
-        out["driver"] = drivers or None
-        for cat in ("clocks and power limits", "topology"):
-            keys = [k for k, c in _GPU_FIELDS.items() if c == cat]
-            vals = [tuple(g.get(k) for k in keys) for g in gpus if any(g.get(k) is not None for k in keys)]
-            out[cat] = vals or None
-    if host.driver and out["driver"] is None:
-        out["driver"] = [host.driver]
-    if host.interconnect:
-        out["topology"] = [host.interconnect]
-    view = stable_view(host.fingerprint) if host.fingerprint is not None else None
-    cuda = (view["cuda_version"] if view is not None else None) or host.cuda
-    out["CUDA"] = str(cuda) if cuda else None
-    hostv = {k: str(v) for k, c in _HOST_FIELDS.items()
-             if c == "host" and view is not None and (v := view.get(k)) is not None}
-    out["host"] = hostv or None
-    out["model"] = _models(m)
-    named = {"name": eng.name, "version": eng.version, "commit": eng.commit, "diff_hash": eng.diff_hash}
-    build: dict[str, str | tuple[JsonValue, JsonValue]] = {k: v for k, v in named.items() if v}
-    if eng.binary_identity is not None:
-        build["binary"] = (eng.binary_identity.head_tail_sha256, eng.binary_identity.size)
-    out["engine build"] = build if {"version", "commit", "binary"} & set(build) else None
-    work = {**workload_identity(m.params), "concurrency": m.params.get("concurrency", 1)} if m.params else {}
-    out["workload"] = work or None
-    return out
-
-
-def _launch_differences(a: Manifest, b: Manifest) -> list[str]:
-    """Names of the environment variables and flags that differ between the runs' common arms (or their
-    run-level environment)."""
-    names: list[str] = []
-    arms_a, arms_b = {x.name: x for x in a.arms}, {x.name: x for x in b.arms}
-    pairs = [(arms_a[n].env or {}, arms_b[n].env or {}, arms_a[n].argv or [], arms_b[n].argv or [])
-             for n in arms_a if n in arms_b]
-    pairs.append((a.params.get("env") or {}, b.params.get("env") or {}, [], []))
-    for ea, eb, va, vb in pairs:
-        names += [k for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)]
-        oa, ob = argv_options(va) if va else {}, argv_options(vb) if vb else {}
-        names += [k for k in sorted(set(oa) | set(ob)) if oa.get(k) != ob.get(k)]
-    if {x for x in arms_a} != {x for x in arms_b}:
-        names.append("the set of arms")
-    return list(dict.fromkeys(names))
-
-
-def comparability(a: Manifest, b: Manifest) -> Comparability:
-    """Whether runs `a` and `b` can be compared, and if not, why (see `Comparability.verdict`)."""
-    fa, fb = _facets(a), _facets(b)
-    differs, unknown, reasons = [], [], []
-    for cat in CATEGORIES:
-        va, vb = fa[cat], fb[cat]
-        if va is None and vb is None:
-            continue
-        if va is None or vb is None:
-            if cat != "GPU unit":
-                unknown.append(cat)
-                reasons.append(f"{cat}: recorded in {'B' if va is None else 'A'} only")
-        elif (not va.same_as(vb)) if isinstance(va, ModelIdentity) and isinstance(vb, ModelIdentity) else va != vb:
-            if cat == "GPU unit" and "GPU" in differs:
-                continue
-            differs.append("GPU (another unit of the same model)" if cat == "GPU unit" else cat)
-            reasons.append(f"{cat}: {va!r} vs {vb!r}")
-    if "GPU" in differs:  # another GPU (or none): its driver, clocks, links and CUDA go with it
-        unknown = [c for c in unknown if c not in _GPU_BOUND]
-    return Comparability(tuple(differs), tuple(unknown), tuple(_launch_differences(a, b)), tuple(reasons))
+def comparability(a: Manifest, b: Manifest) -> Verdict:
+    """Whether runs `a` and `b` can be compared, and if not, why (see `Verdict.verdict`)."""
+    return Verdict(cmp.compare(a, b, require=REQUIRES))

@@ -26,18 +26,22 @@ Row fields beyond the manifest's (see ``spectrial.protocol.trial`` for the per-a
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import JsonValue
 
 from spectrial.analysis.figures import fill_derived, verdict_cycle_ms
 from spectrial.analysis.stats import finite
 from spectrial.errors import RecordDamaged, SpectrialError
 from spectrial.params import repo_root
+from spectrial.record import comparable as cmp
+from spectrial.record.comparable import Category
 from spectrial.record.store import Skipped, as_manifest, load_record
 from spectrial.schema import ArmRecord, EngineInfo, HostInfo, Manifest
 
@@ -379,36 +383,71 @@ def _k_text(k: Any) -> str:
     return "none" if v is None else f"{v:g}"
 
 
+# what two rows (arms) must share to be compared (spectrial.record.comparable): the session, the launch and its
+# NCCL state, the draft depth, the host and the engine version; the host and version must be recorded
+REQUIRES: tuple[Category, ...] = ("session", "configuration", "arm settings", "host", "engine version")
+STRICT: tuple[Category, ...] = ("host", "engine version")
+
+
+def _value(v: Any) -> JsonValue:
+    """A table cell as a plain value: numpy scalars unwrapped, NaN as None (not recorded)."""
+    if hasattr(v, "item"):
+        v = v.item()
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def row_facts(row: Mapping[str, Any]) -> cmp.Facts:
+    """What a history row records of the one comparison's categories (an NCCL state never recorded: None)."""
+    nccl = row.get("nccl_env")
+    k = _value(row.get("k"))
+    return cmp.Facts(label=str(row.get("arm")), values={
+        "session": {"run": _value(row.get("run")), "session": _value(row.get("session"))},
+        "configuration": {"launch": _value(row.get("launch")),
+                          "NCCL state": None if nccl == "unrecorded" else _value(nccl)},
+        "arm settings": {"steps": int(k) if isinstance(k, float) and k.is_integer() else k},
+        "host": {"host": _value(row.get("host"))},
+        "engine version": {"engine_version": _value(row.get("engine_version"))}})
+
+
 def incomparability(a: HistoryRow | Mapping[str, Any] | pd.Series,
-                    b: HistoryRow | Mapping[str, Any] | pd.Series) -> list[str]:
+                    b: HistoryRow | Mapping[str, Any] | pd.Series, ignore: Iterable[Category] = ()) -> list[str]:
     """Why two history rows (arms) cannot be compared as they stand; empty when nothing recorded says so.
-    The rows are :class:`HistoryRow` objects or rows of the history table (mappings, Series)."""
+    The rows are :class:`HistoryRow` objects or rows of the history table (mappings, Series). The differences
+    come from the one comparison (`REQUIRES`, less the categories in `ignore`); what one row alone leaves unknown
+    (its NCCL state unrecorded or unverified, a single measurement) is said beside them."""
     a, b = (asdict(r) if isinstance(r, HistoryRow) else dict(r) for r in (a, b))
     name_a, name_b = a.get("arm"), b.get("arm")
+    c = cmp.compare(row_facts(a), row_facts(b), require=REQUIRES, ignore=ignore, strict=STRICT)
+    found = {(d.category, d.field): d for d in c.blocking}
     why = []
-    if a.get("run") != b.get("run") or a.get("session") != b.get("session"):
+    if any(cat == "session" for cat, _ in found):
         why.append(f"different sessions ({a.get('session')} vs {b.get('session')}): separate server starts in "
                    "possibly different system states; neither has a baseline measured beside the other")
-    if a.get("launch") != b.get("launch"):
+    if ("configuration", "launch") in found:
         why.append(f"launched differently ({a.get('launch') or 'not recorded'} vs {b.get('launch') or 'not recorded'})")
-    for r, name in ((a, name_a), (b, name_b)):
-        if r.get("nccl_env") == "unrecorded":
-            why.append(f"{name}: launch environment never recorded, so whether the NCCL variables reached its "
-                       "server processes is unknown")
-    envs = {a.get("nccl_env"), b.get("nccl_env")}
-    if "set, unverified" in envs:
-        why.append("NCCL variables set but never verified in the server processes (/proc/<pid>/environ) nor in "
-                   "NCCL's own debug output")
-    if len(envs - {"unrecorded"}) > 1:
-        why.append(f"different NCCL states ({a.get('nccl_env')} vs {b.get('nccl_env')})")
-    if a.get("k") != b.get("k") and not (pd.isna(a.get("k")) and pd.isna(b.get("k"))):
-        why.append(f"different draft depths (k={_k_text(a.get('k'))} vs k={_k_text(b.get('k'))})")
-    for key in ("host", "engine_version"):
-        missing = [n for r, n in ((a, name_a), (b, name_b)) if r.get(key) is None]
-        if missing:
+    if "configuration" not in set(ignore):  # what each row alone leaves unknown of its launch
+        for r, name in ((a, name_a), (b, name_b)):
+            if r.get("nccl_env") == "unrecorded":
+                why.append(f"{name}: launch environment never recorded, so whether the NCCL variables reached its "
+                           "server processes is unknown")
+        if "set, unverified" in {a.get("nccl_env"), b.get("nccl_env")}:
+            why.append("NCCL variables set but never verified in the server processes (/proc/<pid>/environ) nor in "
+                       "NCCL's own debug output")
+    d = found.get(("configuration", "NCCL state"))
+    if d is not None and d.recorded == "both":
+        why.append(f"different NCCL states ({d.a} vs {d.b})")
+    d = found.get(("arm settings", "steps"))
+    if d is not None:
+        why.append(f"different draft depths (k={_k_text(d.a)} vs k={_k_text(d.b)})")
+    for cat, key in (("host", "host"), ("engine version", "engine_version")):
+        d = found.get((cat, key))  # type: ignore[arg-type]
+        if d is None:
+            continue
+        if d.recorded != "both":
+            missing = [n for v, n in ((d.a, name_a), (d.b, name_b)) if v is None]
             why.append(f"{key.replace('_', ' ')} not recorded for {' nor '.join(str(n) for n in missing)}")
-        elif a.get(key) != b.get(key):
-            why.append(f"different {key.replace('_', ' ')} ({a.get(key)} vs {b.get(key)})")
+        else:
+            why.append(f"different {key.replace('_', ' ')} ({d.a} vs {d.b})")
     if (a.get("n_values") or 0) < 2 or (b.get("n_values") or 0) < 2:
         why.append("single measurements: no spread, so a difference of a few % cannot be told from noise")
     return why

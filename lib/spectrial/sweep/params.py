@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from spectrial.engines.base import engine_class
 from spectrial.errors import ConfigError
 from spectrial.params import (
     Arm,
@@ -137,8 +138,9 @@ class SweepParams(BaseModel):
     @model_validator(mode="after")
     def _grid_fits_engine(self) -> SweepParams:
         t, g = self.trial, self.grid  # synthetic acceptance: each engine adapter says whether and how it forces it
-        if t.engine == "llamacpp" and any(k != 1 for k in (g.topk or [t.topk])):
-            raise ValueError("grid.topk: llama.cpp drafts a chain; use [1]")
+        engine = engine_class(t.engine)
+        if not engine.tree_drafts and any(k != 1 for k in (g.topk or [t.topk])):
+            raise ValueError(f"grid.topk: {engine.label} drafts a chain; use [1]")
         return self
 
     # --- the grid ------------------------------------------------------------------------------------
@@ -180,9 +182,9 @@ class SweepParams(BaseModel):
         data = self.trial.model_dump(mode="json")
         data["arms"] = [a.model_dump(mode="json") for a in (arms or [Arm(name="baseline"),
                                                                      *map(self.arm, self.settings())])]
-        if self.trial.engine == "llamacpp":  # one slot per concurrent stream (-np)
-            cfg = data.setdefault("engine_config", {})
-            cfg["parallel"] = max(int(cfg.get("parallel") or 1), max(self.concurrency_levels()))
+        # enough server slots for the highest concurrency, where the engine needs them said (llama.cpp: -np)
+        data["engine_config"] = engine_class(self.trial.engine).with_slots(data.get("engine_config") or {},
+                                                                          max(self.concurrency_levels()))
         return validate_trial(data, "sweep params (trial part)")
 
 

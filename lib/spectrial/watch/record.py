@@ -75,8 +75,9 @@ def attach(client: httpx.Client, url: str, engine: str) -> tuple[str, sampler.Sa
         raise ConfigError(f"URL: {url} does not answer ({type(exc).__name__}: {exc})", parameter="url",
                           hint="is the server running and listening on that address and port?") from None
     if r.status_code != 200:
-        guess = engine if engine != "auto" else "llamacpp" if r.headers.get("server") == "llama.cpp" else None
-        how = sampler.METRICS_FLAG[guess] if guess else "; ".join(f"{k}: {v}" for k, v in sampler.METRICS_FLAG.items())
+        guess = engine if engine != "auto" else sampler.engine_by_header(r.headers.get("server"))
+        flags = sampler.metrics_flags()
+        how = flags[guess] if guess else "; ".join(f"{k}: {v}" for k, v in flags.items())
         raise ConfigError(f"URL: {url} answers, but has no /metrics (HTTP {r.status_code}: {r.text[:120]!r})",
                           parameter="url", hint=f"turn metrics on: {how}")
     try:
@@ -87,8 +88,8 @@ def attach(client: httpx.Client, url: str, engine: str) -> tuple[str, sampler.Sa
     if engine == "auto":
         if found is None:
             raise ConfigError(f"URL: {url}/metrics carries none of the engines' metrics "
-                              f"({', '.join(sampler.PREFIXES.values())})", parameter="engine",
-                              hint="give --engine llamacpp|vllm|sglang if the names are its own")
+                              f"({', '.join(sampler.prefixes().values())})", parameter="engine",
+                              hint=f"give --engine {'|'.join(sampler.prefixes())} if the names are its own")
         engine = found
     sampler.check_engine(engine)
     sample = sampler.read(client, url, engine)

@@ -17,17 +17,25 @@ from dataclasses import dataclass
 
 import httpx
 
-from spectrial.engines.base import BUILTINS
+from spectrial.engines.base import BUILTINS, engine_classes
 from spectrial.errors import ConfigError
 from spectrial.measure import metrics
 from spectrial.schema import CounterTotals, WatchInterval, utc_now
 
-# engine -> its metrics' name prefix (llamacpp.METRIC_PREFIX, vllm's and sglang's names)
-PREFIXES = {"llamacpp": "llamacpp:", "vllm": "vllm:", "sglang": "sglang:"}
-# how to turn /metrics on, per engine
-METRICS_FLAG = {"llamacpp": "start llama-server with --metrics",
-                "sglang": "start SGLang with --enable-metrics (SGLang >= 0.5.14 exports the speculation counters)",
-                "vllm": "vLLM exports /metrics by default: is this the API server's address (not a proxy's)?"}
+
+def prefixes() -> dict[str, str]:
+    """engine -> its metrics' name prefix (each adapter's `metric_prefix`)."""
+    return {cls.name: cls.metric_prefix for cls in engine_classes() if cls.metric_prefix}
+
+
+def metrics_flags() -> dict[str, str]:
+    """engine -> how to turn its /metrics on (each adapter's `metrics_flag`)."""
+    return {cls.name: cls.metrics_flag for cls in engine_classes()}
+
+
+def engine_by_header(server: str | None) -> str | None:
+    """The engine whose HTTP `server` header this is (None: no adapter claims it)."""
+    return next((cls.name for cls in engine_classes() if server and cls.server_header == server), None)
 COUNTERS = ("verify_steps", "drafted", "accepted", "tokens")
 
 
@@ -47,7 +55,7 @@ class Sample:
 
 def detect_engine(snap: dict[str, float]) -> str | None:
     """The engine whose metric prefix the snapshot carries (None: none of them)."""
-    for name, prefix in PREFIXES.items():
+    for name, prefix in prefixes().items():
         if any(k.startswith(prefix) for k in snap):
             return name
     return None
@@ -71,8 +79,9 @@ def read(client: httpx.Client, base_url: str, engine: str) -> Sample:
 
 
 def check_engine(engine: str) -> str:
-    if engine not in PREFIXES:
-        raise ConfigError(f"--engine: {engine!r} is not one of auto, {', '.join(PREFIXES)}", parameter="engine")
+    known = prefixes()
+    if engine not in known:
+        raise ConfigError(f"--engine: {engine!r} is not one of auto, {', '.join(known)}", parameter="engine")
     return engine
 
 

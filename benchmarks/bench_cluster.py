@@ -116,8 +116,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the records and the cluster's logs")
     a = ap.parse_args()
 
+    from spectrial.engines.llamacpp_build import ensure_llama_server
     from spectrial.models import ensure_tiny_models
-    from spectrial.provisioning.llamacpp import ensure_llama_server
 
     engine_bin = str(ensure_llama_server())  # as the tests' llama_server fixture: the cached build
     ensure_tiny_models()

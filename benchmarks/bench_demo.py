@@ -22,8 +22,8 @@ def main() -> None:
     ap.add_argument("--params", default="params/local.yaml")
     ap.add_argument("-p", "--param", action="append", default=["steps=2"])
     a = ap.parse_args()
+    from spectrial.engines.llamacpp_build import binary_path, ensure_llama_server
     from spectrial.models import ensure_tiny_models
-    from spectrial.provisioning.llamacpp import binary_path, ensure_llama_server
 
     cached = binary_path().is_file()
     t0 = time.monotonic()

@@ -39,6 +39,7 @@ import pandas as pd
 
 from spectrial.engines import get_engine
 from spectrial.engines.llamacpp import ready_offset_s
+from spectrial.engines.llamacpp_build import ensure_llama_server
 from spectrial.hosts.fingerprint import host_fingerprint
 from spectrial.hosts.gpu import wait_gpus_free
 from spectrial.hosts.local import Host, LocalHost
@@ -48,7 +49,6 @@ from spectrial.measure.workloads import bundled_items
 from spectrial.models import ensure_tiny_models
 from spectrial.params import TrialParams, load_params
 from spectrial.protocol.trial import run_trial
-from spectrial.provisioning.llamacpp import ensure_llama_server
 from spectrial.record.store import manifest_json
 from spectrial.servers.lifecycle import Server, stop_previous
 

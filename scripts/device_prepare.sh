@@ -65,8 +65,8 @@ werkzeug wheel wrapt xarray xxhash yarl zipp"
 
 say() { printf '[device_prepare] %s\n' "$*" >&2; }
 
-source_dir() {  # the pinned sdist's vendor/llama.cpp, downloaded and unpacked once by spectrial.provisioning.llamacpp
-  "$PY" -c 'from spectrial.provisioning.llamacpp import source_dir; print(source_dir())'
+source_dir() {  # the pinned sdist's vendor/llama.cpp, downloaded and unpacked once by spectrial.engines.llamacpp_build
+  "$PY" -c 'from spectrial.engines.llamacpp_build import source_dir; print(source_dir())'
 }
 
 # --- src: the stripped llama.cpp tree ---------------------------------------------------------------------
@@ -199,8 +199,8 @@ unpack_to() {  # unpack_to DIR: the tarball's llama.cpp/ into DIR
   mkdir -p "$1" && tar -C "$1" -xJf "$TARBALL"
 }
 
-provision_flags() {  # the flags spectrial.provisioning.llamacpp builds with (cpu|cuda)
-  "$PY" -c "import sys; from spectrial.provisioning.llamacpp import build_flags; print(' '.join(build_flags(cuda=sys.argv[1] == 'cuda')))" "$1"
+provision_flags() {  # the flags spectrial.engines.llamacpp_build builds with (cpu|cuda)
+  "$PY" -c "import sys; from spectrial.engines.llamacpp_build import build_flags; print(' '.join(build_flags(cuda=sys.argv[1] == 'cuda')))" "$1"
 }
 
 cmd_configure() {
@@ -282,7 +282,7 @@ cmd_simulate() {
 import sys
 mods = ["spectrial.cli", "spectrial.protocol.trial", "spectrial.cli.notebooks", "spectrial.readers.render.plots", "spectrial.narrative",
         "spectrial.analysis", "spectrial.logs", "spectrial.models", "spectrial.engines.llamacpp",
-        "spectrial.provisioning.llamacpp", "spectrial.record.store", "spectrial.sweep", "papermill", "ipykernel", "nbclient"]
+        "spectrial.engines.llamacpp_build", "spectrial.record.store", "spectrial.sweep", "papermill", "ipykernel", "nbclient"]
 import importlib
 for m in mods:
     importlib.import_module(m)

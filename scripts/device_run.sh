@@ -126,11 +126,11 @@ phase_src() {  # unpack the stripped llama.cpp tree once per machine
   say "unpacked $(du -sh "$SRC_DIR" | cut -f1) into $SRC_DIR"
 }
 
-phase_build() {  # llama-server + rpc-server, CUDA arch 90, ninja, all cores (spectrial.provisioning.llamacpp; cached)
+phase_build() {  # llama-server + rpc-server, CUDA arch 90, ninja, all cores (spectrial.engines.llamacpp_build; cached)
   "$PY" - "$SRC_DIR" "$CALL_DIR" <<'EOF'
 import os, shutil, sys, time
 from pathlib import Path
-from spectrial.provisioning.llamacpp import binary_path, build_key, cache_root, ensure_llama_server, server_version
+from spectrial.engines.llamacpp_build import binary_path, build_key, cache_root, ensure_llama_server, server_version
 
 src, work = Path(sys.argv[1]), Path(sys.argv[2])
 cached = binary_path("llama-server", cuda=True, cuda_arch="90")
@@ -313,7 +313,7 @@ ready_to_serve() {  # the cached CUDA llama-server and the complete model set ex
   "$PY" - "$MODELS" <<'EOF'
 import sys
 from spectrial.models import ModelSet
-from spectrial.provisioning.llamacpp import binary_path
+from spectrial.engines.llamacpp_build import binary_path
 ok = binary_path("llama-server", cuda=True, cuda_arch="90").is_file()
 try:
     ok = ok and ModelSet.load(sys.argv[1]).is_complete()

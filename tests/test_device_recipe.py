@@ -275,7 +275,7 @@ def test_wheels_close_over_the_device_image() -> None:
 @needs_payload
 @pytest.mark.slow
 def test_stripped_tree_configures() -> None:
-    """CMake configures the stripped tree with spectrial.provisioning.llamacpp's flags, for CPU and (with nvcc) CUDA 90."""
+    """CMake configures the stripped tree with spectrial.engines.llamacpp_build's flags, for CPU and (with nvcc) CUDA 90."""
     res = subprocess.run(["bash", str(PREPARE), "configure"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "CPU configure ok" in res.stderr

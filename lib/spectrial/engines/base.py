@@ -229,6 +229,8 @@ class Engine(ABC):
     tree_drafts: ClassVar[bool] = True  # drafts a tree (top-k > 1); False: a chain only
     tiny_remote: ClassVar[bool] = False  # spectrial's tiny models can be uploaded to a remote host
     auto_binary: ClassVar[str | None] = None  # what `engine_bin: auto` is (built here, uploaded to a remote host)
+    binary_identity: ClassVar[bool] = True  # its binary's identity is part of the fingerprint (a Python engine: its
+    # version says what runs)
 
     @classmethod
     def with_slots(cls, engine_config: dict[str, Any], concurrency: int) -> dict[str, Any]:

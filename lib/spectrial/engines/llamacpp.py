@@ -236,7 +236,7 @@ class LlamaCpp(Engine):
 
     def engine_binary(self, host: Host, name: str = "llama-server") -> str:
         """Path of spectrial's build of `name` (llama-server or rpc-server) on `host`, built/uploaded as needed."""
-        from spectrial.provisioning.llamacpp import ensure_llama_server
+        from spectrial.engines.llamacpp_build import ensure_llama_server
 
         local = ensure_llama_server(cuda=self.config.cuda, cuda_arch=self.config.cuda_arch).parent / name
         if not local.is_file():
@@ -337,7 +337,7 @@ class LlamaCpp(Engine):
 
     def resolve_dry(self) -> None:
         """Paths as they would be used, without building or checking anything."""
-        from spectrial.provisioning.llamacpp import binary_path
+        from spectrial.engines.llamacpp_build import binary_path
 
         p = self.params
         self.binary = str(binary_path("llama-server", self.config.cuda, self.config.cuda_arch)) \

@@ -285,6 +285,7 @@ class SGLang(Engine):
 
     label = "SGLang"
     start_s = 90.0
+    binary_identity = False  # a Python engine: its version says what runs
     metric_prefix = "sglang:"
     metrics_flag = "SGLang --enable-metrics (SGLang >= 0.5.14 exports the speculation counters)"
     speculation_hint = "start SGLang with --speculative-algorithm (EAGLE3, STANDALONE, NGRAM, ...) at its next restart"

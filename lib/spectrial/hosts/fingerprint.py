@@ -105,10 +105,8 @@ def file_identity(host: Host, path: str, chunk: int = 1 << 20) -> FileIdentity:
 
 def engine_identity(host: Host, binary: str | None) -> FileIdentity | None:
     """Engine binary identity (path, size, mtime, head/tail hash) for a manifest's `engine.binary_identity`;
-    None for a Python engine (its version says what runs)."""
-    if binary and not binary.startswith(("python", "vllm")):
-        return file_identity(host, binary)
-    return None
+    None without a binary (a Python engine's adapter asks for none: its version says what runs)."""
+    return file_identity(host, binary) if binary else None
 
 
 def fingerprint_key(fp: HostFingerprint, engine: EngineInfo | None = None) -> str:

@@ -344,7 +344,7 @@ class Session:
             fp, node_fps = self.group.fingerprints()
             if node_fps:
                 m.node_fingerprints = node_fps
-            if (binary := engine_identity(self.host, m.engine.binary)) is not None:
+            if self.engine.binary_identity and (binary := engine_identity(self.host, m.engine.binary)) is not None:
                 m.engine.binary_identity = binary
             models = (m.engine.models or {}).values()
             m.models = [file_identity(self.host, x) for x in dict.fromkeys(models) if x.startswith("/")]

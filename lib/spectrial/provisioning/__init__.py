@@ -1,1 +1,1 @@
-"""What a host needs before a trial: the llama.cpp build (`llamacpp`), engine venvs (`venvs`), uploads to remote hosts (`remote`)."""
+"""What a host needs before a trial: spectrial's cache (`cache`: its root, entries published whole, build locks) and uploads to remote hosts (`remote`). Engine builds live with their engines (`engines.llamacpp_build`, `engines.vllm_venv`)."""

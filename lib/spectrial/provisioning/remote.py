@@ -1,7 +1,7 @@
 """Provision SSH hosts from this machine: what is built or written here is uploaded into the host's cache.
 
 The host's cache (`ssh.cache_dir`, default `~/.cache/spectrial` on the host) mirrors the local one
-(`spectrial.provisioning.llamacpp.cache_root()`): `llama.cpp/bin/<key>/llama-server` here is
+(`spectrial.engines.llamacpp_build.cache_root()`): `llama.cpp/bin/<key>/llama-server` here is
 `<host cache>/llama.cpp/bin/<key>/llama-server` there, tiny models likewise. An upload is skipped when the
 file there already has the same size and hash (`fingerprint.file_identity`, hashing the whole file up to
 128 MiB and head + tail beyond; the local and the remote hash are computed at the same time). Uploads are
@@ -67,7 +67,7 @@ def host_cache_root(host: Host, cache_dir: str) -> str:
 
 def mirror_path(local: Path, host_cache: str) -> str:
     """Where `local` (a file of the local cache, or any file) goes in the host's cache."""
-    from spectrial.provisioning.llamacpp import cache_root
+    from spectrial.provisioning.cache import cache_root
 
     resolved = local.resolve()
     try:

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -90,7 +92,7 @@ def roofline_of(record: Path, m: Manifest) -> RooflineInputs:
         rq = pd.read_csv(reqs)
         if "server_prompt_n" in rq and rq["server_prompt_n"].notna().any():
             prompt_n = float(rq["server_prompt_n"].median())
-    context = prompt_n + m.params.get("max_tokens", 0) / 2
+    context = prompt_n + (m.params.max_tokens or 0) / 2
     kv = analysis.kv_cache_bytes(sh["n_layer"], sh["n_head_kv"], sh["n_embd"] // sh["n_head"], context)
     p_b = analysis.streamed_params_b(sh["n_layer"], sh["n_embd"], sh["n_ff"], sh["n_head"], sh["n_head_kv"],
                                      n_vocab)
@@ -107,8 +109,9 @@ for record in records:
     gpus = (m.host.fingerprint.gpus if m.host.fingerprint is not None else None) or [{}]
     display(Markdown(f"## `{record.name}`: {m.engine.name} on {gpus[0].get('name', 'n/a')}\n\n"
                      f"Status `{m.status}`, engine `{m.engine.version or 'n/a'}`; "
-                     f"{m.params.get('repeats')} requests x {m.params.get('max_tokens')} tokens per start, "
-                     f"{m.params.get('restarts', 1)} start(s) per setting, concurrency {concurrency}."))
+                     f"{m.params.repeats} requests x {m.params.max_tokens} tokens per start, "
+                     f"{m.params.restarts if 'restarts' in m.params else 1} start(s) per setting, "
+                     f"concurrency {concurrency}."))
     show_explanation(ex)
 
 # %% [markdown]

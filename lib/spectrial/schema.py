@@ -13,11 +13,23 @@ SCHEMA_VERSION, and refuses a newer one (RecordDamaged, naming both versions).
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 SCHEMA_VERSION = 3
 
@@ -1677,6 +1689,104 @@ class ObservedServer(Record):
                                                                     "counters")
 
 
+# --- the params a run used, as its record holds them ----------------------------------------------------------------
+class RecordedParams(Record):
+    """The resolved params a run used, as its record holds them (secrets masked): the fields readers read, typed;
+    every other one kept as written (`extra="allow"`: a sweep's grid, an NCCL check's sets, a hand-made record's
+    notes).
+
+    Lenient where records differ: a field a record leaves out reads as its default (None, or what readers have
+    always taken it to be: host local, concurrency 1, output_dir outputs); a value that is not of the field's type
+    (a hand-made or much older record) reads as that default too, and is still kept as written. Written back, the
+    params are the mapping as read, key for key and value for value (a record read and written again holds the same
+    params); a field set on the model is written as set. `name in params` says whether the record holds `name`,
+    `params.as_dict()` gives the mapping as written, and `spectrial.record.store.trial_params` the full trial model
+    (`spectrial.params.TrialParams`, every default filled) where a reader needs it."""
+
+    name: str | None = Field(None, description="The run's name")
+    host: str = Field("local", description="Where the engine ran: 'local', 'ssh://user@host:port', 'ssh:ALIAS' "
+                                           "(local where not recorded)")
+    engine: str | None = Field(None, description="The engine (llamacpp, sglang, vllm)")
+    model: str | None = Field(None, description="The target model's path (or 'tiny:target')")
+    draft: str | dict[str, JsonValue] | None = Field(None, description="The default draft model (a hand-made record: "
+                                                                       "what it says of the draft)")
+    steps: int | None = Field(None, description="Draft steps / depth of speculative arms")
+    topk: int | None = Field(None, description="Draft top-k")
+    arms: list[dict[str, JsonValue]] | None = Field(None, description="The arms as given (spectrial.params.Arm)")
+    repeats: int | None = Field(None, description="Measured requests per server start of an arm")
+    restarts: int | None = Field(None, description="Server starts per arm")
+    warmup: int | None = Field(None, description="Warm-up requests per arm, not measured")
+    max_tokens: int | None = Field(None, description="Generated tokens per request")
+    confidence: float | None = Field(None, description="Confidence level of intervals and verdicts")
+    concurrency: int = Field(1, description="Concurrent request streams (1 where not recorded: records before "
+                                            "the field sent one at a time)")
+    prompts: str | None = Field(None, description="Prompts of records before workloads: 'bundled' or a JSONL file")
+    workload: list[dict[str, JsonValue]] | str | None = Field(
+        None, description="The workload's sources (spectrial.params.WorkloadSource; a hand-made record: its words)")
+    request_format: str | None = Field(None, description="completion or chat (None: not recorded, a record before "
+                                                         "workloads sent raw completions)")
+    sampling: dict[str, JsonValue] | None = Field(None, description="Sampling parameters")
+    seed: int | None = Field(None, description="Seed of sampled workloads and random orders")
+    env: dict[str, JsonValue] | None = Field(None, description="Environment put on every launch command (secrets "
+                                                               "masked)")
+    engine_config: dict[str, JsonValue] | None = Field(None, description="Engine-specific settings")
+    port: int | None = Field(None, description="The server's port on the host")
+    output_dir: str = Field("outputs", description="Local folder of run records (outputs where not recorded)")
+    launch_command: str | None = Field(None, description="A hand-made record: the command the server was launched "
+                                                         "with")
+    world_size: int | None = Field(None, description="An NCCL check: ranks")
+    baseline: str = Field("default", description="An NCCL check: the environment set the others are compared with")
+    backend: str | None = Field(None, description="An NCCL check: the collective backend (nccl, gloo)")
+    rounds: int = Field(1, description="An NCCL check: rounds of every set (1 where not recorded)")
+    trial: dict[str, JsonValue] | None = Field(None, description="An older sweep record: its trial params, nested")
+
+    _raw: dict[str, JsonValue] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _as_recorded(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> RecordedParams:
+        if not isinstance(data, Mapping):
+            return handler(data)  # an instance as it is; anything else pydantic's error (the loader: RecordDamaged)
+        raw = dict(data)
+        try:
+            out = handler(raw)
+        except ValidationError as exc:
+            bad = {e["loc"][0] for e in exc.errors() if e["loc"] and e["loc"][0] in cls.model_fields}
+            if not bad or any(not e["loc"] or e["loc"][0] not in cls.model_fields for e in exc.errors()):
+                raise
+            out = handler({k: v for k, v in raw.items() if k not in bad})  # those read as their defaults
+        out._raw = raw
+        return out
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> Any:  # the mapping as written
+        return dict(self._raw)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if not name.startswith("_"):
+            self._raw = {**self._raw, name: getattr(self, name)}  # a new mapping: a shallow copy's stays as it was
+
+    def __contains__(self, name: object) -> bool:
+        """Whether the record holds `name` (a field left out reads as its default, but is not held)."""
+        return name in self._raw
+
+    def __getitem__(self, name: str) -> Any:
+        """A held field's value (typed where declared), as a mapping's; KeyError when the record does not hold it."""
+        if name not in self._raw:
+            raise KeyError(name)
+        extra = self.model_extra or {}
+        return extra[name] if name in extra else getattr(self, name)
+
+    def keys(self) -> list[str]:
+        """The names the record holds, in its order."""
+        return list(self._raw)
+
+    def as_dict(self) -> dict[str, JsonValue]:
+        """The params as the record holds them (a copy: a plain mapping, every value as written)."""
+        return copy.deepcopy(self._raw)
+
+
 class Manifest(Record):
     """A run record's manifest.json."""
 
@@ -1695,8 +1805,8 @@ class Manifest(Record):
     finished_at: str | None = Field(None, description="When it finished (UTC, ISO 8601)")
     spectrial_version: str | None = Field(None, description="spectrial's version that wrote it")
     controller: Controller | None = Field(None, description="The spectrial process driving the run")
-    params: dict[str, Any] = Field(default_factory=dict, description="The resolved params the run used (secrets "
-                                                                     "masked)")
+    params: RecordedParams = Field(default_factory=RecordedParams, description="The resolved params the run used "
+                                                                               "(secrets masked)")
     host: HostInfo = Field(default_factory=HostInfo, description="The machine: name, fingerprint, GPUs")
     engine: EngineInfo = Field(default_factory=EngineInfo, description="The engine build: name, version, binary, "
                                                                        "where it was found")

@@ -20,7 +20,7 @@ def cluster_command(kind: str, params: Any, run_id: str | None, quiet: bool, req
         m = run_cluster(kind, params, run_id=run_id, progress=not quiet)  # type: ignore[arg-type]
     for line in summary_lines(m):
         typer.echo(line)
-    typer.echo(f"run record: {Path(m.params.get('output_dir', 'outputs')).expanduser().resolve() / m.run_id}"
+    typer.echo(f"run record: {Path(m.params.output_dir).expanduser().resolve() / m.run_id}"
                "/manifest.json")
     if m.status == "failed" or (m.status == "partial" and kind == "trial"):
         typer.secho(f"{m.kind} {m.status}: {m.reason}", fg="red", err=True)

@@ -75,7 +75,7 @@ def start_estimate_s(params: TrialParams, most: int = 50) -> float | None:
     for run in list_runs(params.output_dir)[-most:]:
         with contextlib.suppress(Exception):
             m = load_record(run, settle=False)
-            if m.params.get("engine") == params.engine and m.params.get("model") == params.model:
+            if m.params.engine == params.engine and m.params.model == params.model:
                 took += [s.elapsed_s for s in m.live_starts() if s.status == "ok" and s.elapsed_s]
     return statistics.median(took) if took else None
 
@@ -248,8 +248,7 @@ class ClusterRun:
         if m is not None:
             self.manifests[job.name] = m
             u.record_status, u.fingerprint_key = m.status, m.fingerprint_key
-            port = m.params.get("port")
-            u.port = port if isinstance(port, int) else u.port
+            u.port = m.params.port if m.params.port is not None else u.port
             if m.controller is not None and m.controller.job is not None and m.controller.job.node:
                 u.host = m.controller.job.node
             elif u.host is None and m.controller is not None:

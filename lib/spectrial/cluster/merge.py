@@ -38,7 +38,7 @@ def _z(confidence: float) -> float:
 
 def unit_comparisons(unit: UnitRecord, m: Manifest) -> list[UnitComparison]:
     """The unit's speculative arms (a sweep's speculative points), as measured against its own baseline."""
-    conc = m.params.get("concurrency") if isinstance(m.params.get("concurrency"), int) else None
+    conc = m.params.concurrency if "concurrency" in m.params else None
     out: list[UnitComparison] = []
     if m.kind == "sweep":
         for pt in m.points:

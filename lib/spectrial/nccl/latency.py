@@ -119,8 +119,8 @@ def _effect_words(cmp: pd.DataFrame) -> tuple[str, str]:
 
 def verdict_text(manifest: Manifest, comparisons: pd.DataFrame) -> str:
     """Markdown paragraph per set: did the variables reach the workers, did NCCL take them, did they help."""
-    base = manifest.get("params", {}).get("baseline", "default")
-    gloo = manifest.get("params", {}).get("backend") == "gloo"
+    base = manifest.params.baseline
+    gloo = manifest.params.backend == "gloo"
     lines = []
     for s in manifest.get("sets", []):
         head = f"**{s['name']}** (how: `{s['how']}`)"
@@ -146,7 +146,7 @@ def verdict_text(manifest: Manifest, comparisons: pd.DataFrame) -> str:
                     overall = "A/A check (gloo ignores NCCL variables: every 'faster' or 'slower' is a false alarm)"
                 text += f" Versus `{base}`{where}: {overall} (set/baseline p50: {detail})."
         lines.append(text)
-    if manifest.get("params", {}).get("rounds", 1) < 2:
+    if manifest.params.rounds < 2:
         lines.append("- one round only: the intervals cover call-to-call noise, not the drift between worker "
                      "starts; run with `rounds: 2` or more before trusting a small difference.")
     if gloo:

@@ -30,7 +30,7 @@ from spectrial.analysis.sequential import SpreadPrior, prior_from_starts
 from spectrial.errors import RecordDamaged
 from spectrial.params import workload_identity
 from spectrial.record.store import Skipped, list_runs, load_records
-from spectrial.schema import Manifest
+from spectrial.schema import Manifest, RecordedParams
 
 LIMIT = 20  # newest matching records read at most
 
@@ -73,15 +73,15 @@ class Earlier(BaseModel):
                    f"{'; ...' if len(self.damaged) > 3 else ''})" if self.skipped else ""))
 
 
-def work_key(params: Mapping[str, JsonValue]) -> str:
+def work_key(params: RecordedParams | Mapping[str, JsonValue]) -> str:
     """What must match for two runs to have measured the same thing (apart from the machine state): host,
     engine, model and workload identity, from recorded or given params."""
-    ident = {"host": params.get("host", "local"), "engine": params.get("engine"), "model": params.get("model"),
-             "workload": workload_identity(dict(params))}
+    p = params if isinstance(params, RecordedParams) else RecordedParams.model_validate(params)
+    ident = {"host": p.host, "engine": p.engine, "model": p.model, "workload": workload_identity(p.as_dict())}
     return json.dumps(ident, sort_keys=True, default=str)
 
 
-def find(folder: str | Path, params: Mapping[str, JsonValue], *, fingerprint_key: str | None = None,
+def find(folder: str | Path, params: RecordedParams | Mapping[str, JsonValue], *, fingerprint_key: str | None = None,
          exclude: str | None = None, before: str | None = None, limit: int = LIMIT,
          kinds: tuple[str, ...] = ("trial",)) -> tuple[list[Manifest], list[Skipped]]:
     """Matching earlier records under `folder` (oldest first, at most `limit`, newest kept) and the damaged ones
@@ -171,7 +171,7 @@ def summarize(runs: list[Manifest], folder: str | Path, skipped: list[Skipped] |
                    requests_per_start=_median(per_start), overhead_s=overhead)
 
 
-def earlier(folder: str | Path, params: Mapping[str, JsonValue], **kwargs: Any) -> Earlier:
+def earlier(folder: str | Path, params: RecordedParams | Mapping[str, JsonValue], **kwargs: Any) -> Earlier:
     """`find` then `summarize`."""
     runs, skipped = find(folder, params, **kwargs)
     return summarize(runs, folder, skipped)

@@ -31,7 +31,7 @@ from spectrial.hosts.fingerprint import stable_view
 from spectrial.protocol.drift import argv_changes, dict_changes
 from spectrial.record import comparable as cmp
 from spectrial.record.comparable import Category
-from spectrial.record.store import load_record
+from spectrial.record.store import load_record, trial_params
 from spectrial.schema import ArmRecord, HostFingerprint, Manifest
 
 
@@ -194,16 +194,17 @@ def _filled_params(m: Manifest) -> dict[str, JsonValue]:
     """The run's params with every default filled by the params model of its kind (`model_validate`), so that a
     default an older schema did not write is not an "added" parameter; the params as recorded when the model
     does not accept them (a hand-made or much older record)."""
-    from pydantic import BaseModel, ValidationError
+    from pydantic import ValidationError
 
-    from spectrial.params import TrialParams
+    from spectrial.errors import ConfigError
     from spectrial.sweep.params import SweepParams
 
-    model: type[BaseModel] = SweepParams if m.kind == "sweep" else TrialParams
     try:
-        return model.model_validate(dict(m.params)).model_dump(mode="json")
-    except (ValidationError, ValueError, TypeError):
-        return dict(m.params)
+        if m.kind == "sweep":
+            return SweepParams.model_validate(m.params.as_dict()).model_dump(mode="json")
+        return trial_params(m).model_dump(mode="json")
+    except (ConfigError, ValidationError, ValueError, TypeError):
+        return m.params.as_dict()
 
 
 def _model_files(a: Manifest, b: Manifest) -> list[str]:

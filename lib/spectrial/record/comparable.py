@@ -204,7 +204,7 @@ def _host(m: Manifest) -> dict[str, JsonValue]:
 
 
 def _target(m: Manifest) -> str | None:
-    ref = m.params.get("model") or (m.model_info.name if m.model_info is not None else None)
+    ref = m.params.model or (m.model_info.name if m.model_info is not None else None)
     path = (m.engine.models or {}).get(str(ref)) if ref is not None else None
     ident = next((f for f in m.models if path and f.path == path), None)
     if ident is not None and ident.head_tail_sha256:
@@ -234,7 +234,8 @@ def _arm_facts(m: Manifest, arm: str) -> dict[Category, dict[str, JsonValue]]:
 def facts(m: Manifest, arm: str | None = None) -> Facts:
     """What record `m` (or its arm `arm`) says of each category."""
     eng, p = m.engine, m.params
-    work = workload_identity(p) if p else {}
+    recorded = p.as_dict()
+    work = workload_identity(recorded) if recorded else {}
     sampling = work.pop("sampling", None)
     binary = eng.binary_identity
     values: dict[Category, dict[str, JsonValue]] = {
@@ -242,15 +243,15 @@ def facts(m: Manifest, arm: str | None = None) -> Facts:
         "host": _host(m),
         "model": {"target": _target(m)},
         "model files": _files(m),
-        "engine": {"name": eng.name or p.get("engine")},
+        "engine": {"name": eng.name or p.engine},
         "engine version": {"version": (eng.version or "").strip() or None},
         "engine build": {"commit": eng.commit, "diff hash": eng.diff_hash,
                          "binary": [binary.head_tail_sha256, binary.size] if binary is not None else None},
-        "workload": {k: work.get(k) for k in work} if p else {},
+        "workload": {k: work.get(k) for k in work} if recorded else {},
         "sampling": {"sampling": sampling},
-        "concurrency": {"concurrency": p.get("concurrency", 1) if p else None},
-        "repeats": {k: p.get(k) for k in ("repeats", "restarts", "warmup")},
-        "configuration": {**dict(p.get("env") or {}), "the set of arms": sorted(a.name for a in m.arms)},
+        "concurrency": {"concurrency": p.concurrency if recorded else None},
+        "repeats": {"repeats": p.repeats, "restarts": p.restarts, "warmup": p.warmup},
+        "configuration": {**(p.env or {}), "the set of arms": sorted(a.name for a in m.arms)},
         "fingerprint key": {"key": m.fingerprint_key},
         "session": {"run": m.run_id},
     }

@@ -32,8 +32,8 @@ def _with_serving(m: Manifest, run: Path) -> Manifest:
     by = read_requests(run, key=key)
     if not by:
         return m
-    conc = (m.params or {}).get("concurrency") or (m.params.get("trial") or {}).get("concurrency")
-    level = float((m.params or {}).get("confidence") or 0.95)
+    conc = m.params.concurrency if "concurrency" in m.params else (m.params.trial or {}).get("concurrency")
+    level = float(m.params.confidence or 0.95)
 
     def fill(a: ArmRecord) -> ArmRecord:
         ident = getattr(a, "id", None) or a.get("id") or a.name

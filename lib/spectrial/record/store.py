@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from pydantic import ValidationError
@@ -35,6 +35,9 @@ from spectrial.errors import ConfigError, RecordDamaged, RecordWriteError
 from spectrial.ownership import controller, describe, owner_state
 from spectrial.schema import SCHEMA_VERSION, ArmRecord, Manifest, RequestRecord, StepRecord, migrate, utc_now
 from spectrial.secrets import mask_mapping, redact
+
+if TYPE_CHECKING:
+    from spectrial.params import TrialParams
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -539,6 +542,16 @@ def load_record(run_dir: str | Path, settle: bool = True) -> Manifest:
     if settle and m.status in ("running", "pending") and m.controller and settle_record(path.parent):
         m = read_manifest(path)
     return m
+
+
+def trial_params(m: Manifest, where: str | None = None) -> TrialParams:
+    """A record's params as the trial model validates them (`spectrial.params.TrialParams`: every field checked,
+    every default filled): the one place a recorded run's params become the full trial model, for the readers that
+    need it (diff, the sweep replayer). Params that model does not accept (a hand-made or much older record, a
+    sweep's or an NCCL check's params) are ConfigError naming `where` (default: the run)."""
+    from spectrial.params import validate
+
+    return validate(m.params.as_dict(), where or f"the params of run {m.run_id}")
 
 
 @dataclass

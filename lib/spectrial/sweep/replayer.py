@@ -18,9 +18,8 @@ import pandas as pd
 
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
-from spectrial.params import validate as validate_trial
 from spectrial.protocol.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
-from spectrial.record.store import RunRecord, load_record, opened, read_table
+from spectrial.record.store import RunRecord, load_record, opened, read_table, trial_params
 from spectrial.schema import Manifest, RequestRecord, StartRecord, WindowRecord
 from spectrial.sweep.params import Setting, load_sweep_params
 from spectrial.sweep.result import SweepResult
@@ -71,8 +70,8 @@ class ReplaySource(OfflineSource):
 
 def _from_trial(src: Manifest, requests: pd.DataFrame) -> tuple[dict[str, Any], Manifest, pd.DataFrame]:
     """A trial record whose arms form a grid (one method and draft) as sweep params, starts and requests."""
-    trial = src.params
-    t = validate_trial(trial, "the trial record's params")
+    trial = src.params.as_dict()
+    t = trial_params(src, "the trial record's params")
     sweep = load_sweep_params(data={"trial": trial})
     c = t.concurrency
     names: dict[str, str] = {}
@@ -127,7 +126,7 @@ def replay(run_dir: str | Path, overrides: dict[str, Any] | None = None, *, outp
     if src.kind == "trial":
         data, src, requests = _from_trial(src, requests)
     elif src.kind in ("sweep", "sweep-world"):
-        data = dict(src.params)
+        data = src.params.as_dict()
         if "point" not in requests or requests["point"].isna().all():  # before schema 2 the point id was `arm`
             requests["point"] = requests["arm"]
     else:

@@ -150,7 +150,7 @@ _RAW_PATHS = ("/v1/completions", "/generate", "/completion", "/completions")
 def raw_prompts(ctx: Context) -> Iterator[Finding]:
     """Acceptance measured on raw prompts (no chat template) with a draft head trained on chat-formatted output."""
     m = ctx.manifest
-    fmt = ctx.params.get("request_format") or "completion"  # records before workloads: always raw completions
+    fmt = ctx.params.request_format or "completion"  # records before workloads: always raw completions
     own = m is not None and m.kind in ("trial", "sweep")  # spectrial sent the requests: the record says how
     if own and fmt != "chat" and ("prompts" in ctx.params or "workload" in ctx.params):
         yield from _raw_prompt_record(ctx, fmt)
@@ -166,7 +166,7 @@ def raw_prompts(ctx: Context) -> Iterator[Finding]:
 def _raw_prompt_record(ctx: Context, fmt: str) -> Iterator[Finding]:
     """Once per record: the head-trained arms whose acceptance came from spectrial's raw completions (its default
     request format), as information with what to set, the server log lines that show it as evidence."""
-    api = (ctx.params.get("engine_config") or {}).get("client_api") or "openai"
+    api = (ctx.params.engine_config or {}).get("client_api") or "openai"
     endpoint = "/generate" if api == "native" else "/v1/completions"
     arms = [(p, a) for p, a in spec_arms(ctx) if a.method in HEAD_METHODS and not a.synthetic
             and a.synthetic_accept is None
@@ -174,8 +174,8 @@ def _raw_prompt_record(ctx: Context, fmt: str) -> Iterator[Finding]:
     if not arms:
         return
     what = ("params.workload", [w.get("source") if isinstance(w, dict) else w
-                                for w in ctx.params["workload"]]) if "workload" in ctx.params \
-        else ("params.prompts", ctx.params.get("prompts"))
+                                for w in ctx.params.workload or []]) if "workload" in ctx.params \
+        else ("params.prompts", ctx.params.prompts)
     default = "request_format" not in ctx.params or fmt == "completion"
     ev = [rec(*what), rec("params.request_format", f"{fmt} (spectrial sent each prompt as raw text to "
                                                   f"{endpoint}, no chat template; client_api {api})")]

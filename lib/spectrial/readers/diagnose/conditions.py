@@ -115,7 +115,7 @@ def _hand_recorded(ctx: Context) -> Iterator[Finding]:
             unrecorded.append((path, a))
     if not (unverified or unrecorded):
         return
-    env = _nccl(ctx.params.get("env"))
+    env = _nccl(ctx.params.env)
     ev: list[Evidence] = []
     if env:
         ev.append(rec("params.env", " ".join(f"{k}={v}" for k, v in env.items())))
@@ -146,7 +146,7 @@ def _nccl_check(ctx: Context) -> Iterator[Finding]:
     """An NCCL check record: per set, variables that never reached a worker or that NCCL did not report."""
     m = ctx.manifest
     assert m is not None
-    world = number(m.get("world_size")) or number(ctx.params.get("world_size"))
+    world = number(m.get("world_size")) or number(ctx.params.world_size)
     quiet_sets: list[str] = []
     quiet_vars: set[str] = set()
     quiet_ev: list[Evidence] = []

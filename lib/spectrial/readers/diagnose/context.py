@@ -21,7 +21,7 @@ from spectrial.analysis.stats import finite
 from spectrial.errors import RecordDamaged
 from spectrial.logs.api import ServerLog
 from spectrial.record.store import MAX_RECORD_BYTES_ENV, read_record_bytes, record_cap
-from spectrial.schema import ArmRecord, Manifest
+from spectrial.schema import ArmRecord, Manifest, RecordedParams
 
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _WRAPPERS = frozenset({"nohup", "env", "exec", "sudo", "setsid", "numactl", "taskset"})
@@ -249,14 +249,15 @@ class Context:
         return str(arm.get("arm") or arm.get("setting") or arm.name)
 
     @cached_property
-    def params(self) -> dict[str, Any]:
-        return dict(self.manifest.params) if self.manifest is not None else {}
+    def params(self) -> RecordedParams:
+        """The run's params as its record holds them (none without a record)."""
+        return self.manifest.params if self.manifest is not None else RecordedParams()
 
     @cached_property
     def engine(self) -> str | None:
         """The engine's name: the record's, else the engine most log rows come from."""
         if self.manifest is not None:
-            name = self.manifest.engine.name or self.params.get("engine")
+            name = self.manifest.engine.name or self.params.engine
             if name:
                 return str(name)
         counts: dict[str, int] = {}
@@ -279,7 +280,7 @@ class Context:
         device, where = None, ""
         if dist and dist.endswith("-cpu"):
             device, where = "cpu", "engine.distribution"
-        elif str((self.params.get("env") or {}).get("VLLM_TARGET_DEVICE") or "").lower() == "cpu":
+        elif str((self.params.env or {}).get("VLLM_TARGET_DEVICE") or "").lower() == "cpu":
             device, where = "cpu", "params.env.VLLM_TARGET_DEVICE"
         else:
             for lf in self.logs:
@@ -287,7 +288,7 @@ class Context:
                 if hit is not None:
                     device, where = hit[1].group(1).lower(), lf.where(hit[0])
                     break
-        cfg = self.params.get("engine_config") or {}
+        cfg = self.params.engine_config or {}
         if device is None and self.engine == "llamacpp" and isinstance(cfg, dict) and "cuda" in cfg:
             device, where = ("cuda" if cfg["cuda"] else "cpu"), "params.engine_config.cuda"
         elif device is None and self.engine in ("sglang", "vllm") and (self.gpu_count() or 0) > 0:
@@ -305,8 +306,8 @@ class Context:
             for i, rec in enumerate(m.launch):
                 if rec.arm in (self.setting(arm), arm.name):
                     return Launch(list(rec.argv), dict(rec.env), f"launch[{i}].argv", f"launch[{i}].env")
-        cmd = self.params.get("launch_command")
-        env = {str(k): str(v) for k, v in (self.params.get("env") or {}).items()}
+        cmd = self.params.launch_command
+        env = {str(k): str(v) for k, v in (self.params.env or {}).items()}
         if isinstance(cmd, str) and cmd.strip():
             argv, assigned = split_command(cmd)
             return Launch(argv, {**assigned, **env}, "params.launch_command",
@@ -324,10 +325,10 @@ class Context:
                 seen = [w.concurrency for s in m.live_starts(self.setting(arm)) for w in s.windows]
                 if seen:
                     return max(seen), f"starts[arm={self.setting(arm)}].windows[].concurrency"
-        c = number(self.params.get("concurrency"))
+        c = number(self.params.concurrency) if "concurrency" in self.params else None
         if c:
             return int(c), "params.concurrency"
-        work = str(self.params.get("workload") or "")
+        work = str(self.params.workload or "")
         if re.search(r"single[- ]stream|batch 1\b", work):
             return 1, "params.workload"
         return None, ""

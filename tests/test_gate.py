@@ -26,10 +26,10 @@ SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
 
 
 def trial(out: Path, tmp: Path, *over: str, params: Path = CI_TRIAL) -> Path:
-    """Run a trial through the CLI; its run folder."""
+    """Run a trial through the CLI; its run folder (no report.html: the gate reads the record only)."""
     before = set(out.iterdir()) if out.is_dir() else set()
-    args = [*SPECTRIAL, "trial", str(params), "--quiet", "-p", f"output_dir={out}", "-p", f"port={free_port()}",
-            "-p", f"state_dir={tmp / 'state'}", "-p", f"work_dir={tmp / 'work'}"]
+    args = [*SPECTRIAL, "trial", str(params), "--quiet", "--no-report", "-p", f"output_dir={out}",
+            "-p", f"port={free_port()}", "-p", f"state_dir={tmp / 'state'}", "-p", f"work_dir={tmp / 'work'}"]
     for o in over:
         args += ["-p", o]
     res = subprocess.run(args, capture_output=True, text=True, timeout=600)

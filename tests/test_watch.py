@@ -226,41 +226,18 @@ def test_bad_inputs(llama_server, tiny_models, port, tmp_path):
 
 
 @pytest.mark.vllm
-def test_watch_a_real_vllm_cpu_server(tmp_path, port):
-    """One vLLM CPU server (the counting target + its EAGLE-3 draft, 3 steps), started here from the command
-    spectrial's vLLM adapter composes; the watch's per-position acceptance against the counting truth."""
-    import yaml
+def test_watch_a_real_vllm_cpu_server(tmp_path, vllm_counting_eagle3):
+    """A real vLLM CPU server (the counting target + its EAGLE-3 draft, 3 steps: the session's shared one,
+    tests/shared_servers.py, up before the watch starts, as a user's server is); the watch's per-position
+    acceptance against the counting truth for the requests sent while it watches."""
     from tokenizers import Tokenizer
 
-    from spectrial.engines.base import get_engine
-    from spectrial.hosts.local import LocalHost
     from spectrial.models.hf import ensure_hf_models, simulate_counting
-    from spectrial.params import load_params
 
-    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "examples" / "vllm-cpu.yaml").read_text())
-    data.update(port=port, arms=[{"name": "eagle3", "method": "eagle3"}], state_dir=str(tmp_path / "state"),
-                work_dir=str(tmp_path / "work"), output_dir=str(tmp_path / "unused"))
-    params = load_params(data=data)
-    engine = get_engine("vllm", params, LocalHost())
-    engine.prepare()
-    spec = engine.build_spec(params.arms[0])
-    model = spec.argv[spec.argv.index("--model") + 1]
-    url, out, log = f"http://127.0.0.1:{port}", tmp_path / "out", tmp_path / "vllm.log"
-    server = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, stdout=log.open("ab"),
-                              stderr=subprocess.STDOUT, start_new_session=True)
-    watch = None
+    server = vllm_counting_eagle3
+    url, out, model = server.url, tmp_path / "out", "target"
+    watch = start_watch(url, out, "v1", "--duration", "14")
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        watch = start_watch(url, out, "v1", "--duration", "14")
         wait_for_manifest(out / "v1" / "manifest.json", watch)
         tok = Tokenizer.from_file(str(ensure_hf_models(kind="counting").target / "tokenizer.json"))
         drafts, accepted, max_tokens = 0, [0, 0, 0], 32
@@ -275,17 +252,10 @@ def test_watch_a_real_vllm_cpu_server(tmp_path, port):
                 drafts, accepted = drafts + d, [x + y for x, y in zip(accepted, a, strict=True)]
         stdout, _ = watch.communicate(timeout=120)
         assert watch.returncode == 0, stdout
-        assert server.poll() is None, "the watch must never stop the server"
+        assert server.alive(), "the watch must never stop the server"
     finally:
-        if watch is not None and watch.poll() is None:
+        if watch.poll() is None:
             os.killpg(watch.pid, signal.SIGKILL)
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(timeout=30)
     w = json.loads((out / "v1" / "manifest.json").read_text())["watch"]
     assert w["engine"] == "vllm" and w["speculation"] and not w["gaps"] and not w["resets"]
     ivs = [iv for iv in w["intervals"] if iv["verify_steps"]]

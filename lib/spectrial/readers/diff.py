@@ -27,12 +27,16 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
+from spectrial.analysis.catalogue import figure
 from spectrial.hosts.fingerprint import stable_view
 from spectrial.protocol.drift import argv_changes, dict_changes
 from spectrial.record import comparable as cmp
 from spectrial.record.comparable import Category
 from spectrial.record.store import load_record, trial_params
 from spectrial.schema import ArmRecord, HostFingerprint, Manifest
+
+# what a change is stated in, as the figure catalogue labels it (spectrial.analysis.catalogue)
+SPEEDUP, TOK_S = figure("speedup").label, figure("tok_s").label
 
 
 @dataclass(order=True)
@@ -85,7 +89,7 @@ class Change:
         return self.ci_b[1] < self.ci_a[0] or self.ci_b[0] > self.ci_a[1]
 
     def _fmt(self, v: float, ci: tuple[float, float] | None) -> str:
-        if self.what == "speed-up":
+        if self.what == SPEEDUP:
             return f"{v:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
         return f"{v:.2f} tok/s" + (f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
 
@@ -95,7 +99,7 @@ class Change:
         note = {None: "no intervals recorded: cannot say whether it is measured",
                 True: "intervals do not overlap: a measured change",
                 False: "intervals overlap: within the noise"}[self.measured]
-        what = "speed-up against its own run's baseline" if self.what == "speed-up" else \
+        what = "speed-up against its own run's baseline" if self.what == SPEEDUP else \
             "tok/s across the runs (no speed-up recorded in both)"
         return (f"{self.arm}: {what} {self._fmt(self.a, self.ci_a)} -> {self._fmt(self.b, self.ci_b)} "
                 f"({self.rel * 100:+.1f} %; {note})")
@@ -111,11 +115,11 @@ def headline(a: Manifest, b: Manifest) -> Change | None:
     when no arm has a speed-up in both runs."""
     arms_b = {x.name: x for x in b.arms}
     pairs = [(x, arms_b[x.name]) for x in a.arms if x.name in arms_b]
-    changes = [Change(x.name, "speed-up", x.speedup, y.speedup, _ci(x.speedup_ci_low, x.speedup_ci_high),
+    changes = [Change(x.name, SPEEDUP, x.speedup, y.speedup, _ci(x.speedup_ci_low, x.speedup_ci_high),
                       _ci(y.speedup_ci_low, y.speedup_ci_high))
                for x, y in pairs if x.speculative and x.speedup and y.speedup]
     if not changes:
-        changes = [Change(x.name, "tok/s", x.tok_s, y.tok_s, _ci(x.tok_s_ci_low, x.tok_s_ci_high),
+        changes = [Change(x.name, TOK_S, x.tok_s, y.tok_s, _ci(x.tok_s_ci_low, x.tok_s_ci_high),
                           _ci(y.tok_s_ci_low, y.tok_s_ci_high)) for x, y in pairs if x.tok_s and y.tok_s]
     if not changes:
         return None
@@ -169,7 +173,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> DiffResult:
         if xa.speculative and (xa.verdict or xb.verdict) and (xa.verdict != xb.verdict or xa.speedup != xb.speedup):
             f.append(Finding(5, f"arm {n}: speed-up against its own run's baseline {_judged(xa)} -> {_judged(xb)}"))
         if xa.tok_s and xb.tok_s and xa.tok_s != xb.tok_s:
-            c = Change(n, "tok/s", xa.tok_s, xb.tok_s, _ci(xa.tok_s_ci_low, xa.tok_s_ci_high),
+            c = Change(n, TOK_S, xa.tok_s, xb.tok_s, _ci(xa.tok_s_ci_low, xa.tok_s_ci_high),
                        _ci(xb.tok_s_ci_low, xb.tok_s_ci_high))
             note = {None: "no intervals", True: "intervals do not overlap", False: "intervals overlap"}[c.measured]
             line = f"arm {n}: {xa.tok_s:.2f} -> {xb.tok_s:.2f} tok/s ({c.rel * 100:+.1f} %; {note})"

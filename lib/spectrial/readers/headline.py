@@ -22,10 +22,16 @@ from typing import Any, ClassVar
 import pandas as pd
 from pydantic import BaseModel, Field
 
+from spectrial.analysis.catalogue import figure
 from spectrial.analysis.figures import NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, pick_baseline, positive
 from spectrial.analysis.validity import is_invalid, problems
 from spectrial.record.store import as_manifest
 from spectrial.schema import ArmRecord, DecideRecord, Manifest, PointRecord
+
+# column labels as the figure catalogue declares them (spectrial.analysis.catalogue)
+TOK_S, SPEEDUP, ACCEPT, BREAK_EVEN, TTFT, ITL = (figure(n).label for n in (
+    "tok_s", "speedup", "accept_len", "break_even_accept_len", "ttft_ms", "itl_ms"))
+
 
 DETECT = 0.05  # the difference an undecided arm is told how to detect
 
@@ -168,15 +174,15 @@ class Headline(BaseModel):
         for a in self.arms:
             verdict = "baseline" if a.baseline else (_short(a.verdict) if terminal else a.verdict) \
                 if a.status == "ok" else a.status
-            row = {"arm": a.label, "tok/s" if terminal else "decode tok/s": _r(a.tok_s, 1),
-                   "speed-up [CI]": None if a.speedup is None or a.baseline else f"{a.speedup:.2f}x" + (
+            row = {"arm": a.label, TOK_S if terminal else f"decode {TOK_S}": _r(a.tok_s, 1),
+                   f"{SPEEDUP} [CI]": None if a.speedup is None or a.baseline else f"{a.speedup:.2f}x" + (
                        f" [{a.speedup_ci[0]:.2f}, {a.speedup_ci[1]:.2f}]" if a.speedup_ci else ""),
-                   "verdict": verdict, "accept" if terminal else "accept len": _r(a.accept_len, 2),
-                   "break-even": None if a.break_even is None else f"{a.break_even:.2f}" + (
+                   "verdict": verdict, ACCEPT if terminal else f"{ACCEPT} len": _r(a.accept_len, 2),
+                   BREAK_EVEN: None if a.break_even is None else f"{a.break_even:.2f}" + (
                        f" [{a.break_even_ci[0]:.2f}, {a.break_even_ci[1]:.2f}]" if a.break_even_ci else ""),
-                   "TTFT ms": _r(a.ttft_p50_ms, 1), "ITL ms": _r(a.itl_p50_ms, 2), "checks": a.checks}
+                   TTFT: _r(a.ttft_p50_ms, 1), ITL: _r(a.itl_p50_ms, 2), "checks": a.checks}
             if not terminal:
-                row = {**{k.replace("TTFT ms", "TTFT p50 ms").replace("ITL ms", "ITL p50 ms"): v
+                row = {**{k.replace(TTFT, "TTFT p50 ms").replace(ITL, "ITL p50 ms"): v
                           for k, v in row.items()}, "E2E p50 ms": _r(a.e2el_p50_ms, 0),
                        "out tok/s": _r(a.output_tok_s, 1), "starts": a.starts}
             rows.append(row)
@@ -253,7 +259,7 @@ class _Para:
 
 # terminal columns left out, in this order, when the table would not fit: the serving figures, then the accept
 # length and break-even (each speculative arm's sentence below the table gives both), then the checks
-_DROP = ("ITL ms", "TTFT ms", "break-even", "accept", "checks")
+_DROP = (ITL, TTFT, BREAK_EVEN, ACCEPT, "checks")
 
 
 def _cell_lines(col: str, text: str, narrow: bool) -> list[str]:
@@ -279,7 +285,7 @@ class _FitTable:
 
     GAP = 2  # columns between two columns (rich's padding on each side)
 
-    DECIMALS: ClassVar[dict[str, int]] = {"tok/s": 1, "accept": 2, "TTFT ms": 1, "ITL ms": 2}  # as the sentences
+    DECIMALS: ClassVar[dict[str, int]] = {TOK_S: 1, ACCEPT: 2, TTFT: 1, ITL: 2}  # as the sentences
 
     def __init__(self, df: pd.DataFrame) -> None:
         self.cols = [str(c) for c in df.columns]

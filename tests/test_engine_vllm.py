@@ -137,3 +137,44 @@ def test_probe_not_ready_while_refused_then_ready_on_health_200(port):
         finally:
             srv.shutdown()
             srv.server_close()
+
+
+def test_the_vllm_probe_is_kept_while_the_environment_holds(tmp_path, monkeypatch) -> None:
+    """Importing vllm to learn its version takes seconds a trial: the answer is kept in the cache under the
+    environment's identity and asked again only when that changes (an install or removal in site-packages)."""
+    import os
+    import sys
+
+    from spectrial.engines.base import get_engine
+    from spectrial.hosts.local import LocalHost
+    from spectrial.params import validate
+
+    stub = tmp_path / "stub"
+    (stub / "vllm").mkdir(parents=True)
+    imports = tmp_path / "imports.txt"
+    (stub / "vllm" / "__init__.py").write_text(
+        f"__version__ = '9.9.9'\nopen({str(imports)!r}, 'a').write('imported\\n')\n")
+    (stub / "vllm" / "config.py").write_text(
+        "import dataclasses\n@dataclasses.dataclass\nclass SpeculativeConfig:\n    method: str = ''\n")
+    monkeypatch.setenv("PYTHONPATH", str(stub))
+    monkeypatch.setenv("SPECTRIAL_CACHE", str(tmp_path / "cache"))
+    p = validate({"engine": "vllm", "model": "m", "arms": [{"name": "baseline"}]}, "test")
+    engine = get_engine("vllm", p, LocalHost())
+    for _ in range(3):
+        probe = engine._probe_vllm(sys.executable)
+        assert (probe.version, probe.speculative_fields) == ("9.9.9", ["method"])
+    assert imports.read_text().count("imported") == 1  # asked once, then read from the cache
+    entry = engine._probe_cache(sys.executable, None)
+    assert entry is not None and entry.is_file() and entry.is_relative_to(tmp_path / "cache")
+    entry.write_text("{not json")  # a damaged entry is probed again, not believed
+    assert engine._probe_vllm(sys.executable).version == "9.9.9"
+    assert imports.read_text().count("imported") == 2
+    ident = engine.host.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    purelib = ident.stdout.strip()
+    st = os.stat(purelib)
+    try:  # an install moves site-packages' change time: a new identity, a new probe
+        os.utime(purelib, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        engine._probe_vllm(sys.executable)
+        assert imports.read_text().count("imported") == 3
+    finally:
+        os.utime(purelib, ns=(st.st_atime_ns, st.st_mtime_ns))

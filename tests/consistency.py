@@ -9,8 +9,8 @@ every cycle printed beside a break-even must imply it (cycle x the baseline's to
 clock). So a reader that shows tok_s / baseline tok_s beside a decide run's interval, or a second break-even on the
 engine's clock, fails.
 
-Used by tests/test_consistency.py (committed records, generated ones, a live llama.cpp trial and sweep), by
-tests/test_decide.py and by tests/test_vllm_real.py (real vLLM records). Not a test module itself.
+Used by tests/record/test_consistency.py (committed records, generated ones, a live llama.cpp trial and sweep), by
+tests/protocol/test_decide.py and by tests/engines/test_vllm_real.py (real vLLM records). Not a test module itself.
 """
 
 from __future__ import annotations

@@ -1,0 +1,264 @@
+"""Measurements that say when they are not valid (spectrial.analysis.validity): each check computed by hand on requests of
+known timing, and made to fail for real on llama-server (a prefix-cached workload, a concurrency above the
+slots with its queue, outputs stopped early): the verdict then says "invalid measurement", never faster or
+slower, and the headline, the doctor and a record read back agree."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectrial.analysis import figures, validity
+from spectrial.params import load_params
+from spectrial.protocol.trial import run_trial
+from spectrial.readers.diagnose import diagnose
+from spectrial.readers.headline import headline
+from spectrial.record.store import load_record
+from spectrial.schema import ArmRecord, RequestRecord, ServingFigures, WindowStats
+
+SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def req(i: int, ttft: float, tokens: int = 32, max_tokens: int = 32, restart: int = 0, **kw) -> RequestRecord:
+    return RequestRecord(index=i, ttft_ms=ttft, tokens=tokens, max_tokens=max_tokens, restart=restart,
+                         e2el_ms=ttft + tokens * 10.0, **kw)
+
+
+# ------------------------------------------------------------------ each check by hand
+def test_queueing_needs_both_the_factor_and_the_floor():
+    s = validity.Setting(limits=validity.Limits(queue_ttft_factor=10, queue_ttft_ms=1000))
+    calm = [req(i, 40 + i) for i in range(10)]
+    assert validity.queueing(calm, s).ok is True
+    queued = [req(i, 40 if i < 5 else 2500 + i) for i in range(10)]  # half waited ~2.5 s behind the others
+    c = validity.queueing(queued, s)
+    assert c.ok is False and c.evidence["ttft_min_ms"] == 40 and c.value == pytest.approx(2508.1, abs=1)
+    slow_prefill = [req(i, 1500 + i) for i in range(10)]  # a long prompt, no queue: TTFT high but even
+    assert validity.queueing(slow_prefill, s).ok is True
+
+
+def test_prefix_cache_share_and_a_cache_that_is_off():
+    s = validity.Setting()
+    assert validity.prefix_cache(WindowStats(prompt_tokens=1000, cached_prompt_tokens=40), s).ok is True
+    c = validity.prefix_cache(WindowStats(prompt_tokens=1000, cached_prompt_tokens=600), s)
+    assert c.ok is False and c.value == 0.6 and "vLLM enable_prefix_caching: false" in (c.fix or "")
+    assert validity.prefix_cache(WindowStats(prompt_tokens=0, cached_prompt_tokens=0), s).ok is True
+    assert validity.prefix_cache(WindowStats(), s).ok is None
+
+
+def test_early_stop_is_invalid_only_for_fixed_lengths():
+    reqs = [req(i, 40, tokens=32 if i < 7 else 5) for i in range(10)]  # 3 of 10 stopped at 5 of 32 tokens
+    fixed = validity.early_stop(reqs, validity.Setting(fixed_length=True))
+    assert fixed.ok is False and fixed.severity == "invalid" and fixed.value == 0.3
+    assert fixed.evidence["delivered_share"] == pytest.approx((7 * 32 + 3 * 5) / 320, abs=1e-4)
+    natural = validity.early_stop(reqs, validity.Setting(fixed_length=False))
+    assert natural.ok is False and natural.severity == "warning"
+
+
+def test_concurrency_against_slots_and_achieved():
+    f = ArmFigures_with(achieved=3.9)
+    assert validity.concurrency(f, validity.Setting(concurrency=4, slots=4)).ok is True
+    low = validity.concurrency(ArmFigures_with(achieved=2.0), validity.Setting(concurrency=4, slots=4))
+    assert low.ok is False and low.limit == 3.0
+    over = validity.concurrency(f, validity.Setting(concurrency=4, slots=1, slots_setting="engine_config.parallel"))
+    assert over.ok is False and "engine_config.parallel" in (over.fix or "")
+
+
+def ArmFigures_with(achieved: float):  # noqa: N802 - a factory named for what it returns
+    from spectrial.schema import ArmFigures
+
+    return ArmFigures(serving=ServingFigures(achieved_concurrency=achieved, requested_concurrency=4))
+
+
+def test_start_spread_compares_between_with_within():
+    from spectrial.schema import ArmFigures
+
+    agree = ArmFigures(cv_between_starts=0.01, cv_between_expected=0.008, start_medians=[100.0, 101.0])
+    assert validity.start_spread(agree, validity.Setting()).ok is True
+    apart = ArmFigures(cv_between_starts=0.035, cv_between_expected=0.007, start_medians=[100.0, 105.0])
+    c = validity.start_spread(apart, validity.Setting())
+    assert c.ok is False and c.severity == "warning" and "resamples starts" in c.summary
+    assert validity.start_spread(ArmFigures(), validity.Setting()).ok is None
+
+
+def test_an_invalid_check_voids_the_verdict_everywhere():
+    """judged() (the one comparison) turns faster into "invalid measurement"; pays undecided; the headline says
+    "Not valid"; a record read back (rederive) keeps it; a warning leaves the verdict alone."""
+    bad = validity.Validity(checks=[validity.Check(name="queueing", ok=False, summary="requests queued")],
+                            failed=["queueing"])
+    base = ArmRecord(name="baseline", status="ok", tok_s=100.0, tok_s_values=[99.0, 100.0, 101.0, 100.5])
+    arm = ArmRecord(name="eagle3", method="eagle3", steps=3, status="ok", tok_s=150.0, accept_len=2.5,
+                    tok_s_values=[149.0, 150.0, 151.0, 150.5], validity=bad)
+    c = figures.compare(arm, base)
+    assert c.verdict == "invalid measurement (queueing)" and c.pays == "undecided" and c.speedup == pytest.approx(1.5)
+    arms = [base, arm]
+    figures.add_comparisons(arms, None)
+    h = headline(None, arms=arms)
+    assert h.title.startswith("Not valid") and "requests queued" in h.text()
+    assert h.table(terminal=True).set_index("arm").loc["eagle3 (k=3)", "checks"] == "invalid"
+    # the baseline's failure voids its arms' verdicts too
+    c2 = figures.compare(arm.model_copy(update={"validity": None}), base.model_copy(update={"validity": bad}))
+    assert c2.verdict == "invalid measurement (baseline queueing)"
+    warn = validity.Validity(checks=[validity.Check(name="steady_state", ok=False, severity="warning")],
+                             warnings=["steady_state"])
+    assert figures.compare(arm.model_copy(update={"validity": warn}), base).verdict == "faster"
+
+
+# ------------------------------------------------------------------ what the params decide before anything runs
+# Files under params/ that are not the params of a run: what they are instead. Every other file must load as a
+# trial's or a sweep's params and plan no validity warning.
+NOT_RUN_PARAMS = {"hardware.yaml": "GPU vendor figures (spectrial.analysis.load_hardware)",
+                  "gate/ci-gate.yaml": "a gate's tolerances (spectrial gate -t)",
+                  "nccl-check-cpu.yaml": "spectrial nccl-check (collectives, no requests)",
+                  "nccl-check-h200x2.yaml": "spectrial nccl-check (collectives, no requests)"}
+COMMITTED = sorted(p for p in (REPO / "params").rglob("*.yaml"))
+README_RUN = re.compile(r"spectrial (trial|sweep) (params/\S+\.yaml)((?:\s+-p\s+[^\s`]+)*)")
+
+
+def planned_checks_of(path: Path, overrides: dict | None = None) -> list[validity.Check]:
+    """The validity checks a run of `path` fails whatever it measures (`session.planned_checks`, the run's own
+    rules on its planned windows: a trial's one window per start, a sweep's one per concurrency level)."""
+    from spectrial.params import read_params_yaml
+    from spectrial.protocol.session import WindowPlan, planned_checks
+    from spectrial.sweep.params import load_sweep_params
+    from spectrial.sweep.run import level_windows
+
+    raw, _ = read_params_yaml(path)
+    if "grid" in raw or "strategy" in raw:
+        sweep = load_sweep_params(path, overrides)
+        params = sweep.trial_params()
+        return planned_checks(params, level_windows(params, sweep.concurrency_levels()))
+    params = load_params(path, overrides)
+    return planned_checks(params, [WindowPlan(params.concurrency, params.repeats, params.seed)])
+
+
+def test_the_params_files_are_all_accounted_for():
+    names = {p.relative_to(REPO / "params").as_posix() for p in COMMITTED}
+    assert set(NOT_RUN_PARAMS) <= names, set(NOT_RUN_PARAMS) - names
+    assert {"local.yaml", "sweep-local.yaml", "examples/vllm-cpu.yaml", "gate/ci-trial.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", [p for p in COMMITTED if p.relative_to(REPO / "params").as_posix()
+                                  not in NOT_RUN_PARAMS], ids=lambda p: p.relative_to(REPO / "params").as_posix())
+def test_every_committed_params_file_plans_no_validity_warning(path):
+    """A committed params file (the embedded default params/local.yaml first) runs with no warning it could have
+    avoided: enough measured requests per start and a warm-up (steady_state), no concurrency above the slots."""
+    bad = planned_checks_of(path)
+    assert not bad, [f"{c.name}: {c.summary} (fix: {c.fix})" for c in bad]
+
+
+def test_every_readme_example_plans_no_validity_warning():
+    runs = README_RUN.findall((REPO / "README.md").read_text())
+    assert len(runs) >= 8, runs  # the trial and sweep examples the README shows
+    for _, path, over in runs:
+        from spectrial.params import parse_overrides
+
+        overrides = parse_overrides([o for o in re.findall(r"-p\s+(\S+)", over)])
+        bad = planned_checks_of(REPO / path, overrides)
+        assert not bad, (path, over, [c.summary for c in bad])
+
+
+def test_planned_and_measured_checks_are_one_rule():
+    """What a params file plans and what its run measures come from one function: the same check, the same words,
+    for the same number of requests per start; a start that lost requests can only do worse than planned."""
+    s = validity.Setting(warmup=1)
+    for n in (3, 5):
+        measured = validity.steady_state([req(i, 40.0) for i in range(n)], s)
+        planned = validity.steady_state_of({0: n}, s)
+        assert measured == planned
+        assert [c.summary for c in validity.planned(n, s)] == ([] if n >= 5 else [measured.summary])
+    assert "raise repeats to at least 5" in (validity.planned(3, s)[0].fix or "")
+    cold = validity.planned(5, validity.Setting(warmup=0))
+    assert [c.name for c in cold] == ["steady_state"] and "warm-up" in cold[0].summary
+    queued = validity.planned(6, validity.Setting(concurrency=4, slots=2, slots_setting="engine_config.parallel"))
+    assert [c.name for c in queued] == ["concurrency"] and "engine_config.parallel" in (queued[0].fix or "")
+    # a repeats below min_requests is found in a params file before it runs
+    assert [c.name for c in planned_checks_of(REPO / "params" / "local.yaml", {"repeats": 3})] == ["steady_state"]
+    assert not planned_checks_of(REPO / "params" / "local.yaml", {"repeats": 3, "validity.min_requests": 3})
+    # a sweep window is a multiple of its level: repeats 5 at concurrency 2 measures 6
+    sweep = planned_checks_of(REPO / "params" / "sweep-local.yaml", {"repeats": 4})
+    assert [c.summary for c in sweep] == ["4 measured request(s) in the smallest start (under 5)"]
+
+
+# ------------------------------------------------------------------ for real, on llama-server
+def _trial(tiny_params, tmp_path, name, **over):
+    data = {**tiny_params, "output_dir": str(tmp_path / name), "arms": tiny_params["arms"][:2], **over}
+    return run_trial(load_params(data=data), progress=False, raise_on_failure=False)
+
+
+def _checks(arm) -> dict[str, validity.Check]:
+    return {c.name: c for c in arm.validity.checks}
+
+
+@pytest.mark.slow
+def test_a_clean_local_trial_passes_its_checks(tiny_params, tmp_path):
+    res = _trial(tiny_params, tmp_path, "clean", repeats=5)
+    m = load_record(res.run_dir)
+    for a in m.arms:
+        ch = _checks(a)
+        assert set(ch) == {"concurrency", "queueing", "prefix_cache", "early_stop", "steady_state", "stream",
+                           "start_spread"}
+        assert a.validity.valid, a.validity
+        assert ch["prefix_cache"].ok is True and ch["prefix_cache"].value == 0.0  # cache_prompt false
+        assert ch["early_stop"].ok is True and ch["queueing"].ok is True and ch["steady_state"].ok is True
+        assert ch["start_spread"].ok is None  # one start
+    draft = m.arm("draft")
+    assert not validity.is_invalid(draft.verdict)
+    # per-request accept length: llama.cpp's timings (accepted) and the drafts counter read around each request
+    assert draft.accept_len_request_n == 5 and draft.accept_len_request_source == "counters around each request"
+
+
+@pytest.mark.slow
+def test_a_prefix_cached_workload_is_invalid(tiny_params, tmp_path):
+    one = tmp_path / "one.jsonl"  # one prompt, asked again and again, with the slot's prompt cache on
+    one.write_text(json.dumps({"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "id": "same"}) + "\n")
+    res = _trial(tiny_params, tmp_path, "cached", repeats=4, workload=[str(one)],
+                 engine_config={**tiny_params["engine_config"], "cache_prompt": True})
+    m = load_record(res.run_dir)
+    for a in m.arms:
+        c = _checks(a)["prefix_cache"]
+        assert c.ok is False and c.value > 0.5, c  # from the second request on, the prompt comes from the cache
+    draft = m.arm("draft")
+    assert draft.verdict.startswith("invalid measurement (prefix_cache") and draft.pays == "undecided"
+    d = diagnose(res.run_dir)
+    crit = [f for f in d.of("invalid_measurement") if f.severity == "critical"]
+    # one finding per arm, or one for both where the check said the same of each (said once, with the count)
+    assert {a for f in crit for a in (f.arms or [f.arm])} == {"baseline", "draft"}
+    assert all("prefix_cache" in f.title for f in crit)
+    assert headline(m).title.startswith("Not valid")
+
+
+@pytest.mark.slow
+def test_concurrency_above_the_slots_is_refused_then_measured_invalid(tiny_params, tmp_path, write_params):
+    data = {**tiny_params, "output_dir": str(tmp_path / "q"), "arms": tiny_params["arms"][:2], "concurrency": 3,
+            "repeats": 6, "max_tokens": 48, "engine_config": {**tiny_params["engine_config"], "parallel": 1}}
+    res = subprocess.run([*SPECTRIAL, "trial", str(write_params(data, "q.yaml")), "--quiet"], capture_output=True,
+                         text=True, timeout=120, cwd=REPO)
+    assert res.returncode != 0 and "concurrency" in res.stderr and "engine_config.parallel" in res.stderr, res.stderr
+    # allowed on purpose: the slots check fails, and the queue shows in TTFT (a floor for a tiny model's scale)
+    data["validity"] = {"allow_queue": True, "queue_ttft_ms": 50, "queue_ttft_factor": 3}  # a tiny model's scale:
+    # a queued request waits one or two others' ~150 ms, against the fastest TTFT's ~30 ms (measured: p90 325 ms)
+    r = run_trial(load_params(data=data), progress=False, raise_on_failure=False)
+    m = load_record(r.run_dir)
+    for a in m.arms:
+        ch = _checks(a)
+        assert ch["concurrency"].ok is False and ch["concurrency"].evidence["slots"] == 1
+        assert ch["queueing"].ok is False, ch["queueing"]  # requests waited for the one slot
+        assert ch["queueing"].evidence["factor"] > 2
+    assert m.arm("draft").verdict.startswith("invalid measurement (concurrency, queueing")
+
+
+@pytest.mark.slow
+def test_outputs_stopped_early_are_invalid_at_a_fixed_length(tiny_params, tmp_path):
+    res = _trial(tiny_params, tmp_path, "stopped", repeats=4, max_tokens=32,
+                 sampling={"ignore_eos": False, "stop": ["e", "a", "o", " "]})
+    m = load_record(res.run_dir)
+    for a in m.arms:
+        c = _checks(a)["early_stop"]
+        assert c.ok is False and c.severity == "invalid" and c.evidence["delivered_share"] < 0.9, c
+    assert validity.is_invalid(m.arm("draft").verdict)

@@ -1,0 +1,160 @@
+"""The gate's judgement as pure functions (spectrial.gate.judge) with known answers, and the gate on the committed
+reference record (tests/golden/gate/manifest.json: a real llama.cpp trial) against itself and edited copies."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectrial.errors import ConfigError
+from spectrial.gate import GateTolerances, load_tolerances, run_gate
+from spectrial.gate.judge import Figure, _accepted_variance, arm_figures, judge
+from spectrial.gate.params import FigureTolerance
+from spectrial.record.store import as_manifest
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden" / "gate" / "manifest.json"
+CI_GATE = REPO / "params" / "gate" / "ci-gate.yaml"
+SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
+REL5 = FigureTolerance(tolerance=0.05)
+
+
+def test_a_drop_beyond_the_tolerance_with_little_noise_is_a_regression() -> None:
+    c = judge("a", "accept_len", REL5, Figure(2.7, 0.01), [Figure(3.0, 0.01)], 0.95)
+    assert c.outcome == "regression"
+    assert c.change == pytest.approx(-0.1)
+    z = 1.959963984540054
+    noise = math.sqrt((0.01 / 3.0) ** 2 + (0.01 / 3.0) ** 2)
+    assert c.noise == pytest.approx(noise)
+    assert c.change_high == pytest.approx(-0.1 + z * noise)
+
+
+@pytest.mark.parametrize(("cand", "se", "outcome"), [
+    (2.985, 0.01, "pass"),          # -0.5 %, tight: within 5 %
+    (2.88, 0.06, "inconclusive"),   # -4 % +/- 2 % x 1.96: straddles -5 %
+    (3.75, 0.01, "improvement"),    # +25 %
+    (2.70, 0.20, "inconclusive"),   # -10 % but the noise is as large: cannot tell
+])
+def test_outcomes_follow_the_interval_and_the_tolerance(cand: float, se: float, outcome: str) -> None:
+    assert judge("a", "accept_len", REL5, Figure(cand, se), [Figure(3.0, 0.0)], 0.95).outcome == outcome
+
+
+def test_a_latency_is_better_lower() -> None:
+    tol = FigureTolerance(tolerance=0.25)
+    worse = judge("a", "ttft_ms", tol, Figure(150.0, 1.0), [Figure(100.0, 1.0)], 0.95)
+    assert worse.better == "lower" and worse.change == pytest.approx(-0.5) and worse.outcome == "regression"
+    better = judge("a", "ttft_ms", tol, Figure(50.0, 1.0), [Figure(100.0, 1.0)], 0.95)
+    assert better.change == pytest.approx(0.5) and better.outcome == "improvement"
+
+
+def test_the_floor_and_a_historys_spread_widen_the_noise() -> None:
+    floor = FigureTolerance(tolerance=0.05, noise_floor=0.04)
+    c = judge("a", "tok_s", floor, Figure(96.0, 0.0), [Figure(100.0, 0.0)], 0.95)
+    assert c.noise == pytest.approx(0.04) and c.outcome == "inconclusive"
+    # a history of three runs 90, 100, 110: spread 10 % of the median; the reference's error 10 % / sqrt(3)
+    hist = [Figure(90.0), Figure(100.0), Figure(110.0)]
+    h = judge("a", "tok_s", FigureTolerance(tolerance=0.05), Figure(99.0, 0.001), hist, 0.95)
+    assert h.reference == 100.0
+    assert h.noise == pytest.approx(math.sqrt(0.1 ** 2 + (0.1 / math.sqrt(3)) ** 2))
+    assert h.outcome == "inconclusive"  # one run of a host that moves 10 % between runs cannot be held to 5 %
+    assert "history of 3 runs" in h.noise_basis
+
+
+def test_absolute_tolerance_for_per_position_acceptance() -> None:
+    tol = FigureTolerance(tolerance=0.05, kind="absolute")
+    c = judge("a", "per_position[2]", tol, Figure(0.50, 0.005), [Figure(0.60, 0.005)], 0.95)
+    assert c.change == pytest.approx(-0.10) and c.outcome == "regression" and c.unit == "acceptance probability"
+
+
+def test_missing_figures() -> None:
+    assert judge("a", "tok_s", REL5, None, [Figure(1.0)], 0.95).outcome == "inconclusive"
+    assert judge("a", "tok_s", REL5, Figure(1.0), [], 0.95).outcome == "not gated"
+    off = FigureTolerance(tolerance=0.05, gate=False)
+    assert judge("a", "tok_s", off, Figure(0.5), [Figure(1.0)], 0.95).outcome == "not gated"
+
+
+@pytest.mark.parametrize(("per_position", "variance"), [
+    ([1.0, 1.0], 0.0),                        # always 2 accepted
+    ([0.5], 0.25),                            # Bernoulli(0.5)
+    ([0.8, 0.64], 0.8 + 3 * 0.64 - 1.44 ** 2),  # X in {0, 1, 2}: P(X>=1) .8, P(X>=2) .64
+])
+def test_variance_of_accepted_tokens_per_step(per_position: list[float], variance: float) -> None:
+    assert _accepted_variance(per_position) == pytest.approx(variance)
+
+
+def test_bad_tolerances_name_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "gate.yaml"
+    bad.write_text("figures:\n  accept_length: {tolerance: 0.05}\n")
+    with pytest.raises(ConfigError, match="accept_length"):
+        load_tolerances(bad)
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_tolerances(tmp_path / "missing.yaml")
+    neg = tmp_path / "neg.yaml"
+    neg.write_text("figures:\n  tok_s: {tolerance: -1}\n")
+    with pytest.raises(ConfigError, match="tolerance"):
+        load_tolerances(neg)
+
+
+def test_the_golden_reference_against_itself_passes() -> None:
+    rec = run_gate(GOLDEN, load_tolerances(CI_GATE), reference=GOLDEN)
+    assert rec.comparable and rec.outcome == "pass" and rec.exit_code == 0
+    gated = [c for c in rec.checks if c.outcome != "not gated"]
+    assert gated and all(c.change == 0 for c in gated)
+    assert {c.figure for c in gated} >= {"accept_len", "per_position[1]", "per_position[2]"}
+
+
+def test_golden_figures_have_noise_where_acceptance_is_random() -> None:
+    m = as_manifest(json.loads(GOLDEN.read_text()))
+    synthetic = arm_figures(m, m.arm("eagle3-synthetic"))
+    greedy = arm_figures(m, m.arm("draft-simple"))
+    assert synthetic["accept_len"].se and synthetic["accept_len"].se > 0  # llama.cpp draws synthetic acceptance
+    assert greedy["accept_len"].se is None and "greedy" in greedy["accept_len"].basis
+    assert "speedup" not in arm_figures(m, m.arm("baseline"))  # 1 by definition
+
+
+def _edited(tmp_path: Path, edit) -> Path:  # noqa: ANN001
+    data = json.loads(GOLDEN.read_text())
+    edit(data)
+    data["run_id"] = "edited"
+    path = tmp_path / "edited" / "manifest.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_another_engine_version_is_not_comparable_unless_allowed(tmp_path: Path) -> None:
+    path = _edited(tmp_path, lambda d: d["engine"].update(version="version: 9999 (abc)"))
+    rec = run_gate(path, GateTolerances(), reference=GOLDEN)
+    assert rec.outcome == "not comparable" and rec.exit_code == 2 and not rec.checks
+    assert any("engine_version" in w and "9999" in w for w in rec.not_comparable)
+    rec = run_gate(path, GateTolerances(allow=["engine_version"]), reference=GOLDEN)
+    assert rec.comparable and rec.allowed_differences
+
+
+def test_an_uncontrolled_candidate_gates_acceptance_only(tmp_path: Path) -> None:
+    path = _edited(tmp_path, lambda d: d.update(controlled=False, kind="observe"))
+    rec = run_gate(path, GateTolerances(), reference=GOLDEN)
+    thr = [c for c in rec.checks if c.figure in ("tok_s", "speedup", "ttft_ms", "itl_ms")]
+    assert thr and all(c.outcome == "not gated" and "uncontrolled" in c.reason for c in thr)
+    assert [c for c in rec.checks if c.figure == "accept_len" and c.outcome == "pass"]
+    assert any("uncontrolled" in n for n in rec.notes)
+
+
+def test_exit_codes_are_configurable_and_bad_input_exits_2(tmp_path: Path) -> None:
+    gate = tmp_path / "gate.yaml"
+    gate.write_text("allow: [hardware]\nexit_codes: {not comparable: 0}\n")
+    path = _edited(tmp_path, lambda d: d["params"].update(max_tokens=7))
+    out = subprocess.run([*SPECTRIAL, "gate", str(path), "-r", str(GOLDEN), "-t", str(gate)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "NOT COMPARABLE" in out.stdout and "max_tokens 64 -> 7" in out.stdout
+    out = subprocess.run([*SPECTRIAL, "gate", str(tmp_path / "nope"), "-r", str(GOLDEN)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and "CANDIDATE" in out.stderr and "does not exist" in out.stderr
+    out = subprocess.run([*SPECTRIAL, "gate", str(GOLDEN)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--reference" in out.stderr and "--history" in out.stderr

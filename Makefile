@@ -45,7 +45,7 @@ chromium:
 demo: llama-server
 	$(BIN)/spectrial notebook 02 -p params_file=params/local.yaml -p steps=2
 
-# spectrial's own acceptance gate by hand (tests/test_gate.py runs it in `make test`): the CI trial, then the gate
+# spectrial's own acceptance gate by hand (tests/gate/test_gate.py runs it in `make test`): the CI trial, then the gate
 # against the committed reference (docs/GATES.md); exit 0 pass, 1 regression, 2 inconclusive or not comparable.
 GATE_OUT ?= /tmp/spectrial-gate
 gate: llama-server

@@ -28,7 +28,7 @@ Prints
                            events sent; the totals against the server's counters. Exit 1 when any is lost.
 
 `--drop K` makes the server withhold K token events per request (usage still claims them all) and `--short K`
-end K tokens early: both must be reported as lost (tests/test_bench_client_load.py asserts so). `--profile N`
+end K tokens early: both must be reported as lost (tests/measure/test_bench_client_load.py asserts so). `--profile N`
 profiles N sequential requests (cProfile, one thread) and prints the client's hot spots per token.
 
     python benchmarks/bench_client.py [--requests 5000] [--concurrency 64] [--tokens 64] [--quick]

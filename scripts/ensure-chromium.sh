@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make sure a headless-capable Chromium exists, for the real-browser check of report.html
-# (tests/test_report_browser.py).
+# (tests/readers/test_report_browser.py).
 #
 # Idempotent: does nothing when `chromium` (or $CHROMIUM) is already on PATH. Otherwise, as root on
 # Debian/Ubuntu, installs the Debian package `chromium` without recommends. No service is started.

@@ -1,6 +1,6 @@
 """The figure catalogue: every figure spectrial shows, declared once with its unit, its rate, which way is better
 and its definition. The gate, the diff, the headline and docs/FIGURES.md read it; a figure added to the record's
-types (`ArmFigures`, `Comparison`, `ServingFigures`) without an entry here fails tests/test_catalogue.py.
+types (`ArmFigures`, `Comparison`, `ServingFigures`) without an entry here fails tests/analysis/test_catalogue.py.
 
     >>> from spectrial.analysis.catalogue import figure
     >>> figure("ttft_ms").better, figure("ttft_ms").unit
@@ -181,7 +181,7 @@ def figure(name: str) -> FigureDef:
 
 
 def markdown_table() -> str:
-    """The catalogue as docs/FIGURES.md shows it (tests/test_catalogue.py holds the two equal)."""
+    """The catalogue as docs/FIGURES.md shows it (tests/analysis/test_catalogue.py holds the two equal)."""
     lines = ["| figure | unit | rate | better | definition |", "|---|---|---|---|---|"]
     for f in FIGURES:
         lines.append(f"| `{f.name}` | {f.unit} | {f.rate} | {f.better} | {f.definition} |")

@@ -17,7 +17,7 @@ computed from what the record already holds (every request's timing, the engine'
                      a warning where lengths are the workload's own (output_len dataset, MT-Bench)
     steady_state     (warning) enough measured requests per start (`min_requests`) and a warm-up request; known
                      before the run from its params (`planned`, the same rule on the planned requests per start:
-                     every committed params file is held to no such warning by tests/test_validity.py)
+                     every committed params file is held to no such warning by tests/analysis/test_validity.py)
     stream           tokens per streamed chunk against the accept length: a coarse stream makes the client's
                      decode rate a delivery rate (invalid when the verdict's rate is the client's, else a warning)
     start_spread     (warning) starts that disagree beyond their own noise (between-start CV over what the
@@ -192,7 +192,7 @@ def steady_state_of(per_start: Mapping[int, int], s: Setting) -> Check:
 def planned(requests_per_start: int, s: Setting) -> list[Check]:
     """The checks whose outcome the params decide before anything runs: the run's own rules (`steady_state_of`,
     `over_slots`) on the planned requests per start, so a params file and its run cannot disagree. A params file
-    that fails one of these makes every run of it carry the warning (tests/test_validity.py holds every committed
+    that fails one of these makes every run of it carry the warning (tests/analysis/test_validity.py holds every committed
     params file to none)."""
     out = [steady_state_of({0: requests_per_start}, s)]
     queued = over_slots(s)

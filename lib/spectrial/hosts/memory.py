@@ -7,7 +7,7 @@ command raises, naming it, so a test never passes on an answer nobody wrote.
 
 It stands in for the machine only in tests of the host layer's callers (parsers of command output, file
 logic, the order of commands); what must drive a real process (launch, stop, /proc, ports, SSH) is tested
-against `LocalHost` and a real sshd. `tests/test_host_memory.py` runs one contract against both `LocalHost`
+against `LocalHost` and a real sshd. `tests/hosts/test_host_memory.py` runs one contract against both `LocalHost`
 and `MemoryHost`, so the double cannot drift from the real host.
 
     host = MemoryHost(files={"/m/tokenizer_config.json": "{}"})

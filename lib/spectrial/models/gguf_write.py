@@ -108,7 +108,7 @@ class _FastWriter(gguf.GGUFWriter):
     """GGUFWriter that packs long metadata arrays (a 128256-token vocabulary, 280147 merges) in bulk.
 
     gguf's own ``_pack_val`` packs them item by item (~9 s per file for the Llama-3 vocabulary); the bytes
-    are the same (checked against ``gguf.GGUFReader`` in tests/test_models.py).
+    are the same (checked against ``gguf.GGUFReader`` in tests/models/test_models.py).
     """
 
     def _pack_val(

@@ -11,7 +11,7 @@ What needs a server restart: every field of a `Setting`. What does not: the conc
 only how many requests the client sends at once, so one server start measures every level in turn.
 llama.cpp's per-request `speculative.n_max` would let one start serve several depths, but this build
 (commit 0c1e570, `tools/server/server-schema.cpp`) compiles those request fields out (`#if 0`) and
-ignores them (tests/test_sweep.py checks this against the real server), so each depth is its own start.
+ignores them (tests/sweep/test_sweep.py checks this against the real server), so each depth is its own start.
 """
 
 from __future__ import annotations

@@ -148,6 +148,10 @@ def one(sig: signal.Signals, target: str, at: str, tiny_params: dict[str, Any], 
     elif sig == signal.SIGKILL:
         assert rc == -9, (label, rc, stderr[-2000:])
         outcome = "killed"
+    elif rc == -int(sig) and m is None:
+        # the signal came while Python was still starting (a loaded machine makes start-up slow): its default
+        # action ended the process before spectrial's handlers existed; nothing had started (`after` checks)
+        outcome = "killed while starting"
     else:
         assert rc == CODES[sig], (label, rc, stderr[-3000:])
         if m is not None:

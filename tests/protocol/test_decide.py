@@ -110,7 +110,8 @@ def test_a_decide_run_on_llamacpp_stops_by_itself(tiny_params, tmp_path):
     again = run_trial(load_params(data=params), progress=False, raise_on_failure=False)
     m2 = load_record(again.run_dir)
     d2 = m2.decide
-    assert d2.prior_df == d.rounds * 2 - 2 and d2.prior_sd_log > 0, d2.history  # baseline and draft: n - 1 each
+    why = (d2.history, m.status, m.reason, m.fingerprint_key, m2.fingerprint_key, m.started_at, m2.started_at)
+    assert d2.prior_df == d.rounds * 2 - 2 and d2.prior_sd_log > 0, why  # baseline and draft: n - 1 each
     assert d2.arms[0].first_look == 2 and m2.plan.first_decision_round == 2
     assert "earlier run(s)" in d2.history and m.fingerprint_key in d2.history
     assert "prior spread" in d2.method

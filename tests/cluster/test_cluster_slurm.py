@@ -112,7 +112,9 @@ def test_a_grid_sweep_over_two_units_finds_the_same_best_as_over_one(slurm, tiny
         stdout, stderr = proc.communicate(timeout=400)
         assert proc.returncode == 0, stdout + stderr
         m, _ = merged(out)
-        assert m.kind == "cluster-sweep" and m.status == "ok" and len(m.cluster.units) == units
+        states = [(u.name, u.state, u.reason) for u in m.cluster.units]
+        assert m.kind == "cluster-sweep" and m.status == "ok" and len(m.cluster.units) == units, (
+            m.status, m.reason, states, m.cluster.missing, stdout + stderr)
         assert sorted(a for u in m.cluster.units for a in u.arms) == [
             "eagle3-s1-a0.1", "eagle3-s1-a0.9", "eagle3-s4-a0.1", "eagle3-s4-a0.9"]
         for b in m.best:

@@ -76,6 +76,9 @@ def test_missing_figures() -> None:
     assert judge("a", "tok_s", REL5, Figure(1.0), [], 0.95).outcome == "not gated"
     off = FigureTolerance(tolerance=0.05, gate=False)
     assert judge("a", "tok_s", off, Figure(0.5), [Figure(1.0)], 0.95).outcome == "not gated"
+    # a figure reported only cannot make the gate inconclusive by its absence (CI: a coarse vLLM stream, ITL withheld)
+    c = judge("a", "itl_ms", off, None, [Figure(2.0)], 0.95)
+    assert c.outcome == "not gated" and "not measured" in c.reason and "gate: false" in c.reason
 
 
 @pytest.mark.parametrize(("per_position", "variance"), [
@@ -125,6 +128,18 @@ def _edited(tmp_path: Path, edit) -> Path:  # noqa: ANN001
     path.parent.mkdir()
     path.write_text(json.dumps(data))
     return path
+
+
+def test_a_latency_withheld_for_a_coarse_stream_says_so(tmp_path: Path) -> None:
+    def coarse(data: dict) -> None:
+        for arm in data["arms"]:
+            sv = arm.get("serving")
+            if sv:
+                sv.update(granularity="coarse", chunks_per_request=3.0, itl_ms=None, itl_chunk_ms=None)
+            arm["itl_ms"] = None
+    rec = run_gate(_edited(tmp_path, coarse), load_tolerances(CI_GATE), reference=GOLDEN)
+    itl = [c for c in rec.checks if c.figure == "itl_ms"]
+    assert itl and all("too coarse" in c.reason and "3 chunks per request" in c.reason for c in itl), itl
 
 
 def test_another_engine_version_is_not_comparable_unless_allowed(tmp_path: Path) -> None:

@@ -114,6 +114,16 @@ def arm_figures(m: Manifest, a: ArmRecord) -> dict[str, Figure]:
     return out
 
 
+def _missing(a: ArmRecord, figure: str) -> str:
+    """Why arm `a` lacks `figure`: the serving analysis withholds latencies of a coarse stream (a chunk carried
+    several decode steps: the figure would measure the delivery, not the decoding)."""
+    sv = a.serving
+    if figure in ("itl_ms", "ttft_ms") and sv is not None and sv.granularity == "coarse":
+        per = f" ({sv.chunks_per_request:.0f} chunks per request)" if sv.chunks_per_request is not None else ""
+        return f"withheld in the candidate: its stream was too coarse for {figure}{per}"
+    return "not measured in the candidate"
+
+
 def _window_accept_len(w: WindowRecord) -> float | None:
     """A window's accept length: 1 + accepted / verify steps (the engine's own mean where it reports only that)."""
     c = w.counters
@@ -135,8 +145,9 @@ def _base(figure: str) -> str:
 
 
 def judge(arm: str, figure: str, tol: FigureTolerance, candidate: Figure | None, references: Sequence[Figure],
-          confidence: float, ungated: str | None = None) -> GateCheck:
-    """One check: the candidate's figure against the reference's (one record, or a history's values)."""
+          confidence: float, ungated: str | None = None, missing: str = "not measured in the candidate") -> GateCheck:
+    """One check: the candidate's figure against the reference's (one record, or a history's values). A figure the
+    candidate lacks is inconclusive (`missing` says why), unless it is not gated: then it is reported only."""
     unit, better = FIGURES[_base(figure)]
     check = GateCheck(arm=arm, figure=figure, unit=unit, better=better, tolerance=tol.tolerance,  # type: ignore[arg-type]
                       tolerance_kind=tol.kind)
@@ -148,7 +159,10 @@ def judge(arm: str, figure: str, tol: FigureTolerance, candidate: Figure | None,
         check.reason = "not in the reference"
         return check
     if candidate is None or candidate.value is None:
-        check.outcome, check.reason = "inconclusive", "not measured in the candidate"
+        if ungated is not None or not tol.gate:
+            check.outcome, check.reason = "not gated", f"{missing}; {ungated or 'gate: false in the tolerances'}"
+        else:
+            check.outcome, check.reason = "inconclusive", missing
         return check
     c = candidate.value
     if tol.kind == "relative" and ref <= 0:
@@ -291,5 +305,5 @@ def gate_arms(cand: Manifest, refs: Sequence[Manifest], tol: GateTolerances) -> 
                 ungated = ("uncontrolled record: no baseline beside it and the server's other load unknown "
                            "(allow: [controlled] to judge it anyway)")
             checks.append(judge(name, key, tol.figure(base, name), cand_figs.get(key), [f[key] for f in ref_figs if key in f],
-                                tol.confidence, ungated))
+                                tol.confidence, ungated, _missing(c_arm, base)))
     return checks, changed

@@ -15,6 +15,12 @@ timed out by them, and nothing caps what is read into memory. Every client spect
   (a stream: seconds without a token); a watchdog thread shuts the socket down when a deadline or an idle limit
   passes, so a body that trickles or a read that blocks ends on time.
 
+A kept connection that the server closed is tried again (at most 3 sends in all): llama-server advertises
+`Keep-Alive` on a streamed answer and then closes the connection at its end, so a client that sends its next request
+before the close arrives finds it gone ("Server disconnected without sending a response"; seen under load). Only a
+request sent on a reused connection and answered by no byte at all is retried (the server never took it up); a new
+connection that the server drops fails the request as before.
+
 A crossed bound raises `BoundExceeded`, an `httpx.ReadError` (so every `except httpx.HTTPError` that handled a
 dead server handles it too) that carries the endpoint, what the server did and the limit in words.
 """
@@ -38,6 +44,7 @@ DEADLINE = "spectrial.deadline_s"  # request extension: seconds the whole exchan
 MAX_BYTES = "spectrial.max_bytes"  # request extension: bytes the body may have
 BODY = "spectrial.body"  # response extension: the bounded body, for `arm`
 MIB = 1 << 20
+STALE_TRIES = 3  # sends of one request while each finds a kept connection closed (the pool may hold more than one)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class _Headers:
         self.started, self.deadline_s = started, deadline_s
         self.sock: socket.socket | None = None
         self.fired: str | None = None
+        self.connected = False  # a new connection was made for this request (else a kept one was reused)
 
     def due(self) -> float:
         return self.started + self.deadline_s
@@ -100,6 +108,8 @@ class _Headers:
                 self.sock.shutdown(socket.SHUT_RDWR)
 
     def trace(self, name: str, info: dict[str, Any]) -> None:
+        if name.startswith("connection.connect_tcp."):
+            self.connected = True
         if name == "connection.connect_tcp.complete":
             stream = info.get("return_value")
             sock = stream.get_extra_info("socket") if stream is not None else None
@@ -220,6 +230,13 @@ class _BoundedStream(httpx.SyncByteStream):
         self.inner.close()
 
 
+def _stale(exc: httpx.HTTPError, waiting: _Headers, request: httpx.Request) -> bool:
+    """Whether `exc` is a kept connection found closed: the request went out on a reused connection (no new one was
+    made for it), no byte of an answer came, and its body can be sent again."""
+    return (isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in str(exc)
+            and not waiting.connected and isinstance(request.stream, httpx.ByteStream))
+
+
 class BoundedTransport(httpx.BaseTransport):
     """httpx's transport with every response body bounded (see the module docstring)."""
 
@@ -231,24 +248,28 @@ class BoundedTransport(httpx.BaseTransport):
         started = time.monotonic()
         deadline = float(request.extensions.get(DEADLINE, self.limits.deadline_s))
         max_bytes = int(request.extensions.get(MAX_BYTES, self.limits.max_bytes))
-        waiting = _Headers(started, deadline)
         chained = request.extensions.get("trace")
+        for attempt in range(1, STALE_TRIES + 1):
+            waiting = _Headers(started, deadline)
 
-        def trace(name: str, info: dict[str, Any]) -> None:
-            waiting.trace(name, info)
-            if chained is not None:
-                chained(name, info)
+            def trace(name: str, info: dict[str, Any], waiting: _Headers = waiting) -> None:
+                waiting.trace(name, info)
+                if chained is not None:
+                    chained(name, info)
 
-        request.extensions["trace"] = trace
-        _WATCHDOG.add(waiting)
-        try:
-            response = self.inner.handle_request(request)
-        except httpx.HTTPError:
-            if waiting.fired:
-                raise BoundExceeded(request, waiting.fired, f"{deadline:g} s in all") from None
-            raise
-        finally:
-            _WATCHDOG.remove(waiting)
+            request.extensions["trace"] = trace
+            _WATCHDOG.add(waiting)
+            try:
+                response = self.inner.handle_request(request)
+                break
+            except httpx.HTTPError as exc:
+                if waiting.fired:
+                    raise BoundExceeded(request, waiting.fired, f"{deadline:g} s in all") from None
+                if attempt < STALE_TRIES and _stale(exc, waiting, request):
+                    continue  # a kept connection the server had closed: again (another kept one, or a new one)
+                raise
+            finally:
+                _WATCHDOG.remove(waiting)
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             response.close()

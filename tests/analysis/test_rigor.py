@@ -91,7 +91,11 @@ class Throttle(threading.Thread):
 @pytest.mark.slow
 def test_drift_flagged_for_planted_slowdown(tiny_params):
     """Two baselines, then a third whose server is throttled to a fifth of the CPU time: its interval leaves
-    the band of the earlier ones and the drift check flags it (nothing in argv or env explains it)."""
+    the band of the earlier ones and the drift check flags it (nothing in argv or env explains it). The band is
+    widened to 30 % (`drift_tolerance`), as on any shared machine: `make test`'s other lane moves a 2-core machine's
+    baseline by up to 12 % between two runs (seen), which the default 10 % rightly flags; the planted slowdown is -70 %
+    or more."""
+    tiny_params = {**tiny_params, "drift_tolerance": 0.3}
     for _ in range(2):
         r = run_trial(_baseline_only(tiny_params), progress=False)
         assert not manifest_json(r.run_dir)["drift"]["flagged"], manifest_json(r.run_dir)["drift"]

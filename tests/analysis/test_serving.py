@@ -291,3 +291,14 @@ def test_engine_figures_are_declared_fields_that_survive_requests_csv(tmp_path: 
     assert back[0].server_predicted_n == 64 and isinstance(back[0].server_predicted_n, int)
     with pytest.raises(ValueError, match="server_spec_verify_count"):
         ServerRequestStats(server_spec_verify_count=3)  # a misspelt figure is refused, not kept as an extra
+
+
+def test_a_damaged_token_count_is_not_spread_over_the_events() -> None:
+    """A requests.csv whose tokens column was damaged to 10^23 (found by tests/record/test_fuzz_loaders.py under
+    pytest-xdist): the events keep their own counts instead of an overflow in the spread."""
+    from spectrial.analysis.serving import event_counts
+
+    r = RequestRecord(tokens=10**23, events_ms=[1.0, 2.0, 3.0], event_tokens=[1, 1, 1], event_tokens_exact=False)
+    assert event_counts(r).tolist() == [1, 1, 1]
+    r = RequestRecord(tokens=7, events_ms=[1.0, 2.0, 3.0], event_tokens=[1, 1, 1], event_tokens_exact=False)
+    assert event_counts(r).tolist() == [1, 3, 3]

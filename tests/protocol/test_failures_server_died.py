@@ -29,11 +29,13 @@ from spectrial.servers.lifecycle import TAG_VAR
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
-def arm_server_pid(arm: str) -> int | None:
-    """The llama-server whose spectrial tag names `arm` (same machine: read its environment directly)."""
+def arm_server_pid(arm: str, port: int) -> int | None:
+    """This test's llama-server (its port) whose spectrial tag names `arm` (same machine: read its environment
+    directly); another test's servers (a lane beside this one) are never the one."""
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if p.info["cmdline"] and p.info["cmdline"][0].endswith("llama-server") and \
+            cmd = p.info["cmdline"] or []
+            if cmd and cmd[0].endswith("llama-server") and str(port) in cmd and \
                     f":{arm}:" in p.environ().get(TAG_VAR, ""):
                 return p.pid
         except psutil.Error:
@@ -51,7 +53,7 @@ def test_server_killed_mid_benchmark_fails_only_its_arm(sshd: SshdServer, tiny_p
     def kill_draft_when_streaming() -> None:
         wait_for(lambda: step_done(outputs, "env_check:draft"), 120, "the draft arm's benchmark")
         wait_for(lambda: requests_in_flight(port) >= 1, 30, "a draft request in flight")
-        pid = arm_server_pid("draft")
+        pid = arm_server_pid("draft", port)
         assert pid
         os.kill(pid, signal.SIGKILL)
         killed["pid"] = pid

@@ -57,6 +57,7 @@ from spectrial.schema import Percentiles, RequestRecord, ServerRequestStats, Ser
 BURST_FRACTION = 0.1  # events closer than this x TPOT are one delivered chunk
 STALL_FRACTION = 0.9  # ttft >= this x e2el: the output arrived at the end
 BUNCH_FACTOR = 1.5  # tokens per chunk above this x expected: several decode steps per chunk
+MAX_TOKENS = 2**40  # tokens of one request beyond which a count is damaged (no output is near it)
 COARSE_RATIO = 0.5  # median chunks / expected chunks below this: the stream is too coarse for ITL
 QUANTILES = (50.0, 90.0, 99.0)
 _SINGLE_STAGE = 2048  # pooled values up to this many: one stage (a resample's weights over all of them)
@@ -93,7 +94,7 @@ def event_counts(r: RequestRecord) -> np.ndarray:
     if r.event_tokens_exact or len(n) < 2 or not r.tokens:
         return n
     rest = int(r.tokens) - int(n[0])
-    if rest < 0 or rest == int(n[1:].sum()):
+    if rest < 0 or rest == int(n[1:].sum()) or rest > MAX_TOKENS:  # past any output: a damaged count, not spread
         return n
     return np.concatenate([n[:1], np.diff(np.round(np.linspace(0, rest, len(n))).astype(np.int64))])
 

@@ -163,7 +163,10 @@ def test_ctrl_c_of_the_controller_cancels_every_pool_unit(sshd, tiny_params, wri
     for u in m.cluster.units:
         assert u.state == "cancelled", u
         um = load_record(run / "units" / u.run_id)
-        assert um.status == "failed" and "interrupted by SIGTERM" in (um.reason or ""), um.reason
+        # the unit says it was interrupted; or, cancelled before its handlers existed (a loaded machine starts
+        # Python slowly; seen with `make test`'s two lanes), its record says who cancelled it and why
+        assert um.status == "failed" and ("interrupted by SIGTERM" in (um.reason or "") or (
+            "cancelled: " in (um.reason or "") and "on_unit_failure: stop" in (um.reason or ""))), um.reason
     assert not leftovers(run_id)
 
 
@@ -194,7 +197,10 @@ def test_a_host_that_cannot_be_reached_fails_its_unit_and_the_others_go_on_or_st
     else:
         assert local.state == "cancelled" and "on_unit_failure: stop" in (local.reason or ""), local
         um = load_record(run / "units" / local.run_id)
-        assert um.status == "failed" and "interrupted by SIGTERM" in (um.reason or ""), um.reason
+        # the unit says it was interrupted; or, cancelled before its handlers existed (a loaded machine starts
+        # Python slowly; seen with `make test`'s two lanes), its record says who cancelled it and why
+        assert um.status == "failed" and ("interrupted by SIGTERM" in (um.reason or "") or (
+            "cancelled: " in (um.reason or "") and "on_unit_failure: stop" in (um.reason or ""))), um.reason
         assert m.status == "failed" and any(x.startswith("draft (unit u0: cancelled") for x in m.cluster.missing)
     assert not leftovers(run_id)
 

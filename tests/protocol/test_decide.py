@@ -95,7 +95,14 @@ def test_a_decide_run_on_llamacpp_stops_by_itself(tiny_params, tmp_path):
     assert len([s for s in m.starts if s.arm == "draft"]) == d.rounds
     assert m.plan is not None and m.plan.design == "decide" and m.plan.first_decision_round == 3
     seq = d.arms[0]
-    assert seq.arm == "draft" and seq.rounds == len([x for x in seq.looks if x["n"]]) > 0 and seq.first_look == 3
+    assert seq.arm == "draft" and seq.first_look == 3 and len(seq.looks) == d.rounds
+    # a look after each round; the pair count grows by one in a round whose two starts both measured (a start that
+    # measured nothing, e.g. on a loaded machine, leaves that round unpaired), and the arm's rounds are the pairs
+    measured = {(s.arm, s.restart) for s in m.starts if any(w.requests_ok for w in s.windows)}
+    steps = [b["n"] - a["n"] for a, b in zip([{"n": 0}, *seq.looks], seq.looks, strict=False)]
+    assert steps == [int(("baseline", i) in measured and ("draft", i) in measured) for i in range(d.rounds)], (
+        steps, sorted(measured))
+    assert seq.rounds == seq.looks[-1]["n"] > 0
     draft = m.arm("draft")
     assert draft.ci_basis.startswith("group-sequential repeated intervals over")
     if seq.ci_low is not None:

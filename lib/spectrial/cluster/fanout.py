@@ -33,7 +33,7 @@ from spectrial.cluster.merge import pool_speedups, sweep_best, sweep_points, uni
 from spectrial.errors import ConfigError
 from spectrial.params import Arm, TrialParams
 from spectrial.params.cluster import ClusterParams, blocks
-from spectrial.record.store import RunRecord, list_runs, load_record, opened
+from spectrial.record.store import RunRecord, list_runs, load_record, opened, settle_record
 from spectrial.schema import ClusterRecord, Manifest, SweepDecision, UnitRecord, utc_now
 from spectrial.secrets import secret_values
 from spectrial.sweep.params import flat_params
@@ -243,6 +243,9 @@ class ClusterRun:
             u.scheduler_reason = st.reason
         m = None
         if (job.run_dir / "manifest.json").is_file():
+            if st.scheduler_state == "CANCELLED" and st.reason:  # cancelled before it could say so itself (the
+                with contextlib.suppress(Exception):  # signal came before its handlers, or SIGKILL after the grace)
+                    settle_record(job.run_dir, reason=f"cancelled: {st.reason}")
             with contextlib.suppress(Exception):
                 m = load_record(job.run_dir)  # a unit SIGKILLed mid-run is settled: failed, "abandoned"
         if m is not None:

@@ -530,6 +530,18 @@ class Server:
                             "grep -qv '^Z'", check=False, rerun_if_lost=True)
         return res.ok
 
+    def _gone(self) -> bool:
+        """The engine has exited, as the readiness loop concludes it: its exit file says so, or two looks 0.5 s
+        apart find no live process in its session. One look once found a live llama-server gone (`make test`, two
+        lanes on 2 cores: the server was stopped by SIGTERM right after, exit 0, 83 ms after it listened); a
+        second look costs nothing where the engine really died."""
+        if self.running():
+            return False
+        if self.exit_code() is not None:
+            return True
+        time.sleep(0.5)
+        return not self.running()
+
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
         """The last `n` lines of the server's log, the launch's secret values redacted (errors print it)."""
         try:
@@ -563,7 +575,7 @@ class Server:
                         last = f"{type(exc).__name__}: {exc}"
                     if (n - 1) % check_every == 0:
                         self._check_companions()
-                    if (n - 1) % check_every == 0 and not self.running():
+                    if (n - 1) % check_every == 0 and self._gone():
                         code = self.exit_code()
                         raise ServerError(
                             f"{self.spec.name} exited before it became ready (exit code "

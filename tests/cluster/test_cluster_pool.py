@@ -170,6 +170,34 @@ def test_ctrl_c_of_the_controller_cancels_every_pool_unit(sshd, tiny_params, wri
     assert not leftovers(run_id)
 
 
+def test_a_hung_unit_is_killed_after_its_grace_and_the_fan_out_stops_the_server_it_left(tiny_params, write_params,
+                                                                                          tmp_path):
+    """A unit that does not answer SIGTERM (stopped with SIGSTOP once its server is up: a hung controller) is
+    SIGKILLed after its grace, as Slurm does after KillWait; its llama-server, in its own session, would outlive
+    it: the fan-out runs the unit's kill step and says so in the unit's reason."""
+    import psutil
+
+    run_id = f"pool-{os.getpid()}-h"
+    p = pool_params({**tiny_params, "repeats": 300, "max_tokens": 48, "stop_grace_s": 1}, None, 0)
+    proc = start(write_params(p), run_id)
+    deadline = time.monotonic() + 90
+    while not _server_up(run_id, "u0"):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"the unit's server did not come up: {leftovers(run_id)}"
+        time.sleep(0.3)
+    (unit,) = [c for c in psutil.Process(proc.pid).children() if f"{run_id}-u0" in " ".join(c.cmdline())]
+    unit.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert time.monotonic() - t0 >= 16, "SIGKILL came before the grace (stop_grace_s + 15 s) was over"
+    m, _ = merged(tmp_path / "outputs", run_id)
+    (u,) = m.cluster.units
+    assert u.state == "cancelled" and "died by signal 9" in (u.reason or "") and "fan-out stopped" in u.reason, u
+    assert not leftovers(run_id)
+
+
 def _server_up(run_id: str, unit: str) -> bool:
     """A unit's llama-server runs (tagged with the unit's run id)."""
     return any("llama-server" in line for line in leftovers(f"{run_id}-{unit}"))

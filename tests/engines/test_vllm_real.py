@@ -59,6 +59,31 @@ def vparams(tmp_path: Path, port: int, **over: Any) -> dict[str, Any]:
     return data
 
 
+def notebook_text(path: Path) -> str:
+    """Every source and output text of an executed notebook (decoded, not the JSON's escaped form)."""
+    nb = json.loads(path.read_text())
+    parts = []
+    for cell in nb["cells"]:
+        parts.append("".join(cell.get("source", "")))
+        for o in cell.get("outputs", []):
+            parts.append("".join(o.get("text", "")))
+            for v in o.get("data", {}).values():
+                parts.append("".join(v) if isinstance(v, list) else str(v))
+    return "\n".join(parts)
+
+
+def tmp_litter() -> set[str]:
+    """Unix sockets and spectrial scratch folders directly in /tmp."""
+    out = set()
+    for p in Path("/tmp").iterdir():
+        try:
+            if p.is_socket() or p.name.startswith("spectrial-") and p.is_dir():
+                out.add(p.name)
+        except OSError:
+            continue
+    return out
+
+
 def only_run(out: Path) -> Path:
     runs = [p for p in out.iterdir() if (p / "manifest.json").is_file()]
     assert len(runs) == 1, runs
@@ -99,10 +124,14 @@ def test_cli_trial_measures_the_truth_with_env_check_fail(vllm_cpu, tmp_path, po
     renamed EngineCore and Worker (blanked /proc) are verified through spectrial's probe, and the counters are
     the truth."""
     path = write_params(vparams(tmp_path, port))
+    before = tmp_litter()
     t0 = time.monotonic()
     res = subprocess.run([*SPECTRIAL, "trial", str(path)], capture_output=True, text=True, timeout=900, cwd=REPO)
     wall = time.monotonic() - t0
     assert res.returncode == 0, res.stderr[-4000:]
+    # vLLM leaves its ZMQ sockets (/tmp/<uuid>, ~7 a start); spectrial gives each start a scratch folder for them
+    # (VLLM_RPC_BASE_PATH) and removes it when the start ends
+    assert not tmp_litter() - before, sorted(tmp_litter() - before)[:10]
     run = only_run(tmp_path / "out")
     m = manifest_json(run)
     assert m["status"] == "ok" and m["params"]["env_check"] == "fail"
@@ -189,9 +218,17 @@ def test_notebook_02_against_real_vllm(vllm_cpu, tmp_path, port, write_params):
                           "-p", "params_file", str(params_file), "--cwd", str(REPO)], capture_output=True, text=True,
                          timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
-    text = out.read_text()
-    assert "engine `vllm`" in text and "verified by probe" in text and "does not pay" in text
-    m = manifest_json(only_run(tmp_path / "out"))
+    text = notebook_text(out)
+    assert "engine `vllm`" in text and "verified by probe" in text
+    run = only_run(tmp_path / "out")
+    m = manifest_json(run)
+    # Whether EAGLE-3 pays on this CPU is a measurement (a loaded machine can make it undecided), not a truth: the
+    # notebook must say the record's own answer, in the words every reader uses.
+    from spectrial.readers.headline import headline
+
+    answer = headline(m)
+    assert answer.title in text, (answer.title, text[-3000:])
+    assert any(w in answer.title for w in ("does not pay", "pays here", "Not decided", "No difference", "Not valid"))
     assert m["status"] == "ok" and [a["name"] for a in m["arms"]] == ["baseline", "eagle3"]
     eagle = m["arms"][1]
     assert abs(eagle["accept_len"] - 4 / 3) <= eagle["requests_ok"] / eagle["verify_steps"]

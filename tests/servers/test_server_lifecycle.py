@@ -118,3 +118,21 @@ def test_state_file_pointing_at_someone_else_is_left_alone(tmp_path, port):
     finally:
         other.kill()
         other.wait(10)
+
+
+def test_an_error_tail_folds_a_probe_s_repeated_lines_and_keeps_the_line_that_says_why():
+    """SGLang answers /health 503 once a second while its warm-up hangs: a minute of access lines must not push the
+    line that says why out of the 40 lines an error shows (seen: a readiness failure whose tail was 40 identical
+    503 lines). Lines that differ only in numbers (the client's port, a timestamp) fold into the first, a count and
+    the last; different lines are all kept."""
+    from spectrial.servers.lifecycle import LOG_TAIL_LINES, fold_repeats
+
+    why = "[2026-12-06 00:01:03] Scheduler hit an exception: RuntimeError: the real reason"
+    access = [f'INFO:     127.0.0.1:{39000 + i} - "GET /health HTTP/1.1" 503 Service Unavailable' for i in range(300)]
+    lines = ["server_args=ServerArgs(...)", why, *access, "tail line 1", "tail line 2"]
+    out = fold_repeats(lines, LOG_TAIL_LINES)
+    assert why in out and out[-2:] == ["tail line 1", "tail line 2"]
+    assert out[2] == access[0] and out[3] == f"    ... 298 more line(s) like it, then: {access[-1]}"
+    assert len(out) == 6
+    assert fold_repeats(["a 1", "a 2"], 40) == ["a 1", "a 2"]  # two alike are both shown
+    assert fold_repeats([f"line {c}" for c in "abcdef"], 3) == ["line d", "line e", "line f"]  # the last n runs

@@ -31,11 +31,13 @@ from spectrial import interrupts
 from spectrial.cluster.executor import Executor, JobState, UnitJob
 from spectrial.cluster.merge import pool_speedups, sweep_best, sweep_points, unit_comparisons
 from spectrial.errors import ConfigError
+from spectrial.hosts.connect import get_host
 from spectrial.params import Arm, TrialParams
 from spectrial.params.cluster import ClusterParams, blocks
 from spectrial.record.store import RunRecord, list_runs, load_record, opened, settle_record
 from spectrial.schema import ClusterRecord, Manifest, SweepDecision, UnitRecord, utc_now
 from spectrial.secrets import secret_values
+from spectrial.servers.lifecycle import stop_previous
 from spectrial.sweep.params import flat_params
 
 Kind = Literal["trial", "sweep"]
@@ -248,6 +250,7 @@ class ClusterRun:
                     settle_record(job.run_dir, reason=f"cancelled: {st.reason}")
             with contextlib.suppress(Exception):
                 m = load_record(job.run_dir)  # a unit SIGKILLed mid-run is settled: failed, "abandoned"
+        left = self._stop_what_it_left(job, st)
         if m is not None:
             self.manifests[job.name] = m
             u.record_status, u.fingerprint_key = m.status, m.fingerprint_key
@@ -273,9 +276,30 @@ class ClusterRun:
         else:
             u.state = "failed"
             u.reason = (m.reason or f"exit {st.exit_code}").splitlines()[0][:500]
+        if left:
+            u.reason = f"{u.reason}; {left}" if u.reason else left
         self.say(f"unit {u.name} {u.state}" + (f": {u.reason}" if u.reason and u.state != "ok" else ""))
         if u.state != "ok" and self.cluster.on_unit_failure == "stop" and not self.stopped:
             self.stop(f"unit {u.name} {u.state} (on_unit_failure: stop)")
+
+    def _stop_what_it_left(self, job: UnitJob, st: JobState) -> str | None:
+        """A pool unit that died by a signal (SIGKILL after its grace, the OOM killer) could not stop its servers,
+        which run in their own sessions: the fan-out runs the unit's kill step on its host and port (the recorded
+        process group, as the unit's next run would), so that nothing of it outlives the cluster run. Slurm stops
+        what a job left itself (its cgroup)."""
+        if self.executor.name != "pool" or st.exit_code is None or st.exit_code >= 0:
+            return None
+        t = self.trial
+        try:
+            host = get_host(job.host, **t.ssh.connect_options())
+            report = stop_previous(host, job.port, host.expand(t.state_dir), t.stop_grace_s)
+        except Exception as exc:  # refused (another run holds the port) or the host is gone: say so
+            return (f"it died by signal {-st.exit_code} and what it left on {job.host} port {job.port} was not "
+                    f"stopped ({str(exc).splitlines()[0][:300]}): `spectrial trial` on that host and port stops it")
+        if not report.stopped:
+            return None
+        return (f"it died by signal {-st.exit_code}; the fan-out stopped the {len(report.stopped)} server "
+                f"process(es) it left on {job.host} port {job.port}")
 
     def stop(self, why: str) -> None:
         """Cancel every unit queued or in flight (each stops its servers and writes its record)."""

@@ -77,7 +77,7 @@ class PoolExecutor:
 
     def cancel(self, handle: str, why: str) -> None:
         """SIGTERM to the unit's process group (it stops its servers and writes its record); `poll` sends SIGKILL
-        once the grace is over (the next run's kill step then stops what it left, by the recorded group)."""
+        once the grace is over (the fan-out then stops what it left, by the recorded group: `_stop_what_it_left`)."""
         r = self.jobs[handle]
         if r.proc.poll() is not None or r.cancelled_at is not None:
             return

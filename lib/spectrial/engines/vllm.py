@@ -405,7 +405,7 @@ class VLLM(Engine):
             argv += ["--speculative-config", json.dumps(spec_cfg, separators=(",", ":"))]
         argv += [*c.extra_args, *arm.extra_args]
         return LaunchSpec(argv=argv, env=self._env(arm), port=p.port, probe=probe, name=f"vllm-{arm.name}", python=True,
-                          bind=p.bind)
+                          bind=p.bind, scratch_var="VLLM_RPC_BASE_PATH")
 
     def slots(self) -> tuple[int | None, str]:
         return self.config.max_num_seqs, "engine_config.max_num_seqs (--max-num-seqs)"

@@ -53,6 +53,28 @@ MIN_FREE_STATE_BYTES = 256 * 2**10
 _SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,119}$")
 
 
+def fold_repeats(lines: list[str], n: int) -> list[str]:
+    """The last `n` entries of a log, a run of lines that differ only in their numbers (a probe's access line once
+    a second, a heartbeat) folded into its first line and a count: a server that answered 503 for a minute must not
+    push the line that says why out of an error's tail."""
+    runs: list[list[Any]] = []  # [first line, key, count, last line]
+    for line in lines:
+        key = re.sub(r"\d+", "#", line)
+        if runs and runs[-1][1] == key:
+            runs[-1][2] += 1
+            runs[-1][3] = line
+        else:
+            runs.append([line, key, 1, line])
+    out: list[str] = []
+    for first, _, count, last in runs[-n:]:
+        out.append(first)
+        if count == 2:
+            out.append(last)
+        elif count > 2:
+            out.append(f"    ... {count - 2} more line(s) like it, then: {last}")
+    return out
+
+
 @dataclass
 class Probe:
     """Result of one readiness probe."""
@@ -93,6 +115,9 @@ class LaunchSpec:
     poll_s: float = 0.1  # between probes
     python: bool = False  # a Python server: its processes get spectrial's environment probe (spectrial.servers.envcheck)
     exit_rule: ExitFn = classify_exit  # (how it was stopped, exit code, log tail) -> (clean?, evidence)
+    scratch_var: str | None = None  # a variable naming a folder where the engine leaves runtime files it never
+    # removes (vLLM's ZMQ sockets, /tmp/<uuid> by default: VLLM_RPC_BASE_PATH): each start gets a fresh short folder
+    # (a socket path has at most 107 bytes), removed when the start ends. A value in `env` is the user's: kept.
     term_again_s: float | None = None  # a second SIGTERM this long after the first (an engine busy with a request
     # finishes it before it exits: llama-server exits at once on the second signal)
 
@@ -156,6 +181,7 @@ class ServerState(BaseModel):
     sid: int | None = None
     start_ticks: int | None = None
     boot_id: str | None = None
+    scratch: str | None = None  # the start's scratch folder (LaunchSpec.scratch_var), removed by its stop
     corrupt: bool = Field(False, exclude=True)
     path: str | None = Field(None, exclude=True)
 
@@ -201,6 +227,12 @@ class KillReport(BaseModel):
     action: str = "none"
     abandoned: Abandoned | None = None
     stopped: list[StoppedProcess] = Field(default_factory=list)
+
+
+def remove_scratch(host: Host, folder: str | None) -> None:
+    """Remove a start's scratch folder (only one spectrial made: /tmp/spectrial-*)."""
+    if folder and re.fullmatch(r"/tmp/spectrial-[A-Za-z0-9]{8}", folder):
+        host.run(["rm", "-rf", "--", folder], check=False)
 
 
 def state_path(state_dir: str, port: int) -> str:
@@ -319,6 +351,8 @@ def stop_previous(host: Host, port: int, state_dir: str, grace_s: float = 15, ta
         if who != "alive":
             report.abandoned = Abandoned(run_id=st.run_id, record=st.record, log=st.log, name=st.name, owner=st.owner,
                                          owner_state=who)
+        if not others:  # its processes are gone now: so is what they used
+            remove_scratch(host, st.scratch)
         host.remove(state_path(state_dir, port))
     elif st:
         host.remove(str(st.path))
@@ -371,6 +405,7 @@ class Server:
         self.companions: list[Companion] = []
         self.state = ServerState()
         self.probe_dir = ""
+        self.scratch_dir: str | None = None
         self._inherited_pythonpath = ""
         self._t0 = 0.0
 
@@ -385,6 +420,8 @@ class Server:
         """The environment put on the command: the requested variables, the tag, and for a Python server with
         requested variables the environment probe (its folder first on PYTHONPATH)."""
         env = {**self.spec.env, TAG_VAR: self.tag, OWNER_VAR: owner_env(self.owner)}
+        if self.scratch_dir and self.spec.scratch_var:
+            env[self.spec.scratch_var] = self.scratch_dir
         if self.probe_dir:
             base = self.spec.env.get("PYTHONPATH", self._inherited_pythonpath)
             env.update({PROBE_DIR_VAR: self.probe_dir, PROBE_NAMES_VAR: ",".join(self.spec.env),
@@ -420,9 +457,12 @@ class Server:
             self.host.mkdir(self.probe_dir)
             self.host.write_text(f"{self.probe_dir}/sitecustomize.py", probe_script(TAG_VAR))
             self._inherited_pythonpath = self.host.run('printf %s "${PYTHONPATH:-}"', check=False).stdout
+        if self.spec.scratch_var and self.spec.scratch_var not in self.spec.env:
+            self.scratch_dir = self.host.run(["mktemp", "-d", "/tmp/spectrial-XXXXXXXX"]).stdout.strip()
         # the wrapper records the engine's exit status; its TERM trap keeps it alive until the engine is gone
-        # (a trap, unlike an ignored signal, is not inherited by the engine)
-        wrapped = ["sh", "-c", 'trap : TERM INT HUP; "$@"; echo $? > "$0"', self.exit_path, *self.spec.argv]
+        # (a trap, unlike an ignored signal, is not inherited by the engine); then it removes the scratch folder
+        wrapped = ["sh", "-c", 'trap : TERM INT HUP; d=$1; shift; "$@"; s=$?; [ -z "$d" ] || rm -rf -- "$d"; '
+                   'echo $s > "$0"', self.exit_path, self.scratch_dir or "", *self.spec.argv]
         self._t0 = time.monotonic()
         self.started_at = utc_now()
         # the state file names the start before its process exists: whatever happens next (this process
@@ -431,7 +471,7 @@ class Server:
                                  run_id=self.run_id,
                                  arm=self.arm, name=self.spec.name, record=self.record_dir, port=self.spec.port,
                                  argv=self.shown.argv, env=self.shown.env, log=self.log_path,
-                                 started_at=self.started_at)
+                                 started_at=self.started_at, scratch=self.scratch_dir)
         self._write_state()
         with interrupts.deferred():  # the pid is recorded before an interrupt is let through
             try:
@@ -450,6 +490,7 @@ class Server:
                     self.host.stop_group(self.pid, self.grace_s)
                 self._stop_half_launched()
                 self.pid = None
+                remove_scratch(self.host, self.scratch_dir)
                 self._drop_state()
                 raise
 
@@ -545,10 +586,10 @@ class Server:
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
         """The last `n` lines of the server's log, the launch's secret values redacted (errors print it)."""
         try:
-            text = self.host.read_text(self.log_path, max_bytes=64 * 1024)
+            text = self.host.read_text(self.log_path, max_bytes=256 * 1024)
         except Exception as exc:  # the log may not exist yet
             return f"(log unreadable: {exc})"
-        return self.shown.redact("\n".join(text.splitlines()[-n:]))
+        return self.shown.redact("\n".join(fold_repeats(text.splitlines(), n)))
 
     def wait_ready(self, timeout_s: float, progress: bool = True) -> float:
         """Poll the engine's probe until ready; fail fast if the process dies. Returns seconds to ready."""
@@ -698,6 +739,7 @@ class Server:
                                       gpu_available=gpus.available,
                                       gpu_mem_used_mib=[g.memory_used_mib for g in gpus.gpus], exit_code=code,
                                       clean=clean, evidence=evidence)
+        remove_scratch(self.host, self.scratch_dir)  # the wrapper did, unless it was killed with the engine
         self._drop_state()
         self.pid = None
         return self.stop_report

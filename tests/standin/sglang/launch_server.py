@@ -76,6 +76,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import urllib.request
 from http.server import ThreadingHTTPServer
 
@@ -90,11 +91,18 @@ WARMUP_BODY = b'{"text": "The capital city of France is", "sampling_params": {"t
 
 
 def warmup_and_ready(rt: Runtime, url: str) -> None:
-    """SGLang's warm-up thread: kernel builds, one `POST /generate`, then the server is up."""
+    """SGLang's warm-up thread: kernel builds, one `POST /generate`, then the server is up. A warm-up that fails
+    is what SGLang's `_wait_and_warmup` does with it: `Initialization failed. warmup error: <traceback>` logged,
+    then the whole process tree killed (spectrial then sees the engine exit before it became ready)."""
     time.sleep(rt.args.standin_warmup_s)
     req = urllib.request.Request(f"{url}/generate", data=WARMUP_BODY, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        r.read()
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            r.read()
+    except Exception:
+        log(f"Initialization failed. warmup error: {traceback.format_exc()}")
+        kill_process_tree(os.getpid())
+        return
     rt.server_status = "Up"
     log("The server is fired up and ready to roll!")
 

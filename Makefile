@@ -7,10 +7,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spectrial-installed
 PYTEST_ARGS ?=
-# PYTEST_WORKERS=2 runs the tests in two lanes side by side (pytest-xdist; the groups: tests/lanes.py): about 26
-# minutes on 2 cores against 43, but four tests still flake under the second lane's load (issue 38's note); the
-# default stays one process until they are fixed at their causes.
-PYTEST_WORKERS ?= 0
+# The tests run in two lanes side by side (pytest-xdist; the groups: tests/lanes.py): about 26 minutes on 2 cores
+# against 43 in one process (PYTEST_WORKERS=0).
+PYTEST_WORKERS ?= 2
 
 NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb
 NBVAL_ARGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg

@@ -302,3 +302,6 @@ def test_a_damaged_token_count_is_not_spread_over_the_events() -> None:
     assert event_counts(r).tolist() == [1, 1, 1]
     r = RequestRecord(tokens=7, events_ms=[1.0, 2.0, 3.0], event_tokens=[1, 1, 1], event_tokens_exact=False)
     assert event_counts(r).tolist() == [1, 3, 3]
+    # and a stream.csv event count damaged to 10^23 (the fuzzer again): capped at MAX_TOKENS, not an OverflowError
+    r = RequestRecord(tokens=3, events_ms=[1.0, 2.0, 3.0], event_tokens=[10**23, 1, -5], event_tokens_exact=True)
+    assert event_counts(r).tolist() == [2**40, 1, 0]

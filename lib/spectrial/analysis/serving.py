@@ -42,6 +42,7 @@ chunk was given.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 EVENT_KEY = ("arm", "point", "restart", "start", "concurrency", "phase", "index")  # a request's key in stream.csv
 EVENT_COLUMNS = (*EVENT_KEY, "event", "t_ms", "tokens")
 EVENT_LISTS = ("events_ms", "event_tokens")
+OUTPUT_KEY = ("arm", "point", "restart", "start", "phase", "index", "prompt_id")  # a request's key in outputs.jsonl
 DECIMALS = 4  # figure values rounded so that the JSON is stable
 COLOURS = ("#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
            "#17becf")
@@ -90,7 +92,8 @@ def tpot_ms(r: RequestRecord) -> float | None:
 def event_counts(r: RequestRecord) -> np.ndarray:
     """Tokens of each token event (int): the server's counts where exact, else the request's tokens after its
     first event spread evenly, in whole tokens, over its later events."""
-    n = np.asarray(r.event_tokens or [1] * len(r.events_ms or []), dtype=np.int64)
+    counts = r.event_tokens or [1] * len(r.events_ms or [])  # a damaged count (past MAX_TOKENS) is capped there
+    n = np.asarray([min(max(int(x), 0), MAX_TOKENS) for x in counts], dtype=np.int64)
     if r.event_tokens_exact or len(n) < 2 or not r.tokens:
         return n
     rest = int(r.tokens) - int(n[0])
@@ -443,7 +446,7 @@ def serving_figures(requests: Sequence[RequestRecord], *, expected_tokens_per_ch
 def requests_frame(requests: Sequence[RequestRecord]) -> pd.DataFrame:
     """One row per request (every field but the event lists): requests.csv. The engine's `server_*` figures come
     last, only those it reported."""
-    frame = pd.DataFrame([r.model_dump(exclude=set(EVENT_LISTS)) for r in requests])
+    frame = pd.DataFrame([r.model_dump(exclude={*EVENT_LISTS, "output"}) for r in requests])
     server = [c for c in ServerRequestStats.model_fields if c in frame and not frame[c].isna().all()]
     return frame[[c for c in frame.columns if c not in ServerRequestStats.model_fields] + server]
 
@@ -615,3 +618,7 @@ def write_requests(record: Any, requests: Sequence[RequestRecord], accept_len: M
     events = events_frame(requests)
     if len(events):
         record.write_frame("stream.csv", events)
+    kept = [r for r in requests if r.output is not None]
+    if kept:  # the generated texts (the lossless check's evidence), one JSON line per request
+        record.write_text("outputs.jsonl", "".join(
+            json.dumps({**{k: getattr(r, k) for k in OUTPUT_KEY}, "output": r.output}) + "\n" for r in kept))

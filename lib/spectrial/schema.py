@@ -134,6 +134,9 @@ class RequestRecord(Record, ServerRequestStats):
                                                     "(tokens - 1)")
     delivery: str | None = Field(None, description="'stream', 'bunched' (steps delivered together) or 'stalled' "
                                                    "(all at the end)")
+    output: str | None = Field(None, description="The generated text as streamed (the lossless check compares it "
+                                                 "with the baseline's for the same prompt); written to "
+                                                 "outputs.jsonl, not requests.csv")
 
     @property
     def ok(self) -> bool:

@@ -19,7 +19,7 @@ from spectrial.protocol.trial import run_trial
 from spectrial.readers.diagnose import diagnose
 from spectrial.readers.headline import headline
 from spectrial.record.store import load_record
-from spectrial.schema import ArmRecord, RequestRecord, ServingFigures, WindowStats
+from spectrial.schema import ArmFigures, ArmRecord, RequestRecord, ServingFigures, WindowStats
 
 SPECTRIAL = [sys.executable, "-m", "spectrial.cli"]
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +58,63 @@ def test_early_stop_is_invalid_only_for_fixed_lengths():
     assert fixed.evidence["delivered_share"] == pytest.approx((7 * 32 + 3 * 5) / 320, abs=1e-4)
     natural = validity.early_stop(reqs, validity.Setting(fixed_length=False))
     assert natural.ok is False and natural.severity == "warning"
+
+
+def test_speculation_live_no_drafts_a_dead_drafter_and_counters_not_exported():
+    """Issue 39 item 2: an arm that never drafts, or drafts that are never accepted (the CI baseline recorded at
+    accept length 1.0097), is invalid with its counters as evidence; an engine that exports no draft counter
+    leaves the question unknown (n/a), never 0."""
+    s = validity.Setting()
+    ok_reqs = [req(i, 40) for i in range(5)]
+
+    def fig(accept_len):
+        return ArmFigures(accept_len=accept_len, tokens=160.0)
+
+    live = validity.speculation_live(ok_reqs, WindowStats(drafted=300, accepted=120, verify_steps=100), fig(2.2), s)
+    assert live.ok is True and live.value == 2.2 and live.evidence["drafted"] == 300
+    off = validity.speculation_live(ok_reqs, WindowStats(drafted=0, accepted=0, verify_steps=0), fig(None), s)
+    assert off.ok is False and off.severity == "invalid" and off.summary.startswith("speculation not live")
+    dead = validity.speculation_live(ok_reqs, WindowStats(drafted=309, accepted=1, verify_steps=103), fig(1.0097), s)
+    assert dead.ok is False and dead.summary.startswith("dead drafter: accept length 1.0097") and dead.limit == 1.02
+    assert validity.speculation_live(ok_reqs, WindowStats(), fig(None), s).ok is None  # nothing exported
+    # llama.cpp without window counters: the requests' own draft counts (draft_n) are the evidence
+    per_req = [req(i, 40, server_draft_n=0, server_draft_n_accepted=0) for i in range(5)]
+    assert validity.speculation_live(per_req, WindowStats(), fig(None), s).evidence["drafted"] == 0
+    assert validity.speculation_live(per_req, WindowStats(), fig(None), s).ok is False
+    # the limit is a parameter; the assessment of a speculative arm carries the check, a baseline's does not
+    lax = validity.Setting(limits=validity.Limits(min_accept_gain=0.005))
+    assert validity.speculation_live(ok_reqs, WindowStats(drafted=309, accepted=3, verify_steps=103), fig(1.0097),
+                                     lax).ok is True
+    stats = WindowStats(drafted=0, accepted=0, verify_steps=0)
+    v = validity.assess(ok_reqs, stats, fig(None), True, s)
+    assert "speculation_live" in v.failed
+    assert "speculation_live" not in {c.name for c in validity.assess(ok_reqs, stats, fig(None), False, s).checks}
+
+
+def test_lossless_compares_greedy_outputs_prompt_by_prompt():
+    """Issue 39 item 3 by hand: outputs against the baseline's most common output of the same prompt; the
+    allowance is max_output_mismatch plus the baseline's own disagreement; severity invalid unless synthetic."""
+    s = validity.Setting(limits=validity.Limits(max_output_mismatch=0.1))
+
+    def outs(texts, arm):
+        return [req(i, 40, prompt_id=f"p{i % 2}", output=t, arm=arm) for i, t in enumerate(texts)]
+
+    base = outs(["one two three", "alpha beta", "one two three", "alpha beta"], "baseline")
+    same = validity.lossless(outs(["one two three", "alpha beta"], "s"), base, True, False, s)
+    assert same.ok is True and same.value == 1.0 and same.evidence["baseline_self_mismatch"] == 0.0
+    changed = validity.lossless(outs(["one two FOUR", "alpha beta"], "s"), base, True, False, s)
+    assert changed.ok is False and changed.severity == "invalid" and changed.value == 0.5
+    assert changed.evidence["example"]["at_char"] == len("one two ") and "1 of 2" in changed.summary
+    assert validity.lossless(outs(["one two FOUR"], "s"), base, True, True, s).severity == "warning"
+    # a baseline that disagrees with itself (numerics) widens the allowance by its own share
+    noisy = outs(["one two three", "alpha beta", "one two thre3", "alpha beta", "one two three", "alpha beta"], "b")
+    arm = [req(i, 40, prompt_id="p0", output="one two three" if i < 8 else "one two FOUR") for i in range(10)]
+    assert validity.lossless(arm, base, True, False, s).ok is False  # 20 % differ, 10 % allowed
+    lax = validity.lossless(arm, noisy, True, False, s)  # allowed 10 % + 1/6
+    assert lax.evidence["baseline_self_mismatch"] == pytest.approx(1 / 6, abs=1e-3) and lax.ok is True
+    assert validity.lossless(outs(["x"], "s"), base, False, False, s).ok is None  # sampled: n/a
+    assert validity.lossless(outs(["x"], "s"), base, None, False, s).ok is None  # sampling unknown
+    assert validity.lossless([req(0, 40, prompt_id="p9", output="x")], base, True, False, s).ok is None
 
 
 def test_concurrency_against_slots_and_achieved():
@@ -202,13 +259,15 @@ def test_a_clean_local_trial_passes_its_checks(tiny_params, tmp_path):
     for a in m.arms:
         ch = _checks(a)
         assert set(ch) == {"concurrency", "queueing", "prefix_cache", "early_stop", "steady_state", "stream",
-                           "start_spread"}
+                           "start_spread"} | ({"speculation_live"} if a.name == "draft" else set())
         assert a.validity.valid, a.validity
         assert ch["prefix_cache"].ok is True and ch["prefix_cache"].value == 0.0  # cache_prompt false
         assert ch["early_stop"].ok is True and ch["queueing"].ok is True and ch["steady_state"].ok is True
         assert ch["start_spread"].ok is None  # one start
     draft = m.arm("draft")
     assert not validity.is_invalid(draft.verdict)
+    live = _checks(draft)["speculation_live"]
+    assert live.ok is True and live.evidence["drafted"] > 0 and live.value == pytest.approx(draft.accept_len, abs=1e-4)
     # per-request accept length: llama.cpp's timings (accepted) and the drafts counter read around each request
     assert draft.accept_len_request_n == 5 and draft.accept_len_request_source == "counters around each request"
 
@@ -262,3 +321,48 @@ def test_outputs_stopped_early_are_invalid_at_a_fixed_length(tiny_params, tmp_pa
         c = _checks(a)["early_stop"]
         assert c.ok is False and c.severity == "invalid" and c.evidence["delivered_share"] < 0.9, c
     assert validity.is_invalid(m.arm("draft").verdict)
+
+
+@pytest.mark.slow
+def test_a_dead_drafter_is_invalid_on_a_real_server(tiny_params, tmp_path):
+    """Issue 39 item 2 for real: llama-server drafts with forced acceptance 0 (its --spec-synth-rates: every draft
+    rejected), so the window has drafts and an accept length of exactly 1.0: the arm is an invalid measurement
+    (dead drafter), its counters the evidence; the doctor and the headline say so, never "slower"."""
+    res = _trial(tiny_params, tmp_path, "dead", repeats=5,
+                 arms=[{"name": "baseline"}, {"name": "dead", "method": "draft", "synthetic_accept": 0.0}])
+    m = load_record(res.run_dir)
+    dead = m.arm("dead")
+    c = _checks(dead)["speculation_live"]
+    assert dead.drafted > 0 and dead.accepted == 0 and dead.accept_len == 1.0
+    assert c.ok is False and c.summary.startswith("dead drafter: accept length 1.0000"), c
+    assert c.evidence["drafted"] == dead.drafted and c.evidence["accepted"] == 0
+    assert dead.verdict == "invalid measurement (speculation_live)" and dead.pays == "undecided"
+    assert "speculation_live" not in _checks(m.arm("baseline"))
+    assert headline(m).title.startswith("Not valid") and "dead drafter" in headline(m).title
+    d = diagnose(res.run_dir)  # the doctor says it once, from the same check, with what the launch explains
+    (f,) = d.of("accept_pinned")
+    assert f.arm == "dead" and "dead drafter: accept length 1.0000" in f.title and "synthetically" in f.title
+    assert not [x for x in d.of("invalid_measurement") if "speculation_live" in x.title]
+
+
+@pytest.mark.slow
+def test_lossless_outputs_on_a_real_server_and_a_forced_output_change(tiny_params, tmp_path):
+    """Issue 39 item 3 for real on llama-server, greedy: the draft arm's outputs are the target's own (lossless),
+    while forced acceptance 1.0 commits the draft's wrong tokens, so its outputs differ from the baseline's: the
+    check fails (a warning for a synthetic arm, which says why), with where the first difference falls; the
+    outputs are kept in outputs.jsonl. Sampled (temperature > 0): n/a."""
+    res = _trial(tiny_params, tmp_path, "lossless", repeats=6,
+                 arms=[{"name": "baseline"}, {"name": "draft", "method": "draft"},
+                       {"name": "forced", "method": "draft", "synthetic_accept": 1.0}])
+    m = load_record(res.run_dir)
+    draft, forced = _checks(m.arm("draft"))["lossless"], _checks(m.arm("forced"))["lossless"]
+    assert draft.ok is True and draft.value == 1.0 and draft.evidence["compared"] == 6, draft
+    assert forced.ok is False and forced.severity == "warning" and forced.value < 0.5, forced
+    assert forced.summary.startswith("speculation changed the outputs") and "by design" in forced.summary
+    ex = forced.evidence["example"]
+    assert ex["baseline"] != ex["arm"] and forced.evidence["first_difference_chars_median"] >= 0
+    assert "lossless" not in _checks(m.arm("baseline"))
+    lines = [json.loads(x) for x in (res.run_dir / "outputs.jsonl").read_text().splitlines()]
+    assert {x["arm"] for x in lines} == {"baseline", "draft", "forced"} and all(x["output"] for x in lines)
+    sampled = _trial(tiny_params, tmp_path, "sampled", repeats=5, sampling={"temperature": 0.8, "seed": 1})
+    assert _checks(load_record(sampled.run_dir).arm("draft"))["lossless"].ok is None

@@ -166,6 +166,10 @@ def test_cli_trial_measures_the_truth_with_env_check_fail(vllm_cpu, tmp_path, po
     # prompt lookup finds no n-gram of the counting output (x -> x + 1) in these text prompts: the counters say
     # so (no verify cycle), rather than a made-up accept length
     assert ngram["verify_steps"] == 0 and ngram["drafted"] == 0 and ngram["requests_ok"] == base["requests_ok"]
+    # ... and so its speed is no measurement of speculation (issue 39: speculation not live), while EAGLE-3's is
+    live = {a: {c["name"]: c for c in arms[a]["validity"]["checks"]}["speculation_live"] for a in ("eagle3", "ngram")}
+    assert live["ngram"]["ok"] is False and live["ngram"]["summary"].startswith("speculation not live"), live
+    assert ngram["verdict"] == "invalid measurement (speculation_live)" and live["eagle3"]["ok"] is True
     # the comparison: the baseline's ms per token from the engine's own decode time, break-even = cycle / that
     assert eagle["break_even_accept_len"] == pytest.approx(eagle["cycle_ms"] / base["ms_per_token"])
     # issue 27: the checks of every arm (vLLM launched with --no-enable-prefix-caching: its counters say no hit),

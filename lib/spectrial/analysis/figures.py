@@ -206,8 +206,11 @@ def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculati
             f = f.model_copy(update={"cv_within_start": s["cv"], "cv_between_starts": None})
         if ci is not None:
             f = f.model_copy(update={"tok_s_ci_low": ci.low, "tok_s_ci_high": ci.high})
-    drafted = stats.drafted if stats.drafted is not None else sum((r.server_draft_n or 0) for r in ok)
-    accepted = stats.accepted if stats.accepted is not None else sum((r.server_draft_n_accepted or 0) for r in ok)
+    counted = [r for r in ok if r.server_draft_n is not None]  # counters not exported: unknown, never 0
+    drafted = stats.drafted if stats.drafted is not None else (
+        sum(r.server_draft_n or 0 for r in counted) if counted else None)
+    accepted = stats.accepted if stats.accepted is not None else (
+        sum(r.server_draft_n_accepted or 0 for r in counted) if counted else None)
     tokens = stats.tokens if stats.tokens else sum(r.tokens or 0 for r in ok)
     decode_ms = stats.decode_ms if stats.decode_ms else sum((r.server_predicted_ms or 0) for r in ok) or None
     steps = stats.verify_steps
@@ -453,10 +456,14 @@ def with_comparison(arm: ArmRecord, c: Comparison) -> ArmRecord:
 
 def add_comparisons(arms: list[ArmRecord], requests: Sequence[RequestRecord] | None, level: float = 0.95,
                     seed: int = 0, base: ArmRecord | None = None, key: str = "arm",
-                    intervals: Mapping[str, Mapping[str, Any]] | None = None) -> ArmRecord | None:
+                    intervals: Mapping[str, Mapping[str, Any]] | None = None, greedy: bool | None = None,
+                    setting: validity.Setting | None = None) -> ArmRecord | None:
     """Compare every completed arm with the baseline (`base`, else `pick_baseline`), replacing the arms of the
     list by their compared copies; requests are grouped by their `key` field (an arm's name, or a sweep point's
-    id); without requests, each arm's recorded interval is used (`compare`). Returns the baseline."""
+    id); without requests, each arm's recorded interval is used (`compare`). With requests that kept their
+    outputs and the run's `setting`, each speculative arm's outputs are first checked against the baseline's
+    (`validity.lossless`: `greedy` sampling makes that possible), so that its verdict heeds the check. Returns the
+    baseline."""
     base = base or pick_baseline(arms)
     by: dict[str, list[RequestRecord]] | None = None
     if requests is not None:
@@ -468,7 +475,14 @@ def add_comparisons(arms: list[ArmRecord], requests: Sequence[RequestRecord] | N
             arms[i] = with_comparison(a, Comparison())
             continue
         ident = getattr(a, "id", None) or a.name
-        c = compare(a, base, by, level, seed, key=ident, base_key=getattr(base, "id", None) or base.name,
+        base_key = getattr(base, "id", None) or base.name
+        mine = (by or {}).get(ident, [])
+        if setting is not None and a is not base and not is_baseline(a) and any(r.output is not None for r in mine):
+            check = validity.lossless(mine, (by or {}).get(base_key, []), greedy,
+                                      bool(getattr(a, "synthetic", False) or getattr(a, "synthetic_accept", None) is not None),
+                                      setting)
+            a = a.model_copy(update={"validity": validity.with_check(a.validity, check)})
+        c = compare(a, base, by, level, seed, key=ident, base_key=base_key,
                     interval=(intervals or {}).get(a.name))
         arms[i] = with_comparison(a, c)
         if a is base:

@@ -24,12 +24,26 @@ computed from what the record already holds (every request's timing, the engine'
                      within-start spread predicts > `max_start_spread`): the verdict's interval then rests on the
                      between-start spread (resampled starts), which it says; one start cannot show it
 
+    speculation_live a speculative arm drafts, and its drafts are accepted: no draft token in the window
+                     ("speculation not live": a drafter skipped, a method the engine ignored) or an accept length
+                     within `min_accept_gain` of 1.0 while drafting ("dead drafter": a CI baseline once recorded
+                     1.0097) is invalid, the counters as evidence. Counters the engine does not export are
+                     unknown (n/a), never 0
+    lossless         with greedy sampling, a speculative arm's outputs equal the baseline's for the same prompt
+                     (the most common baseline output of that prompt): at most `max_output_mismatch` (numeric
+                     noise) plus the baseline's own disagreement with itself may differ; the evidence says where
+                     the first difference falls. Invalid where acceptance is the draft's own; a warning for a
+                     synthetic arm (forced acceptance commits wrong drafts by design). Sampled outputs: n/a.
+                     Compared across arms, so added by `spectrial.analysis.figures.add_comparisons`
+
 An arm whose check of severity "invalid" failed (or whose baseline's did) gets the verdict "invalid
 measurement (...)" and pays "undecided" (spectrial.analysis.figures.judged): never "faster" or "slower".
 """
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +65,8 @@ class Limits:
     min_requests: int = 5
     max_start_spread: float = 2.0
     min_tokens_per_chunk_ratio: float = 0.5
+    min_accept_gain: float = 0.02
+    max_output_mismatch: float = 0.10
 
 
 @dataclass(frozen=True)
@@ -243,13 +259,115 @@ def start_spread(f: ArmFigures, s: Setting) -> Check:
                                      "changed between starts (clocks, placement, other load)")
 
 
+def speculation_live(requests: Sequence[RequestRecord], stats: WindowStats, f: ArmFigures, s: Setting) -> Check:
+    """A speculative arm drafts and has drafts accepted (see the module's table). The window's counters, else the
+    requests' own draft counts; neither exported: unknown."""
+    per_request = [r.server_draft_n for r in requests if r.server_draft_n is not None]
+    drafted = stats.drafted if stats.drafted is not None else (sum(per_request) if per_request else None)
+    accepted = stats.accepted if stats.accepted is not None else (
+        sum(r.server_draft_n_accepted or 0 for r in requests) if per_request else None)
+    ev = {"drafted": drafted, "accepted": accepted, "verify_steps": stats.verify_steps, "accept_len": _r(f.accept_len, 4),
+          "tokens": f.tokens, "source": stats.source or ("per-request counts" if per_request else None)}
+    limit = 1.0 + s.limits.min_accept_gain
+    if drafted is None and f.accept_len is None:
+        return Check(name="speculation_live", ok=None, evidence=ev,
+                     summary="the engine exports no draft counters: whether speculation ran is unknown")
+    if drafted is not None and drafted == 0:
+        return Check(name="speculation_live", ok=False, value=0.0, evidence=ev,
+                     summary=f"speculation not live: no draft token in the window ({f.tokens or 0:.0f} tokens "
+                             "generated)",
+                     fix="check that the engine took the speculative settings (its startup log, the resolved "
+                         "configuration), that the draft model loaded, and that outputs are long enough to draft "
+                         "(an engine may skip drafting for short outputs); n-gram lookup drafts only on repeated "
+                         "text")
+    if f.accept_len is not None and f.accept_len <= limit:
+        return Check(name="speculation_live", ok=False, value=_r(f.accept_len, 4), limit=_r(limit, 4), evidence=ev,
+                     summary=f"dead drafter: accept length {f.accept_len:.4f} is within "
+                             f"{s.limits.min_accept_gain:.0%} of 1.0 while drafting"
+                             + (f" ({drafted:.0f} drafted, {accepted or 0:.0f} accepted)" if drafted else ""),
+                     fix="the draft does not match the target (wrong draft for this model or tokenizer, a draft "
+                         "trained for another version, a corrupted file): load the draft meant for this target")
+    return Check(name="speculation_live", ok=True, value=_r(f.accept_len, 4), limit=_r(limit, 4), evidence=ev,
+                 summary=(f"speculation live: accept length {f.accept_len:.3f}" if f.accept_len is not None
+                          else f"speculation live: {drafted:.0f} draft tokens"))
+
+
+def _reference(requests: Sequence[RequestRecord]) -> tuple[dict[str, str], float | None]:
+    """The baseline's output per prompt (its most common one) and the share of its own requests that differ from
+    it (None: no prompt asked twice)."""
+    by: dict[str, list[str]] = {}
+    for r in requests:
+        if r.ok and r.output is not None and r.prompt_id is not None:
+            by.setdefault(r.prompt_id, []).append(r.output)
+    ref = {pid: Counter(outs).most_common(1)[0][0] for pid, outs in by.items()}
+    repeated = [(pid, o) for pid, outs in by.items() if len(outs) > 1 for o in outs]
+    own = sum(o != ref[pid] for pid, o in repeated) / len(repeated) if repeated else None
+    return ref, own
+
+
+def lossless(requests: Sequence[RequestRecord], base_requests: Sequence[RequestRecord], greedy: bool | None,
+             synthetic: bool, s: Setting) -> Check:
+    """A speculative arm's greedy outputs against the baseline's for the same prompts (see the module's table)."""
+    if greedy is None:
+        return Check(name="lossless", ok=None, summary="sampling not known: outputs not compared")
+    if not greedy:
+        return Check(name="lossless", ok=None, summary="sampled outputs (temperature > 0) differ by design: "
+                                                       "not compared (greedy sampling makes the check possible)")
+    ref, own = _reference(base_requests)
+    pairs = [(r, ref[r.prompt_id]) for r in requests
+             if r.ok and r.output is not None and r.prompt_id is not None and r.prompt_id in ref]
+    if not pairs:
+        return Check(name="lossless", ok=None, summary="no output to compare with the baseline's (the engine "
+                                                       "streamed no text, or no prompt in common)")
+    differ = [(r, b, len(os.path.commonprefix([r.output or "", b]))) for r, b in pairs if r.output != b]
+    share = 1 - len(differ) / len(pairs)
+    allowed = s.limits.max_output_mismatch + (own or 0.0)
+    ok = 1 - share <= allowed
+    ev: dict[str, Any] = {"compared": len(pairs), "identical": len(pairs) - len(differ),
+                          "baseline_self_mismatch": _r(own, 4), "allowed_mismatch": _r(allowed, 4)}
+    where = ""
+    if differ:
+        at = [d for _, _, d in differ]
+        rel = [d / max(len(b), 1) for _, b, d in differ]
+        r0, b0, d0 = differ[0]
+        ev.update(first_difference_chars_median=float(np.median(at)), first_difference_share_median=_r(
+            float(np.median(rel)), 3), example={"prompt_id": r0.prompt_id, "at_char": d0,
+                                                "baseline": b0[max(d0 - 20, 0):d0 + 40],
+                                                "arm": (r0.output or "")[max(d0 - 20, 0):d0 + 40]})
+        where = (f", the first difference at character {np.median(at):.0f} (median; "
+                 f"{np.median(rel):.0%} into the baseline's output)")
+    n_same = len(pairs) - len(differ)
+    if ok:
+        return Check(name="lossless", ok=True, value=_r(share, 4), limit=_r(1 - allowed, 4), evidence=ev,
+                     summary=f"greedy outputs identical to the baseline's in {n_same} of {len(pairs)} requests"
+                             + where)
+    return Check(name="lossless", ok=False, severity="warning" if synthetic else "invalid", value=_r(share, 4),
+                 limit=_r(1 - allowed, 4), evidence=ev,
+                 summary=f"speculation changed the outputs: {n_same} of {len(pairs)} greedy outputs identical to the "
+                         f"baseline's{where}" + (" (forced acceptance commits wrong drafts by design)"
+                                                 if synthetic else ""),
+                 fix=None if synthetic else
+                 "greedy speculative decoding must reproduce the target's own output: check the verify path (a "
+                 "sampler or kernel that differs under speculation, a draft with another tokenizer), or raise "
+                 "validity.max_output_mismatch if this hardware's numerics are known to diverge this much")
+
+
+def with_check(v: Validity | None, check: Check) -> Validity:
+    """`v` with `check` added (or replacing the check of its name), failed and warnings recomputed."""
+    checks = [c for c in (v.checks if v is not None else []) if c.name != check.name] + [check]
+    return Validity(checks=checks, failed=[c.name for c in checks if c.ok is False and c.severity == "invalid"],
+                    warnings=[c.name for c in checks if c.ok is False and c.severity == "warning"])
+
+
 def assess(requests: Sequence[RequestRecord], stats: WindowStats, f: ArmFigures, speculative: bool,
            setting: Setting) -> Validity:
-    """Every check of one arm's (or sweep point's) measurement."""
+    """Every check of one arm's (or sweep point's) measurement (`speculation_live` for speculative arms)."""
     ok = [r for r in requests if r.ok]
     checks = [concurrency(f, setting), queueing(ok, setting), prefix_cache(stats, setting),
               early_stop(ok, setting), steady_state(ok, setting), stream(f, speculative, setting),
               start_spread(f, setting)]
+    if speculative:
+        checks.append(speculation_live(ok, stats, f, setting))
     return Validity(checks=checks, failed=[c.name for c in checks if c.ok is False and c.severity == "invalid"],
                     warnings=[c.name for c in checks if c.ok is False and c.severity == "warning"])
 

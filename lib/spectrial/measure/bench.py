@@ -119,8 +119,14 @@ class _Stream:
     usage: Usage = field(default_factory=Usage)
     final: dict[str, Any] = field(default_factory=dict)  # the chunk with the engine's stats, as parsed
     native_len: int = 0  # native /generate: length of the cumulative text seen
+    pieces: list[str] = field(default_factory=list)  # the first choice's text as streamed (the lossless check)
+    native_text: str = ""  # native /generate: the cumulative text
 
     total: int = 0  # sum of `tokens`, kept as they arrive
+
+    @property
+    def output(self) -> str:
+        return self.native_text or "".join(self.pieces)
 
     def add(self, now: float, n: int, exact: bool) -> None:
         self.times.append(now)
@@ -145,6 +151,7 @@ class _Stream:
             choices = [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
             if not choices:
                 return  # usage-only chunk
+            self.pieces.append(_text_of(choices[0]))
             cum = usage.completion_tokens if usage is not None else None
             if cum is not None and self.exact:
                 # the server counts every chunk (continuous usage): an event when its count went up
@@ -155,6 +162,8 @@ class _Stream:
             if any(_carries_text(c) for c in choices):
                 self.add(now, 1, False)
             return
+        if isinstance(obj.get("text"), str):  # native /generate: every chunk carries the text so far
+            self.native_text = obj["text"]
         meta = obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else {}
         cum = meta.get("completion_tokens")
         if isinstance(cum, int) and not isinstance(cum, bool):  # native /generate: cumulative completion tokens
@@ -212,6 +221,15 @@ def stream_limits(params: Any) -> StreamLimits:
     lim = params.limits
     return StreamLimits(first_token_s=params.request_timeout_s, idle_s=lim.idle_s, per_token_s=1.0 / lim.min_tok_s,
                         margin=lim.stream_margin)
+
+
+def _text_of(choice: dict[str, Any]) -> str:
+    """The text a completion or chat choice carries ("" when none)."""
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return "".join(t for t in (delta.get("reasoning_content"), delta.get("content")) if isinstance(t, str))
+    text = choice.get("text")
+    return text if isinstance(text, str) else ""
 
 
 def _carries_text(choice: dict[str, Any]) -> bool:
@@ -314,7 +332,7 @@ def stream_completion(client: httpx.Client, base_url: str, body: RequestBody, st
     rec = RequestRecord(t_start=t0, t_end=t_end, error=error, violation=violation, tokens=tokens,
                         chunks=len(s.times), e2el_ms=(t_end - t0) * 1000, events_ms=[(t - t0) * 1000 for t in s.times],
                         event_tokens=list(s.tokens), event_tokens_exact=s.exact if s.times else None,
-                        **stats.fields())
+                        output=s.output if s.times else None, **stats.fields())
     if s.times:
         rec.ttft_ms = (s.times[0] - t0) * 1000
         if tokens > 1:

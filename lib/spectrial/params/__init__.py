@@ -202,6 +202,14 @@ class ValidityParams(BaseModel):
                                                    "doubtful (a warning).")
     max_start_spread: float = Field(2.0, gt=1, description="Between-start CV over what the within-start spread "
                                                            "predicts, above which starts disagree (a warning).")
+    min_accept_gain: float = Field(0.02, ge=0, lt=1, description="A speculative arm whose accept length is within "
+                                                                 "this share of 1.0 while it drafts has a dead "
+                                                                 "drafter (the speculation_live check).")
+    max_output_mismatch: float = Field(0.10, ge=0, le=1, description="With greedy sampling, the share of a "
+                                                                    "speculative arm's outputs that may differ from "
+                                                                    "the baseline's (numeric noise) beyond the "
+                                                                    "baseline's own disagreement (the lossless "
+                                                                    "check).")
     allow_queue: bool = Field(False, description="Run a concurrency above the engine's slots anyway (the queueing "
                                                  "and concurrency checks then mark the verdicts invalid).")
 
@@ -391,7 +399,7 @@ class TrialParams(BaseModel):
     validity: ValidityParams = Field(default_factory=ValidityParams, description="Limits of the measurement's "
                                      "validity checks: {min_concurrency_ratio, queue_ttft_factor, queue_ttft_ms, "
                                      "max_prefix_cache_hit, max_early_stop, min_requests, max_start_spread, "
-                                     "allow_queue}.")
+                                     "min_accept_gain, max_output_mismatch, allow_queue}.")
     decide: DecideParams | None = Field(None, description="Sample until decided: true, or {margin, min_rounds, "
                                                           "max_rounds, max_minutes}; replaces `restarts`.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment put on every launch command.")

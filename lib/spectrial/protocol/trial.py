@@ -414,7 +414,8 @@ class Trial:
         with self._failing(["compare"]), self.record.step("compare"):
             self._summarise(self.params.arms)
             base = add_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed,
-                                   intervals=self.intervals)
+                                   intervals=self.intervals, greedy=self.params.sampling.greedy,
+                                   setting=self.session.setting())
             add_category_comparisons(self.manifest.arms, self.requests(), self.params.confidence, self.params.seed,
                                      base)
             self.manifest.drift = check_drift(self.manifest, self.params.drift_dir or self.params.output_dir,

@@ -459,7 +459,8 @@ class Sweep:
                     continue
                 reqs = [r for pt in (base, *mine) for r in self.points[pt.id].requests]
                 group = [base, *mine]
-                add_comparisons(group, reqs, self.params.confidence, self.params.seed, base=base, key="point")
+                add_comparisons(group, reqs, self.params.confidence, self.params.seed, base=base, key="point",
+                                greedy=self.params.sampling.greedy, setting=self.source.setting(c))
                 for d in group[1:]:
                     d.baseline = base.id
                 for d in group:

@@ -10,7 +10,7 @@ from spectrial.readers.diagnose.common import HEAD_METHODS, PINNED, arm_logs, f2
 from spectrial.readers.diagnose.context import Context, LogFile, number
 from spectrial.readers.diagnose.model import Evidence, Finding
 from spectrial.readers.diagnose.registry import detector
-from spectrial.schema import ArmRecord
+from spectrial.schema import ArmRecord, Check
 
 _EAGLE3_PATH = re.compile(r"eagle[-_]?3", re.IGNORECASE)
 
@@ -56,10 +56,28 @@ def _no_lookup_match(path: str, arm: ArmRecord) -> Finding:
         sources=[])  # the detector's threads are about draft models
 
 
+def _live_check(arm: ArmRecord) -> tuple[int, Check] | None:
+    """The arm's speculation_live check (spectrial.analysis.validity) and its index, in records that have it."""
+    checks = arm.validity.checks if arm.validity is not None else []
+    return next(((i, c) for i, c in enumerate(checks) if c.name == "speculation_live"), None)
+
+
 def _pinned_arm(ctx: Context, path: str, arm: ArmRecord) -> Finding | None:
+    """The measurement's own speculation_live check decides (one rule: the verdict's and the doctor's); records
+    before it fall back to the counters: zero accepted of some drafted, accept length <= PINNED, no draft."""
     drafted, accepted, al = number(arm.drafted), number(arm.accepted), number(arm.accept_len)
     ev: list[Evidence] = []
-    if drafted and accepted == 0:
+    live = _live_check(arm)
+    if live is not None:
+        i, c = live
+        if c.ok is not False:
+            return None
+        if c.evidence.get("drafted") == 0 and arm.method in _LOOKUP_METHODS:
+            return _no_lookup_match(path, arm)
+        what = c.summary
+        where = f"{path}.validity.checks[{i}]"
+        ev += [rec(f"{where}.evidence.{k}", v) for k, v in c.evidence.items() if v is not None]
+    elif drafted and accepted == 0:
         what = f"drafted {drafted:g} tokens and accepted none"
         ev += [rec(f"{path}.drafted", drafted), rec(f"{path}.accepted", accepted)]
     elif al is not None and al <= PINNED and (number(arm.verify_steps) or drafted is None):
@@ -76,7 +94,8 @@ def _pinned_arm(ctx: Context, path: str, arm: ArmRecord) -> Finding | None:
     for lf in arm_logs(ctx, arm):
         ev += list(_pinned_lines(lf))[:2]
     why, launch_ev = _why_pinned(ctx, arm, path)
-    syn = " (its acceptance was forced synthetically, so this is a setup error)" if arm.synthetic_accept else ""
+    syn = " (its acceptance was forced synthetically, so this is a setup error)" \
+        if arm.synthetic_accept is not None else ""
     return Finding(kind="accept_pinned", severity="critical", arm=arm.name,
                    title=f"{arm.name}: acceptance pinned at 1.00: {what}{syn}",
                    detail=why + " Every cycle then pays for drafting and verifying and commits only the target's "

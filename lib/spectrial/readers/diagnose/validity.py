@@ -15,10 +15,13 @@ from spectrial.schema import ArmRecord
 
 @detector("invalid_measurement", 2, "speculators-validate", "vllm#53504")
 def invalid_measurement(ctx: Context) -> Iterator[Finding]:
-    """A measurement that failed a validity check: load, queue, prefix cache, early stops, stream, starts."""
+    """A measurement that failed a validity check: load, queue, prefix cache, early stops, stream, starts
+    (speculation_live: the accept_pinned detector, which also says why)."""
     groups: dict[tuple[str, str, str, str], list[tuple[str, ArmRecord, int]]] = {}
     for path, arm in ctx.arms:
         for c in problems(arm.validity):
+            if c.name == "speculation_live":  # said by accept_pinned, with what in the launch explains it
+                continue
             i = next(n for n, x in enumerate(arm.validity.checks) if x.name == c.name)  # type: ignore[union-attr]
             groups.setdefault((c.name, c.severity, c.summary, c.fix or ""), []).append((path, arm, i))
     for (name, severity, summary, fix), hits in groups.items():  # the same check failing alike: said once

@@ -105,7 +105,8 @@ def test_lossless_compares_greedy_outputs_prompt_by_prompt():
     changed = validity.lossless(outs(["one two FOUR", "alpha beta"], "s"), base, True, False, s)
     assert changed.ok is False and changed.severity == "invalid" and changed.value == 0.5
     assert changed.evidence["example"]["at_char"] == len("one two ") and "1 of 2" in changed.summary
-    assert validity.lossless(outs(["one two FOUR"], "s"), base, True, True, s).severity == "warning"
+    forced = validity.lossless(outs(["one two FOUR"], "s"), base, True, True, s)  # synthetic: n/a, evidence kept
+    assert forced.ok is None and "by design" in forced.summary and forced.evidence["identical"] == 0
     # a baseline that disagrees with itself (numerics) widens the allowance by its own share
     noisy = outs(["one two three", "alpha beta", "one two thre3", "alpha beta", "one two three", "alpha beta"], "b")
     arm = [req(i, 40, prompt_id="p0", output="one two three" if i < 8 else "one two FOUR") for i in range(10)]
@@ -259,13 +260,14 @@ def test_a_clean_local_trial_passes_its_checks(tiny_params, tmp_path):
     for a in m.arms:
         ch = _checks(a)
         assert set(ch) == {"concurrency", "queueing", "prefix_cache", "early_stop", "steady_state", "stream",
-                           "start_spread"} | ({"speculation_live"} if a.name == "draft" else set())
+                           "start_spread"} | ({"speculation_live", "lossless"} if a.name == "draft" else set())
         assert a.validity.valid, a.validity
         assert ch["prefix_cache"].ok is True and ch["prefix_cache"].value == 0.0  # cache_prompt false
         assert ch["early_stop"].ok is True and ch["queueing"].ok is True and ch["steady_state"].ok is True
         assert ch["start_spread"].ok is None  # one start
     draft = m.arm("draft")
     assert not validity.is_invalid(draft.verdict)
+    assert _checks(draft)["lossless"].ok is True  # greedy: the draft arm's outputs are the target's own
     live = _checks(draft)["speculation_live"]
     assert live.ok is True and live.evidence["drafted"] > 0 and live.value == pytest.approx(draft.accept_len, abs=1e-4)
     # per-request accept length: llama.cpp's timings (accepted) and the drafts counter read around each request
@@ -347,22 +349,28 @@ def test_a_dead_drafter_is_invalid_on_a_real_server(tiny_params, tmp_path):
 
 @pytest.mark.slow
 def test_lossless_outputs_on_a_real_server_and_a_forced_output_change(tiny_params, tmp_path):
-    """Issue 39 item 3 for real on llama-server, greedy: the draft arm's outputs are the target's own (lossless),
-    while forced acceptance 1.0 commits the draft's wrong tokens, so its outputs differ from the baseline's: the
-    check fails (a warning for a synthetic arm, which says why), with where the first difference falls; the
-    outputs are kept in outputs.jsonl. Sampled (temperature > 0): n/a."""
+    """Issue 39 item 3 for real on llama-server, greedy: the draft arm's outputs are the target's own (lossless).
+    Forced acceptance 1.0 commits the draft's wrong tokens. Hidden from the params (`--spec-synth-rates` in the
+    arm's extra_args, as an engine bug would be), it changes the outputs: the check fails, invalid, with where the
+    first difference falls, and the doctor says so; declared (`synthetic_accept: 1.0`), it is n/a by design with the
+    same evidence. The outputs are kept in outputs.jsonl. Sampled (temperature > 0): n/a."""
     res = _trial(tiny_params, tmp_path, "lossless", repeats=6,
                  arms=[{"name": "baseline"}, {"name": "draft", "method": "draft"},
+                       {"name": "hidden", "method": "draft", "extra_args": ["--spec-synth-rates", "1,1"]},
                        {"name": "forced", "method": "draft", "synthetic_accept": 1.0}])
     m = load_record(res.run_dir)
-    draft, forced = _checks(m.arm("draft"))["lossless"], _checks(m.arm("forced"))["lossless"]
+    draft, hidden, forced = (_checks(m.arm(n))["lossless"] for n in ("draft", "hidden", "forced"))
     assert draft.ok is True and draft.value == 1.0 and draft.evidence["compared"] == 6, draft
-    assert forced.ok is False and forced.severity == "warning" and forced.value < 0.5, forced
-    assert forced.summary.startswith("speculation changed the outputs") and "by design" in forced.summary
-    ex = forced.evidence["example"]
-    assert ex["baseline"] != ex["arm"] and forced.evidence["first_difference_chars_median"] >= 0
+    assert hidden.ok is False and hidden.severity == "invalid" and hidden.value < 0.5, hidden
+    assert hidden.summary.startswith("speculation changed the outputs") and hidden.fix
+    ex = hidden.evidence["example"]
+    assert ex["baseline"] != ex["arm"] and hidden.evidence["first_difference_chars_median"] >= 0
+    assert m.arm("hidden").verdict == "invalid measurement (lossless)" and m.arm("hidden").pays == "undecided"
+    assert any("lossless" in f.title and f.severity == "critical" for f in diagnose(res.run_dir).of(
+        "invalid_measurement"))
+    assert forced.ok is None and "by design" in forced.summary and forced.value == hidden.value, forced
     assert "lossless" not in _checks(m.arm("baseline"))
     lines = [json.loads(x) for x in (res.run_dir / "outputs.jsonl").read_text().splitlines()]
-    assert {x["arm"] for x in lines} == {"baseline", "draft", "forced"} and all(x["output"] for x in lines)
+    assert {x["arm"] for x in lines} == {"baseline", "draft", "hidden", "forced"} and all(x["output"] for x in lines)
     sampled = _trial(tiny_params, tmp_path, "sampled", repeats=5, sampling={"temperature": 0.8, "seed": 1})
     assert _checks(load_record(sampled.run_dir).arm("draft"))["lossless"].ok is None

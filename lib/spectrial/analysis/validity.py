@@ -32,8 +32,9 @@ computed from what the record already holds (every request's timing, the engine'
     lossless         with greedy sampling, a speculative arm's outputs equal the baseline's for the same prompt
                      (the most common baseline output of that prompt): at most `max_output_mismatch` (numeric
                      noise) plus the baseline's own disagreement with itself may differ; the evidence says where
-                     the first difference falls. Invalid where acceptance is the draft's own; a warning for a
-                     synthetic arm (forced acceptance commits wrong drafts by design). Sampled outputs: n/a.
+                     the first difference falls. Invalid where acceptance is the draft's own; n/a for a
+                     synthetic arm (forced acceptance commits wrong drafts by design: the evidence is still
+                     given). Sampled outputs: n/a.
                      Compared across arms, so added by `spectrial.analysis.figures.add_comparisons`
 
 An arm whose check of severity "invalid" failed (or whose baseline's did) gets the verdict "invalid
@@ -337,17 +338,18 @@ def lossless(requests: Sequence[RequestRecord], base_requests: Sequence[RequestR
         where = (f", the first difference at character {np.median(at):.0f} (median; "
                  f"{np.median(rel):.0%} into the baseline's output)")
     n_same = len(pairs) - len(differ)
+    if synthetic:
+        return Check(name="lossless", ok=None, value=_r(share, 4), evidence=ev,
+                     summary=f"forced acceptance commits wrong drafts by design: outputs not held to the baseline's "
+                             f"({n_same} of {len(pairs)} identical{where})")
     if ok:
         return Check(name="lossless", ok=True, value=_r(share, 4), limit=_r(1 - allowed, 4), evidence=ev,
                      summary=f"greedy outputs identical to the baseline's in {n_same} of {len(pairs)} requests"
                              + where)
-    return Check(name="lossless", ok=False, severity="warning" if synthetic else "invalid", value=_r(share, 4),
-                 limit=_r(1 - allowed, 4), evidence=ev,
+    return Check(name="lossless", ok=False, value=_r(share, 4), limit=_r(1 - allowed, 4), evidence=ev,
                  summary=f"speculation changed the outputs: {n_same} of {len(pairs)} greedy outputs identical to the "
-                         f"baseline's{where}" + (" (forced acceptance commits wrong drafts by design)"
-                                                 if synthetic else ""),
-                 fix=None if synthetic else
-                 "greedy speculative decoding must reproduce the target's own output: check the verify path (a "
+                         f"baseline's{where}",
+                 fix="greedy speculative decoding must reproduce the target's own output: check the verify path (a "
                  "sampler or kernel that differs under speculation, a draft with another tokenizer), or raise "
                  "validity.max_output_mismatch if this hardware's numerics are known to diverge this much")
 

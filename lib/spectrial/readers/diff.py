@@ -10,6 +10,8 @@ Two separate statements open the output:
   across runs only when no arm has a speed-up in both.
 
 Order of consequence of the detailed lines (what most often explains a different number):
+   -1 acceptance that moved beyond its intervals between arms of the same draft, depth, sampling and workload (a
+      bug signal: acceptance must not depend on parallelism, the engine or the machine; spectrial.readers.acceptance)
     0 environment that did not reach the server (variables missing from worker processes), env requested
     1 engine build / version / source diff, model files (paired by file name; "not recorded" when a run has no
       identity for one)
@@ -28,11 +30,13 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from spectrial.analysis.catalogue import figure
+from spectrial.errors import RecordDamaged
 from spectrial.hosts.fingerprint import stable_view
 from spectrial.protocol.drift import argv_changes, dict_changes
+from spectrial.readers.acceptance import AcceptShift, accept_shifts
 from spectrial.record import comparable as cmp
 from spectrial.record.comparable import Category
-from spectrial.record.store import load_record, trial_params
+from spectrial.record.store import load_record, read_requests, trial_params
 from spectrial.schema import ArmRecord, HostFingerprint, Manifest
 
 # what a change is stated in, as the figure catalogue labels it (spectrial.analysis.catalogue)
@@ -185,7 +189,17 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> DiffResult:
             f.append(Finding(5, line))
     if a.status != b.status:
         f.append(Finding(5, f"status: {a.status} -> {b.status}"))
+    f += [Finding(-1 if x.flagged else 5, x.text()) for x in _shifts(run_a, run_b, a, b)]
     return DiffResult(sorted(f, key=lambda x: x.severity), comparability(a, b), headline(a, b))
+
+
+def _shifts(run_a: str | Path, run_b: str | Path, a: Manifest, b: Manifest) -> list[AcceptShift]:
+    """Accept length of the arms both runs share draft, depth, sampling and workload with (spectrial.readers.
+    acceptance); none when a run's requests.csv is missing or damaged (its other findings still stand)."""
+    try:
+        return accept_shifts(a, b, read_requests(run_a), read_requests(run_b), a.params.confidence or 0.95)
+    except RecordDamaged:
+        return []
 
 
 def _base(m: Manifest, arm: ArmRecord) -> ArmRecord | None:
@@ -253,7 +267,7 @@ def _judged(arm: ArmRecord) -> str:
 def format_findings(findings: list[Finding]) -> str:
     """Two statements (when `findings` came from `diff_runs`): whether the runs can be compared, and the most
     consequential measured change; then one line per finding, most consequential first."""
-    labels = {0: "environment", 1: "engine/model", 2: "machine", 3: "launch", 4: "params", 5: "results"}
+    labels = {-1: "acceptance", 0: "environment", 1: "engine/model", 2: "machine", 3: "launch", 4: "params", 5: "results"}
     verdict = getattr(findings, "comparability", None)
     head = [f"comparability: {verdict.verdict}"] if verdict is not None else []
     if verdict is not None:

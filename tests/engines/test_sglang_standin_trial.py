@@ -265,3 +265,22 @@ def test_the_headline_says_what_the_environment_check_verified(tmp_path, port):
 
     assert "environment verified: NCCL" in headline_cells(result.manifest)[0].source  # report.html opens with it
     no_leftovers(port, [])
+
+
+def test_the_doctor_names_a_speculative_arm_that_ran_without_graphs_where_the_baseline_had_them(tmp_path, port):
+    """Issue 39 item 5 on the SGLang double (real SGLang's decode lines, `cuda graph: True/False`): the EAGLE-3 arm
+    launched with --disable-cuda-graph logs its decode intervals without graphs while the baseline's had them; the
+    doctor counts both and calls it a cause of the cycle cost (critical), with the baseline's count beside."""
+    from spectrial.readers.diagnose import diagnose
+
+    data = standin_params(tmp_path, port, repeats=2, max_tokens=48,
+                          arms=[{"name": "baseline"},
+                                {"name": "eagle3", "method": "eagle3", "extra_args": ["--disable-cuda-graph"]}])
+    data["engine_config"]["decode_log_interval"] = 4
+    result = run_trial(load_params(data=data), progress=False)
+    found = [f for f in diagnose(result.run_dir).of("cuda_graph") if f.arm == "eagle3" and "intervals" in f.title]
+    assert len(found) == 1, [f.title for f in diagnose(result.run_dir).findings]
+    (f,) = found
+    assert f.severity == "critical" and "; the baseline: 0 of " in f.title, f.title
+    assert f.detail.startswith("Speculation ran more of its steps without graphs than the baseline did")
+    no_leftovers(port, [])

@@ -193,15 +193,33 @@ def cuda_graph(ctx: Context) -> Iterator[Finding]:
             continue
         over = lim_log.graph_max is not None and lim_log.eager_max_running > lim_log.graph_max[0]
         ev = ([lim_log.graph_max[1]] if lim_log.graph_max else []) + lim_log.eager_decode[:2]
-        yield Finding(kind="cuda_graph", severity="critical" if over else "warning", arm=lf.arm,
+        base = _baseline_eager(ctx, lf)
+        worse = base is not None and len(lim_log.eager_decode) / lim_log.decode_lines > base[0] / base[1]
+        yield Finding(kind="cuda_graph", severity="critical" if over or worse else "warning", arm=lf.arm,
                       title=f"{lf.label}: {len(lim_log.eager_decode)} of {lim_log.decode_lines} speculative decode "
                             f"log intervals ran without CUDA graphs (#running-req up to {lim_log.eager_max_running}"
-                            + (f", graphs captured up to {lim_log.graph_max[0]})" if lim_log.graph_max else ")"),
-                      detail="Eager draft and verify steps pay CPU launch overhead on every kernel (SGLang #33483: a "
-                             "running batch above the captured sizes runs eager; SGLang PR #4247).",
+                            + (f", graphs captured up to {lim_log.graph_max[0]})" if lim_log.graph_max else ")")
+                            + (f"; the baseline: {base[0]} of {base[1]}" if base is not None else ""),
+                      detail=("Speculation ran more of its steps without graphs than the baseline did, so its cycle "
+                              "pays a launch overhead the baseline does not: a cause of its cycle cost (the original "
+                              "case's 30 ms verify wall was a verify pass without graphs). " if worse else "")
+                             + "Eager draft and verify steps pay CPU launch overhead on every kernel (SGLang #33483: a "
+                               "running batch above the captured sizes runs eager; SGLang PR #4247).",
                       evidence=ev,
                       fix="Capture graphs for the batch sizes that run (--cuda-graph-max-bs / --cuda-graph-bs), or "
                           "keep the concurrency within them.")
+
+
+def _baseline_eager(ctx: Context, lf: LogFile) -> tuple[int, int] | None:
+    """(decode log intervals without CUDA graphs, decode log intervals) of the record's baseline arm(s), the
+    speculative log `lf` compared with them; None without a baseline log that has decode lines."""
+    if lf.arm is None:
+        return None
+    bases = {a.name for _, a in ctx.arms if not a.speculative}
+    logs = [x for x in ctx.logs if x.arm in bases and limits(x).decode_lines]
+    if not logs:
+        return None
+    return sum(len(limits(x).eager_decode) for x in logs), sum(limits(x).decode_lines for x in logs)
 
 
 # ------------------------------------------------------------------ the running-requests cap

@@ -37,6 +37,15 @@ EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}
 
 
 _STOPPING: list[str] = []  # the interrupt being handled (the first one); later ones wait for its cleanup
+_COMMAND: list[bool] = []  # set once this process is the `spectrial` command (`as_command`), not a library user
+
+
+def as_command() -> None:
+    """This process is the `spectrial` command: a signal outside a run exits at once (`install_exit`), and stays so
+    after each run. A program that imports spectrial (a notebook, a test) keeps its own handlers around runs."""
+    if not _COMMAND:
+        _COMMAND.append(True)
+    install_exit()
 
 
 def _once(exc: type[KeyboardInterrupt], what: str) -> Callable[[int, FrameType | None], None]:
@@ -145,16 +154,32 @@ def interruptible(done: str = "servers stopped, the record says why") -> Iterato
     says what was done about it."""
     import typer  # only the commands need it; this module is imported before anything slow
 
+    main = threading.current_thread() is threading.main_thread()
+    before = {s: signal.getsignal(s) for s in HELD} if main else {}
+
+    def after(interrupted: bool) -> None:
+        """The command: a later signal exits at once (130 / 143 / 129), or is ignored once interrupted (a second
+        Ctrl-C must not turn exit 130 into a death by signal). Called in-process by a program that imports
+        spectrial (a notebook, a test): its own handlers again, as they were."""
+        if _COMMAND and interrupted:
+            ignore()
+        elif _COMMAND:
+            install_exit()
+        else:
+            for s, handler in before.items():
+                if handler is not None:
+                    signal.signal(s, handler)
+
     install()
     try:
         yield
     except KeyboardInterrupt as exc:
-        ignore()  # the run is over; a second Ctrl-C changes nothing now
+        after(True)  # the run is over; a second Ctrl-C changes nothing now
         with contextlib.suppress(OSError):  # a hung-up terminal cannot take the message
             typer.secho(f"interrupted by {name(exc)}: {done}", fg="red", err=True)
         raise typer.Exit(exit_code(exc)) from None
     except BaseException:
-        install_exit()
+        after(False)
         raise
     else:
-        install_exit()  # the run is over: a later signal exits at once (130 / 143 / 129)
+        after(False)

@@ -219,3 +219,29 @@ def test_an_interrupt_while_the_final_status_is_written_waits_for_it(tmp_path, m
     finally:
         signal.signal(signal.SIGTERM, old)
     assert json.loads(rec.manifest_path.read_text())["status"] == "ok"
+
+
+def test_a_command_run_in_process_leaves_the_callers_signal_handlers():
+    """A command run in-process (a notebook or a test calling the CLI) gives its caller's signal handlers back
+    afterwards, interrupted or not: the command's own exit-at-once handlers leaked into pytest's workers and turned
+    a later test's Ctrl-C into SystemExit 130 (two lanes, seen). The `spectrial` command keeps them (below)."""
+    import typer
+
+    def mine(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, mine)
+    try:
+        with interrupts.interruptible():
+            assert signal.getsignal(signal.SIGINT) is not mine  # the run's handler while it runs
+        assert signal.getsignal(signal.SIGINT) is mine
+        with pytest.raises(typer.Exit) as e, interrupts.interruptible():
+            raise KeyboardInterrupt
+        assert e.value.exit_code == 130 and signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, old)
+    code = ("import signal; from spectrial import interrupts as i; i.as_command()\n"
+            "with i.interruptible(): pass\n"
+            "h = signal.getsignal(signal.SIGINT); print(callable(h) and h is not signal.default_int_handler)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "True", res.stderr  # the command: a later Ctrl-C exits at once (130)

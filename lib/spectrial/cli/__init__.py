@@ -12,7 +12,7 @@ import sys
 from spectrial import interrupts
 
 if __name__ == "__main__" or sys.argv and sys.argv[0].endswith("spectrial"):  # the command, not a library import
-    interrupts.install_exit()  # before anything slow: a signal while starting up exits 130 / 143 / 129
+    interrupts.as_command()  # before anything slow: a signal while starting up exits 130 / 143 / 129
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -2,6 +2,9 @@
 
 import sys
 
+from spectrial import interrupts
 from spectrial.cli import app
+
+interrupts.as_command()
 
 sys.exit(app())

@@ -125,11 +125,12 @@ class ServerError(SpectrialError):
 class MeasurementRejected(SpectrialError):
     """A server start ran, but what it ran under is not what was asked, and the params say such a start must not
     count: `check` "env_check" (the requested variables did not reach every server process; `env_check: fail`) or
-    "nccl_evidence" (NCCL's own log says it used other values; `engine_config.nccl_evidence_check: fail`). `arm`
+    "nccl_evidence" (NCCL's own log says it used other values; `engine_config.nccl_evidence_check: fail`) or
+    "config_check" (the engine resolved another configuration than the arm asked; `config_check: fail`). `arm`
     names the arm, `result` is the check's typed result as recorded (`EnvCheckRecord`, `NcclEvidence`). Not bad
     input (that is `ConfigError`): a measurement outcome; the start's record says failed and why, the run stops."""
 
-    def __init__(self, message: str, *, check: Literal["env_check", "nccl_evidence"], arm: str,
+    def __init__(self, message: str, *, check: Literal["env_check", "nccl_evidence", "config_check"], arm: str,
                  result: BaseModel | None = None, hint: str = "") -> None:
         self.check, self.arm, self.result = check, arm, result
         super().__init__(message, hint=hint)

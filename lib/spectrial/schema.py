@@ -160,6 +160,10 @@ class Counters(Record):
     prompt_tokens: float | None = Field(None, description="Prompt tokens the server processed or looked up "
                                                           "(prefix-cache queries)")
     cached_prompt_tokens: float | None = Field(None, description="Of them, served from a prefix cache (hits)")
+    graph_lines: float | None = Field(None, description="Decode log lines that say whether a CUDA graph ran (SGLang's "
+                                                      "'cuda graph: True/False', each covering decode_log_interval "
+                                                      "steps)")
+    graph_off_lines: float | None = Field(None, description="Of them, lines whose steps ran without a graph (eager)")
 
 
 class CrossCheck(Record):
@@ -254,6 +258,112 @@ class EnvCheckRecord(Record):
                                                                   "words")
     unverified: list[str] = Field(default_factory=list, description="Processes whose environment nothing could "
                                                                     "read")
+
+
+class ConfigSetting(Record):
+    """One setting of an arm: what the params asked, what the engine resolved, and where that was read."""
+
+    setting: str = Field(description="The setting in words (slots, context per request, draft model, ...)")
+    key: str = Field(description="A stable key for comparing records (slots, context, model, draft_model, ...)")
+    asked: Any = Field(None, description="What the params asked (None: not asked; the engine chose)")
+    resolved: Any = Field(None, description="What the engine resolved (None: not read)")
+    where: str = Field("", description="Where it was read (GET /props total_slots, startup log, ...), or why not")
+    state: Literal["match", "mismatch", "unread", "chosen"] = Field(
+        "unread", description="match; mismatch (asked and resolved differ); unread (the engine does not say); "
+                              "chosen (not asked: the engine's own choice, recorded)")
+
+
+class ConfigCheckRecord(Record):
+    """Did the engine resolve the configuration the arm asked (spectrial.servers.configcheck): per setting, asked
+    vs resolved and where it was read."""
+
+    mode: Literal["fail", "warn", "off"] = Field("fail", description="params config_check when it was made")
+    ok: bool | None = Field(None, description="True: every setting read matches; False: one differs; None: nothing "
+                                              "could be read")
+    summary: str = Field("", description="The check in one line")
+    settings: list[ConfigSetting] = Field(default_factory=list, description="Per setting, asked vs resolved")
+    key: str | None = Field(None, description="A short hash of the resolved settings (a change makes arms of "
+                                              "different records not comparable)")
+
+    @property
+    def mismatches(self) -> list[ConfigSetting]:
+        return [s for s in self.settings if s.state == "mismatch"]
+
+    @property
+    def resolved(self) -> dict[str, Any]:
+        """The resolved settings that were read: key -> value."""
+        return {s.key: s.resolved for s in self.settings if s.state != "unread"}
+
+    def facts(self) -> dict[str, Any]:
+        """What another run's check is compared with (`diff`, `gate`, spectrial.record.comparable): per setting read,
+        "as asked" where it matched (what was asked is compared as the run's configuration), else the value the
+        engine resolved (its own choice, or one that differs from the params)."""
+        return {s.key: "as asked" if s.state == "match" else s.resolved for s in self.settings
+                if s.state != "unread"}
+
+
+class HostBandwidth(Record):
+    """The host's CPU memory bandwidth, measured by a STREAM-style probe (spectrial.hosts.bandwidth)."""
+
+    bandwidth_gb_s: float | None = Field(None, description="The larger of copy and read, GB/s (1e9 B/s)")
+    copy_gb_s: float | None = Field(None, description="Copy: read + write bytes per second, GB/s")
+    read_gb_s: float | None = Field(None, description="Read (a sum over the arrays), GB/s")
+    threads: int | None = Field(None, description="Threads the probe ran (one per CPU)")
+    cache_bytes: int | None = Field(None, description="The CPU's last-level cache, bytes")
+    probe_bytes: int | None = Field(None, description="Bytes the probe's arrays held")
+    how: str = Field("", description="How it was measured, in words")
+    error: str | None = Field(None, description="Why it could not be measured")
+
+
+class BandwidthBound(Record):
+    """The memory-bandwidth bound of a run's baseline (spectrial.analysis.roofline.bandwidth_bound): the most tok/s per
+    request a decode can reach when every step streams the weights and the KV cache once. A speculative arm's bound
+    is accept length x this (each verify step reads the weights once). None figures: not computed (`note` says
+    why)."""
+
+    bound_tok_s: float | None = Field(None, description="tok/s per request (decode) at most, at the run's "
+                                                        "concurrency and the baseline's mean context")
+    bandwidth_gb_s: float | None = Field(None, description="Memory bandwidth the bound uses, GB/s (1e9 B/s)")
+    bandwidth_source: str = Field("", description="Where it comes from (the datasheet of a GPU, or the host's "
+                                                  "measured probe)")
+    host: HostBandwidth | None = Field(None, description="The host's measured CPU bandwidth, where measured")
+    weights_bytes: float | None = Field(None, description="Weight bytes one decode step reads (all GPUs together)")
+    weights_source: str = Field("", description="Where the weights' size comes from")
+    kv_bytes_per_token: float | None = Field(None, description="KV-cache bytes per token of context, one request")
+    context_tokens: float | None = Field(None, description="The baseline's mean context while decoding: prompt + "
+                                                           "half the output, tokens")
+    concurrency: int = Field(1, description="Requests decoded at once (each step streams the weights once for all)")
+    bytes_per_step: float | None = Field(None, description="Bytes one decode step reads: weights + concurrency x KV")
+    baseline_share: float | None = Field(None, description="The baseline's tok/s per request over the bound "
+                                                           "(a fraction; above 1 is physically impossible)")
+    note: str = Field("", description="Why no bound (model size unknown, weights fit in the CPU cache, ...)")
+
+
+class StartEnergy(Record):
+    """The energy of one start's benchmark windows (spectrial.analysis.energy.start_energy); None figures: no power
+    reading (`source` says why)."""
+
+    joules: float | None = Field(None, description="Energy over the windows, J")
+    mean_w: float | None = Field(None, description="Mean power over the windows, W (all GPUs, or the CPU packages)")
+    duration_s: float | None = Field(None, description="The windows' spans summed, s")
+    tokens: float | None = Field(None, description="Output tokens of the windows' successful requests")
+    accepted: float | None = Field(None, description="Accepted draft tokens in the windows")
+    j_per_token: float | None = Field(None, description="J per output token")
+    j_per_accepted: float | None = Field(None, description="J per accepted draft token")
+    source: str = Field("", description="What measured the power (nvidia-smi power.draw, RAPL), or why nothing did")
+
+
+class EnergyFigures(Record):
+    """An arm's energy per token over its starts (spectrial.analysis.energy.arm_energy)."""
+
+    j_per_token: float | None = Field(None, description="J per output token: mean over starts")
+    j_per_token_ci: tuple[float, float] | None = Field(None, description="Its t interval over starts")
+    j_per_accepted: float | None = Field(None, description="J per accepted draft token: mean over starts")
+    j_per_accepted_ci: tuple[float, float] | None = Field(None, description="Its t interval over starts")
+    mean_w: float | None = Field(None, description="Mean power over the starts' windows, W")
+    starts: int = Field(0, description="Starts with power readings")
+    source: str = Field("", description="What measured the power")
+    note: str = Field("", description="Why there are no figures (n/a)")
 
 
 # --- a server's stop and what the start kept of it (spectrial.servers.lifecycle) ------------------------------------
@@ -364,6 +474,9 @@ class StartRecord(Record):
     elapsed_s: float | None = Field(None, description="Seconds the start took in all (launch to stop)")
     env_check: EnvCheckRecord | None = Field(None, description="Did the requested variables reach every server "
                                                                "process")
+    config_check: ConfigCheckRecord | None = Field(None, description="Did the engine resolve the configuration "
+                                                                     "the arm asked")
+    energy: StartEnergy | None = Field(None, description="Energy of its benchmark windows (GPU power or RAPL)")
     gpu_sampling: str | None = Field(None, description="The GPU samples file of this start (gpu/*.csv), or why "
                                                        "none")
     server: ServerInfo = Field(default_factory=ServerInfo, description="The server process: pid, log, URL, "
@@ -653,6 +766,9 @@ class ArmFigures(Record):
                                                                 "(a cross-check, not the basis of a verdict)")
     engine_cycle_ms: float | None = Field(None, description="The engine's own clock: decode time / verify steps, "
                                                             "ms (a cross-check)")
+    graph_off_share: float | None = Field(None, description="Share of decode (or verify) steps that ran without a "
+                                                           "CUDA graph, from the engine's decode log lines (None: the "
+                                                           "engine does not say: llama.cpp, vLLM)")
     draft_ms_per_cycle: float | None = Field(None, description="Drafting time per verify cycle by the engine's "
                                                                "clock, ms")
     serving: ServingFigures | None = Field(None, description="Serving figures: TTFT, TPOT, ITL, E2E latency "
@@ -697,6 +813,10 @@ class ArmRecord(ArmFigures, Comparison):
     starts: list[StartSummary] = Field(default_factory=list, description="Its server starts")
     env_check: EnvCheckRecord | None = Field(None, description="Did the requested variables reach every server "
                                                                "process (over its starts)")
+    config_check: ConfigCheckRecord | None = Field(None, description="Did the engine resolve the configuration "
+                                                                     "the arm asked (over its starts)")
+    energy: EnergyFigures | None = Field(None, description="J per output token and per accepted draft token over its "
+                                                          "starts")
     fingerprint_changes: list[str] = Field(
         default_factory=list, description="What changed on the host during its starts")
     throttled_samples: int = Field(0, description="GPU samples with a clock-throttle reason active during its "
@@ -1814,6 +1934,8 @@ class Manifest(Record):
     engine: EngineInfo = Field(default_factory=EngineInfo, description="The engine build: name, version, binary, "
                                                                        "where it was found")
     models: list[FileIdentity] = Field(default_factory=list, description="The model files' identities")
+    bandwidth: BandwidthBound | None = Field(None, description="The memory-bandwidth bound of the baseline's decode, "
+                                                              "and the baseline's share of it")
     model_info: ModelInfo | None = Field(None, description="The target model's size and precision (a hand-made "
                                                            "record; the roofline reads it)")
     workload: WorkloadDescription | None = Field(None, description="What the requests asked and how")

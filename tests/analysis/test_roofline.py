@@ -16,7 +16,8 @@ from spectrial.analysis import (
 )
 from spectrial.errors import ConfigError
 
-EXPECTED_GPUS = {"h200_sxm", "h100_sxm", "a100_80gb_sxm", "rtx_pro_6000_blackwell", "rtx_4090", "rtx_5090"}
+EXPECTED_GPUS = {"h200_sxm", "h200_nvl", "h100_sxm", "h100_nvl", "h100_pcie", "a100_80gb_sxm", "rtx_pro_6000_blackwell",
+                 "rtx_4090", "rtx_5090"}
 
 
 def test_8b_f16_on_h200() -> None:
@@ -94,3 +95,43 @@ def test_load_hardware_validates(tmp_path: Path) -> None:
 def test_bad_inputs_name_the_argument(call, argname: str) -> None:
     with pytest.raises(ConfigError, match=argname):
         call()
+
+
+# --- issue 39 item 4: the bound a record carries, and what it judges ---------------------------------------------
+def test_gpu_variants_are_told_apart_by_the_name_nvidia_smi_reports() -> None:
+    from spectrial.analysis import match_gpu
+
+    hw = load_hardware()
+    names = {"NVIDIA H100 80GB HBM3": "h100_sxm", "NVIDIA H100 PCIe": "h100_pcie", "NVIDIA H100 NVL": "h100_nvl",
+             "NVIDIA H200": "h200_sxm", "NVIDIA H200 NVL": "h200_nvl", "NVIDIA A100-SXM4-80GB": "a100_80gb_sxm",
+             "NVIDIA GeForce RTX 4090": "rtx_4090", "Tesla T4": None}
+    assert {n: match_gpu(n, hw) for n in names} == names
+    # the variants' bandwidths differ: the PCIe card's bound is 60 % of the SXM part's
+    assert hw["h100_pcie"].bandwidth_gb_s / hw["h100_sxm"].bandwidth_gb_s == pytest.approx(0.597, abs=0.001)
+
+
+def test_the_published_70b_fp8_figure_is_physically_impossible() -> None:
+    """ASKS.md: 1,700 tok/s published for a 70B FP8 model at batch 1-4 on one H200, whose bound is below 300."""
+    from spectrial.analysis.roofline import bandwidth_bound
+    from spectrial.analysis.validity import bandwidth_bound as check
+    from spectrial.schema import ArmFigures, BandwidthBound
+
+    hw = load_hardware()["h200_sxm"]
+    weights = weight_bytes(70.6, 8)
+    # Llama-3-70B: 80 layers, 8 KV heads of 128, fp16 cache, 1,000 tokens of context, 4 requests
+    per_token = kv_cache_bytes(80, 8, 128, 1)
+    bound, step = bandwidth_bound(weights, hw.bandwidth_gb_s, kv_bytes_per_token=per_token, context_tokens=1000,
+                                  concurrency=4)
+    assert step == weights + 4 * 1000 * per_token
+    assert bound == pytest.approx(hw.bandwidth_gb_s * 1e9 / step) and bound < 70  # per request
+    bb = BandwidthBound(bound_tok_s=bound, bandwidth_gb_s=hw.bandwidth_gb_s, bytes_per_step=step, concurrency=4)
+    c = check(ArmFigures(tok_s=1700 / 4), False, bb)  # 1,700 tok/s over 4 requests
+    assert c.ok is False and c.severity == "invalid" and c.value > 6 and c.summary.startswith("physically impossible")
+    honest = check(ArmFigures(tok_s=0.76 * bound), False, bb)
+    assert honest.ok is True and honest.value == pytest.approx(0.76) and honest.summary.startswith("76% of the")
+    # a speculative arm is held to accept length x the bound; without an accept length it cannot be judged
+    assert check(ArmFigures(tok_s=2.5 * bound, accept_len=3.0), True, bb).ok is True
+    assert check(ArmFigures(tok_s=2.5 * bound, accept_len=2.0), True, bb).ok is False
+    assert check(ArmFigures(tok_s=2.5 * bound), True, bb).ok is None
+    assert check(ArmFigures(tok_s=10.0), False, BandwidthBound(note="the model's size is unknown")).summary == \
+        "n/a: the model's size is unknown"

@@ -260,8 +260,10 @@ def test_a_clean_local_trial_passes_its_checks(tiny_params, tmp_path):
     for a in m.arms:
         ch = _checks(a)
         assert set(ch) == {"concurrency", "queueing", "prefix_cache", "early_stop", "steady_state", "stream",
-                           "start_spread"} | ({"speculation_live", "lossless"} if a.name == "draft" else set())
+                           "start_spread", "resolved_config", "bandwidth_bound"} | (
+                               {"speculation_live", "lossless"} if a.name == "draft" else set())
         assert a.validity.valid, a.validity
+        assert ch["resolved_config"].ok is True and ch["bandwidth_bound"].ok is True  # issue 39
         assert ch["prefix_cache"].ok is True and ch["prefix_cache"].value == 0.0  # cache_prompt false
         assert ch["early_stop"].ok is True and ch["queueing"].ok is True and ch["steady_state"].ok is True
         assert ch["start_spread"].ok is None  # one start

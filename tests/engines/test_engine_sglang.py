@@ -342,3 +342,25 @@ def test_synthetic_accept_maps_to_sglangs_forced_accept_length(tmp_path):
     bad.resolve_dry()
     with pytest.raises(ConfigError, match=r"arms\[b\].synthetic_accept: only speculative arms"):
         bad.launch_spec(bad.params.arms[0])
+
+
+def test_the_share_of_decode_steps_without_graphs_is_counted_per_window_from_real_logs():
+    """Issue 39 item 5: each 'Decode batch' line says whether its steps ran with a CUDA graph; the window counts
+    them (the arm's graph_off_share). Real lines: the H200 lifecycle log (SGLang 0.5.17, one decode line, eager at
+    start-up) and a public log (fastrl PR 4: two eager lines at 48 running requests, accept length 1.00)."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    for name, lines, off in (("logs/sglang_0.5.17_h200_lifecycle.log", 1, 1),
+                             ("diagnose/fastrl_pr4_accept_len_1.log", 2, 2)):
+        log = (fixtures / name).read_text()
+        st = sglang_window_stats(_window({}, {}, _reqs(2, 41, 50.0), log), draft_tokens=3)
+        assert (st.graph_lines, st.graph_off_lines) == (lines, off), name
+    # graphs on and off within one window: the share is the eager lines over the lines that say
+    log = "\n".join(["[2026-01-01 00:00:00 TP0] Decode batch, #running-req: 1, #token: 9, token usage: 0.00, "
+                     f"accept len: 2.00, accept rate: 0.60, cuda graph: {g}, gen throughput (token/s): 1.00, "
+                     "#queue-req: 0" for g in ("True", "False", "True", "True")])
+    st = sglang_window_stats(_window({}, {}, _reqs(2, 41, 50.0), log), draft_tokens=3)
+    assert (st.graph_lines, st.graph_off_lines) == (4, 1)
+    from spectrial.analysis.figures import arm_figures
+
+    f = arm_figures(_reqs(2, 41, 50.0), st, True, 0.95, 0)
+    assert f.graph_off_share == 0.25

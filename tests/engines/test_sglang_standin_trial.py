@@ -283,4 +283,21 @@ def test_the_doctor_names_a_speculative_arm_that_ran_without_graphs_where_the_ba
     (f,) = found
     assert f.severity == "critical" and "; the baseline: 0 of " in f.title, f.title
     assert f.detail.startswith("Speculation ran more of its steps without graphs than the baseline did")
+    # the record's own figure per arm, from the decode lines inside its benchmark windows
+    m = result.manifest
+    assert m.arm("eagle3").graph_off_share == 1.0 and m.arm("baseline").graph_off_share == 0.0
     no_leftovers(port, [])
+
+
+# issue 39 item 1: SGLang 0.5.17 resets max running requests to 48 for speculative decoding (the double does the
+# same): read back from /server_info, it cannot hold 64 streams, and the arm fails before it is measured
+def test_sglang_resetting_max_running_requests_below_the_concurrency_fails_the_arm(tmp_path, port):
+    data = standin_params(tmp_path, port, concurrency=64, repeats=1, engine_config={"nccl_debug": False},
+                          arms=[{"name": "eagle3", "method": "eagle3"}])
+    with pytest.raises(MeasurementRejected, match=r"max running requests \(its own choice; the concurrency needs\): "
+                                                  r"asked >= 64, resolved 48 \(GET /server_info max_running_requests\)"):
+        run_trial(load_params(data=data), progress=False)
+    m = manifest_json(only_run(tmp_path / "out"))
+    got = {s["key"]: s for s in m["starts"][0]["config_check"]["settings"]}
+    assert got["steps"]["state"] == "match" and got["draft_tokens"]["resolved"] == 3 and got["tp"]["resolved"] == 2
+    assert got["method"]["resolved"] == "EAGLE3" and got["draft_model"]["state"] == "match"

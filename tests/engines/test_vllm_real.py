@@ -148,8 +148,24 @@ def test_cli_trial_measures_the_truth_with_env_check_fail(vllm_cpu, tmp_path, po
             assert set(p["present"]) == set(chk["requested"])
         pids += [p["pid"] for p in chk["processes"]]
         assert s["server"]["stop"]["clean"] is True and s["server"]["stop"]["how"] == "TERM"
+        # issue 39: what vLLM resolved, read back from /v1/models and its engine config line, is what was asked
+        cfg = {c["key"]: c for c in s["config_check"]["settings"]}
+        assert s["config_check"]["ok"] is True and s["config_check"]["mode"] == "fail", s["config_check"]["summary"]
+        assert cfg["tp"]["resolved"] == 1 and cfg["context"]["state"] == "match" and cfg["model"]["state"] == "match"
+        if s["arm"] != "baseline":
+            assert cfg["steps"]["resolved"] == K and cfg["method"]["state"] == "match", cfg
+            assert cfg["method"]["where"] == "startup log: engine config line"
+        else:
+            assert cfg["speculative"]["resolved"] is False and "steps" not in cfg
     base, eagle, draft, ngram = arms["baseline"], arms["eagle3"], arms["draft-model"], arms["ngram"]
     assert all(a["status"] == "ok" and a["tok_s_source"] == "server" for a in arms.values())
+    # issue 39 item 4: the counting target's 11.5 MB of weights fit in this CPU's last-level cache: no DRAM bound
+    bb = m["bandwidth"]
+    assert bb["weights_bytes"] > 0 and bb["host"]["bandwidth_gb_s"] > 0
+    if bb["host"]["cache_bytes"] and bb["weights_bytes"] <= bb["host"]["cache_bytes"]:
+        assert "fit in the CPU's last-level cache" in bb["note"] and bb["bound_tok_s"] is None
+        assert all({c["name"]: c for c in a["validity"]["checks"]}["bandwidth_bound"]["ok"] is None
+                   for a in arms.values())
     assert base["accept_len"] == 1.0 and base["tok_s"] > 0
     # EAGLE-3 counting pair: counters equal the per-request truth, accept length near 4/3
     drafts, accepted = predicted(run, "eagle3", "eagle3")

@@ -111,6 +111,23 @@ def test_the_golden_reference_against_itself_passes() -> None:
     assert {c.figure for c in gated} >= {"accept_len", "per_position[1]", "per_position[2]"}
 
 
+def test_an_invalid_measurement_passes_no_gate(tmp_path: Path) -> None:
+    """Issue 39: the gate shows the candidate's failed validity checks from the one place (the arm's validity) and an
+    invalid measurement (here a dead drafter: speculation_live failed) is never a pass, even with equal figures."""
+    data = json.loads(GOLDEN.read_text())
+    arm = next(a for a in data["arms"] if a["name"] == "draft-simple")
+    check = {"name": "speculation_live", "ok": False, "severity": "invalid", "value": 1.0097, "limit": 1.02,
+             "summary": "dead drafter: accept length 1.010 within 0.02 of 1.0 while drafting"}
+    arm["validity"] = {"checks": [*arm["validity"]["checks"], check], "failed": ["speculation_live"], "warnings": []}
+    cand = tmp_path / "manifest.json"
+    cand.write_text(json.dumps(data))
+    rec = run_gate(cand, load_tolerances(CI_GATE), reference=GOLDEN)
+    assert rec.outcome == "inconclusive" and rec.exit_code != 0
+    assert "candidate arm draft-simple: speculation_live check failed (invalid): dead drafter: accept length 1.010 " \
+           "within 0.02 of 1.0 while drafting" in rec.notes
+    assert "outcome inconclusive: the candidate's measurement of draft-simple is invalid" in rec.notes
+
+
 def test_golden_figures_have_noise_where_acceptance_is_random() -> None:
     m = as_manifest(json.loads(GOLDEN.read_text()))
     synthetic = arm_figures(m, m.arm("eagle3-synthetic"))

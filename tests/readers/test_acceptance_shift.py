@@ -1,4 +1,4 @@
-"""Accept length must not depend on parallelism (issue 39 item 7; spectrial.readers.acceptance): arms that share
+"""Accept length must not depend on parallelism (issue 39 item 7; spectrial.record.acceptance): arms that share
 draft, depth, sampling and workload accept alike whatever else differs; a shift beyond both intervals is a bug
 signal that `spectrial diff` puts first. For real on llama-server: the same draft arm with 1 and 2 slots (`-np`)
 accepts the same; a run whose engine is made to accept every draft behind the arm's back (`--spec-synth-rates` in
@@ -10,8 +10,8 @@ import pytest
 
 from spectrial.params import load_params
 from spectrial.protocol.trial import run_trial
-from spectrial.readers.acceptance import AcceptShift, accept_shifts
 from spectrial.readers.diff import diff_runs, format_findings
+from spectrial.record.acceptance import AcceptShift, accept_shifts
 from spectrial.record.store import load_record, read_requests
 from spectrial.schema import RequestRecord
 
@@ -48,6 +48,18 @@ def test_acceptance_across_slots_is_the_same_and_a_hidden_change_is_flagged(tiny
     first = text.splitlines()[2]  # after the comparability and change statements
     assert first.startswith("[acceptance] draft: accept length") and "bug signal" in first, text
     assert "[acceptance]" not in format_findings(diff_runs(one, two))
+    # the gate and the history say it too: whatever the gated figures say, the shift is a note of the gate's record,
+    # and an issue of the history beside the run that moved
+    from spectrial.gate.params import GateTolerances
+    from spectrial.gate.run import run_gate
+    from spectrial.readers.history import load_history
+
+    gate = run_gate(forced, GateTolerances(), reference=one)
+    assert any(n.startswith("draft: accept length") and "bug signal" in n for n in gate.notes), gate.notes
+    assert not any("bug signal" in n for n in run_gate(two, GateTolerances(), reference=one).notes)
+    issues = load_history(tmp_path).issues
+    flagged = issues[issues["problem"].str.contains("bug signal")]
+    assert list(zip(flagged["source"], flagged["item"], strict=True)) == [(f"forced/{forced.name}", "draft")], issues
     # an arm whose own settings differ (here its recorded synthetic acceptance) is another experiment, not a shift
     declared = c.model_copy(deep=True)
     declared.arm("draft").synthetic_accept = 1.0

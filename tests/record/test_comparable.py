@@ -37,8 +37,20 @@ def _arm(d: dict[str, Any], name: str) -> dict[str, Any]:
     return next(a for a in d["arms"] if a["name"] == name)
 
 
-# one edit per category: the copy differs from the reference in that one thing
-ONE_THING: dict[str, tuple[Edit, str]] = {
+def _resolved(slots: int) -> Edit:
+    """The draft arm's configuration check as a llama.cpp start records it, its server resolving `slots` slots."""
+    def edit(d: dict[str, Any]) -> None:
+        _arm(d, "draft-simple")["config_check"] = {"mode": "fail", "ok": slots == 1, "settings": [
+            {"setting": "slots (-np)", "key": "slots", "asked": 1, "resolved": slots, "where": "GET /props total_slots",
+             "state": "match" if slots == 1 else "mismatch"},
+            {"setting": "model file (-m)", "key": "model", "asked": "/a/target.gguf", "resolved": f"/home{slots}/t.gguf",
+             "where": "GET /props model_path", "state": "match"}]}
+    return edit
+
+
+# one edit per category: the copy differs from the reference in that one thing (a third item: an edit made to both,
+# for a category compared only where both runs record it)
+ONE_THING: dict[str, tuple[Edit, ...]] = {
     "GPU": (lambda d: d["host"]["fingerprint"].update(gpus=[{"name": "NVIDIA H100 80GB HBM3"}]), "GPUs"),
     "host": (lambda d: d["host"]["fingerprint"].update(kernel="6.1.0"), "kernel"),
     "model": (lambda d: d["params"].update(model="tiny:other"), "target"),
@@ -52,6 +64,7 @@ ONE_THING: dict[str, tuple[Edit, str]] = {
     "repeats": (lambda d: d["params"].update(repeats=3), "repeats"),
     "configuration": (lambda d: _arm(d, "baseline")["argv"].__setitem__(-1, "2"), "-t"),
     "arm settings": (lambda d: _arm(d, "draft-simple").update(steps=4), "steps"),
+    "resolved config": (_resolved(2), "slots", _resolved(1)),
     "fingerprint key": (lambda d: d.update(fingerprint_key="000000000000"), "key"),
     "session": (lambda d: d.update(run_id="another-run"), "run"),
 }
@@ -64,8 +77,9 @@ def test_every_category_has_a_case_and_a_reason() -> None:
 
 @pytest.mark.parametrize("category", list(ONE_THING))
 def test_each_category_is_detected_with_its_reason(category: str) -> None:
-    edit, field = ONE_THING[category]
-    a, b = as_manifest(golden()), edited(edit)
+    edit, field, *both = ONE_THING[category]
+    base: Edit = both[0] if both else (lambda d: None)
+    a, b = edited(base), edited(lambda d: (base(d), edit(d)))
     c = compare(a, b)
     assert c.categories() == [category], [d.text() for d in c.differences]
     (d,) = c.differences

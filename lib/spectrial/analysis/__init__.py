@@ -19,6 +19,7 @@ from spectrial.analysis.roofline import (
     decode_roofline_tok_s,
     kv_cache_bytes,
     load_hardware,
+    match_gpu,
     streamed_params_b,
     weight_bytes,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "fit_cycle_model",
     "kv_cache_bytes",
     "load_hardware",
+    "match_gpu",
     "ms_per_token",
     "prediction_errors",
     "required_alpha",

@@ -97,6 +97,13 @@ FIGURES: tuple[FigureDef, ...] = (
        "decode time / verify steps on the engine's clock (a cross-check)"),
     _f("draft_ms_per_cycle", "draft ms/cycle", "ms per verify cycle", "engine", "lower", "arm",
        "drafting time per verify cycle by the engine's clock"),
+    _f("graph_off_share", "steps without graphs", "fraction", "share", "lower", "arm",
+       "share of decode (verify) steps that ran without a CUDA graph, from the engine's decode log lines"),
+    _f("energy.j_per_token", "J/token", "J per output token", "aggregate", "lower", "arm",
+       "energy of the benchmark windows (GPU power.draw x duration, or RAPL) over their output tokens; mean over "
+       "starts"),
+    _f("energy.j_per_accepted", "J/accepted", "J per accepted draft token", "aggregate", "lower", "arm",
+       "the same energy over the accepted draft tokens; mean over starts"),
     _f("accept_len_request_mean", "accept per request", "tokens per verify step", "count", "higher", "arm",
        "mean over requests of each request's 1 + accepted / verify steps (every request weighs the same)"),
     _f("accept_len_request_p10", "accept p10", "tokens per verify step", "count", "higher", "arm",

@@ -108,7 +108,7 @@ def merge_stats(stats: Sequence[WindowStats]) -> WindowStats:
         return None if not vals or any(v is None for v in vals) else float(sum(vals))
 
     for name in ("verify_steps", "drafted", "accepted", "tokens", "decode_ms", "draft_ms", "prompt_tokens",
-                 "cached_prompt_tokens"):
+                 "cached_prompt_tokens", "graph_lines", "graph_off_lines"):
         setattr(out, name, total(name))
     if stats and all(s.per_position and s.verify_steps for s in stats):
         n = min(len(s.per_position or []) for s in stats)
@@ -223,7 +223,8 @@ def arm_figures(requests: Sequence[RequestRecord], stats: WindowStats, speculati
         "per_position": stats.per_position, "stats_source": stats.source, "stats_scoped": stats.scoped,
         "stats_notes": stats.notes, "cross_checks": stats.cross_checks, "accept_len": accept_len,
         "draft_ms_per_cycle": stats.draft_ms / steps if speculative and stats.draft_ms is not None and steps
-        else None})
+        else None,
+        "graph_off_share": stats.graph_off_lines / stats.graph_lines if stats.graph_lines else None})
     f = derived_figures(f, speculative, k, synthetic)
     if ok:
         sv = serving.serving_figures(ok, expected_tokens_per_chunk=f.accept_len if speculative else 1.0,

@@ -18,10 +18,12 @@ from spectrial.errors import ConfigError
 __all__ = [
     "DEFAULT_HARDWARE_PATH",
     "GpuSpec",
+    "bandwidth_bound",
     "bandwidth_utilisation",
     "decode_roofline_tok_s",
     "kv_cache_bytes",
     "load_hardware",
+    "match_gpu",
     "weight_bytes",
 ]
 
@@ -34,6 +36,8 @@ class GpuSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="Marketing name and form factor, e.g. 'NVIDIA H200 SXM'")
+    aliases: list[str] = Field(default_factory=list, description="The names nvidia-smi reports for this variant "
+                                                                 "(e.g. 'NVIDIA H100 80GB HBM3' for the SXM part)")
     memory_gb: float = Field(gt=0, description="GPU memory capacity in GB (1e9 bytes)")
     memory_type: str = Field(description="Memory technology, e.g. HBM3e, GDDR7")
     bandwidth_gb_s: float = Field(gt=0, description="Peak memory bandwidth in GB/s (1e9 bytes/s)")
@@ -66,6 +70,19 @@ def load_hardware(path: str | Path | None = None) -> dict[str, GpuSpec]:
         return dict(_HardwareFile.model_validate(raw).gpus)
     except ValidationError as exc:
         raise ConfigError(f"hardware table {p} does not match the GpuSpec schema: {exc}") from exc
+
+
+def match_gpu(name: str, table: dict[str, GpuSpec]) -> str | None:
+    """The table key of a GPU as nvidia-smi names it: an exact alias (the variant: 'NVIDIA H100 80GB HBM3' is the
+    SXM part, 'NVIDIA H100 PCIe' the PCIe card), else the longest table name that the reported name starts with or
+    that starts with it; None when nothing matches."""
+    low = name.strip().lower()
+    for key, spec in table.items():
+        if low in (a.lower() for a in spec.aliases):
+            return key
+    hits = [(len(spec.name), key) for key, spec in table.items()
+            if spec.name.lower().startswith(low) or low.startswith(spec.name.lower())]
+    return max(hits)[1] if hits else None
 
 
 def weight_bytes(params_b: float, bits_per_weight: float, active_params_b: float | None = None) -> float:
@@ -117,3 +134,14 @@ def streamed_params_b(n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_
     hd = n_embd // n_head
     per_layer = n_embd * n_head * hd * 2 + n_embd * n_head_kv * hd * 2 + 3 * n_embd * n_ff
     return float(n_layer * per_layer + n_vocab * n_embd) / 1e9
+
+
+def bandwidth_bound(weights_bytes: float, bandwidth_gb_s: float, *, kv_bytes_per_token: float | None = None,
+                    context_tokens: float | None = None, concurrency: int = 1) -> tuple[float, float]:
+    """(tok/s per request at most, bytes one decode step reads): a step of `concurrency` requests streams the
+    weights once and each request's KV cache (`kv_bytes_per_token` x `context_tokens`) once, and yields one token
+    per request: bound = bandwidth / (weights + concurrency x KV). The batch-1 roofline (`decode_roofline_tok_s`)
+    with the batch's KV. Example: 16e9 weight bytes, 4800 GB/s, no KV -> 300 tok/s."""
+    kv = (kv_bytes_per_token or 0.0) * (context_tokens or 0.0) * check_positive(concurrency, "concurrency")
+    step = check_positive(weights_bytes, "weights_bytes") + kv
+    return decode_roofline_tok_s(weights_bytes, bandwidth_gb_s, kv), step

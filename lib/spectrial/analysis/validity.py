@@ -29,6 +29,14 @@ computed from what the record already holds (every request's timing, the engine'
                      within `min_accept_gain` of 1.0 while drafting ("dead drafter": a CI baseline once recorded
                      1.0097) is invalid, the counters as evidence. Counters the engine does not export are
                      unknown (n/a), never 0
+    resolved_config  (warning) the engine resolved the settings the arm asked (slots, context, method, depth, draft,
+                     parallel sizes, graph limits: spectrial.servers.configcheck); a mismatch fails the start
+                     under `config_check: fail`, so one seen here was measured under `warn`. Added by the trial
+                     from the starts' checks
+    bandwidth_bound  the decode rate at most the memory-bandwidth bound (the weights and KV cache streamed once a
+                     step: spectrial.analysis.roofline.bandwidth_bound), a speculative arm at most accept length x
+                     that; above it is physically impossible (cache, miscounted tokens, another batch). n/a where
+                     no bound (model size unknown, weights in the CPU cache). Added by the trial
     lossless         with greedy sampling, a speculative arm's outputs equal the baseline's for the same prompt
                      (the most common baseline output of that prompt): at most `max_output_mismatch` (numeric
                      noise) plus the baseline's own disagreement with itself may differ; the evidence says where
@@ -51,7 +59,15 @@ from typing import Any
 
 import numpy as np
 
-from spectrial.schema import ArmFigures, Check, RequestRecord, Validity, WindowStats
+from spectrial.schema import (
+    ArmFigures,
+    BandwidthBound,
+    Check,
+    ConfigCheckRecord,
+    RequestRecord,
+    Validity,
+    WindowStats,
+)
 
 
 @dataclass(frozen=True)
@@ -352,6 +368,50 @@ def lossless(requests: Sequence[RequestRecord], base_requests: Sequence[RequestR
                  fix="greedy speculative decoding must reproduce the target's own output: check the verify path (a "
                  "sampler or kernel that differs under speculation, a draft with another tokenizer), or raise "
                  "validity.max_output_mismatch if this hardware's numerics are known to diverge this much")
+
+
+def resolved_config(c: ConfigCheckRecord | None) -> Check:
+    """(warning) the engine resolved the configuration the arm asked (spectrial.servers.configcheck): under
+    `config_check: fail` a mismatch fails the start before it is measured, so a mismatch here is one measured
+    under `warn`; unread settings are listed, never a failure."""
+    if c is None or c.mode == "off":
+        return Check(name="resolved_config", ok=None, severity="warning",
+                     summary="not checked" + (" (config_check: off)" if c is not None else ""))
+    bad = c.mismatches
+    return Check(name="resolved_config", ok=c.ok, severity="warning", value=float(len(bad)), limit=0.0,
+                 summary=c.summary, evidence={"mismatches": [s.model_dump() for s in bad], "key": c.key,
+                                              "resolved": c.resolved},
+                 fix=("set the value through the params (an extra_args entry or an engine default overrode it), "
+                      "or accept it knowingly" if bad else None))
+
+
+def bandwidth_bound(f: ArmFigures, speculative: bool, bound: BandwidthBound | None) -> Check:
+    """An arm's decode rate (tok/s per request) as a share of the memory-bandwidth bound of the run
+    (`spectrial.analysis.roofline.bandwidth_bound`): a baseline step streams the weights once per token, a
+    speculative verify step once per accept length, so a speculative arm is held to accept length x the bound.
+    Above 100 %: physically impossible, an invalid measurement (a cache, miscounted tokens, another batch, or a
+    bandwidth figure too low). No bound, or a speculative arm without an accept length: n/a."""
+    if bound is None or bound.bound_tok_s is None:
+        return Check(name="bandwidth_bound", ok=None, summary="n/a: " + (bound.note if bound is not None and bound.note
+                                                                          else "no bandwidth bound for this run"))
+    per_step = f.accept_len if speculative else 1.0
+    if f.tok_s is None or not per_step:
+        return Check(name="bandwidth_bound", ok=None, summary="n/a: " + (
+            "no accept length to scale the bound by" if f.tok_s is not None else "no decode rate"))
+    limit = bound.bound_tok_s * per_step
+    share = f.tok_s / limit
+    what = "the memory-bandwidth bound" if not speculative else f"accept length {per_step:.2f} x the memory-bandwidth bound"
+    summary = (f"{share:.0%} of {what} ({f.tok_s:.1f} of {limit:.1f} tok/s per request at "
+               f"{bound.bandwidth_gb_s:,.1f} GB/s, {bound.bytes_per_step / 1e6:.1f} MB a step)")
+    ok = share <= 1.0
+    return Check(name="bandwidth_bound", ok=ok, value=_r(share), limit=1.0,
+                 summary=summary if ok else f"physically impossible: {summary}",
+                 evidence={"tok_s": f.tok_s, "bound_tok_s": bound.bound_tok_s, "per_step": per_step,
+                           "bandwidth_gb_s": bound.bandwidth_gb_s, "bandwidth_source": bound.bandwidth_source,
+                           "bytes_per_step": bound.bytes_per_step},
+                 fix=None if ok else ("a rate above what the memory can deliver: look for cached prompts or outputs, "
+                                      "tokens counted twice, a batch larger than the concurrency, or a bandwidth "
+                                      "figure too low (bandwidth_gb_s, params/hardware.yaml)"))
 
 
 def with_check(v: Validity | None, check: Check) -> Validity:

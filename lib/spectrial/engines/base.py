@@ -36,7 +36,14 @@ from spectrial.measure import metrics
 from spectrial.measure.bench import ChatMessage, Payload, RequestBody, Sampling
 from spectrial.measure.workloads import Lengths
 from spectrial.params import Arm, TrialParams, format_validation_error
-from spectrial.schema import EngineIdentity, ObservedServer, RequestRecord, ServerRequestStats, WindowStats
+from spectrial.schema import (
+    ConfigSetting,
+    EngineIdentity,
+    ObservedServer,
+    RequestRecord,
+    ServerRequestStats,
+    WindowStats,
+)
 from spectrial.servers.envcheck import strict_names
 from spectrial.servers.lifecycle import LaunchSpec
 
@@ -463,6 +470,12 @@ class Engine(ABC):
     def window_stats(self, w: Window) -> WindowStats:
         """Statistics of one benchmark window from counters, per-request stats and the server log."""
         return WindowStats(scoped=False, source="none")
+
+    def config_readback(self, arm: Arm, probe: ServerProbe, log: str) -> list[ConfigSetting]:
+        """What the running server resolved of `arm`'s settings, each beside what the params asked
+        (`spectrial.servers.configcheck.setting`), from its endpoints (`probe`) and its startup log (`log`, a
+        bounded tail); [] where the adapter reads none."""
+        return []
 
 
 def client_decode(ok: list[RequestRecord]) -> tuple[float | None, float | None]:

@@ -39,12 +39,21 @@ from spectrial.engines.base import (
 from spectrial.engines.flags import Flag, render
 from spectrial.errors import ConfigError
 from spectrial.hosts.local import Host
+from spectrial.logs.api import parse
 from spectrial.measure import metrics
 from spectrial.measure.bench import ChatMessage, RequestBody
 from spectrial.measure.httpread import PROBE, Limits, bounded_client
 from spectrial.measure.workloads import Lengths, WorkItem
 from spectrial.params import Arm
-from spectrial.schema import CounterTotals, ObservedServer, ServerRequestStats, Upload, WindowStats
+from spectrial.schema import (
+    ConfigSetting,
+    CounterTotals,
+    ObservedServer,
+    ServerRequestStats,
+    Upload,
+    WindowStats,
+)
+from spectrial.servers.configcheck import setting
 from spectrial.servers.lifecycle import LaunchSpec, Probe, on_each
 from spectrial.servers.lifecycle import classify_exit as server_classify_exit
 
@@ -449,6 +458,44 @@ class LlamaCpp(Engine):
         """llama-server's `timings` of the last chunk (prompt_n, predicted_ms, draft_n_accepted, cache_n, ...)."""
         t = Timings.model_validate(final.get("timings") or {})
         return ServerRequestStats(**{f"server_{k}": v for k, v in t.model_dump(exclude_none=True).items()})
+
+    def config_readback(self, arm: Arm, probe: ServerProbe, log: str) -> list[ConfigSetting]:
+        """GET /props (model_path, total_slots), GET /slots (n_ctx and speculative per slot; the types a slot ran,
+        after the warm-up) and the startup log (the draft model loaded). The draft depth is not exposed."""
+        obs = ObservedServer(url=probe.url)
+        if not self.identify(probe, obs):
+            return [setting("server", "llama-server /props", "llama-server", None,
+                            "GET /props did not answer with build_info")]
+        p, props = self.params, probe.json("/props") or {}
+        slots = probe.json("/slots")
+        ctx = sorted({s.get("n_ctx") for s in slots if isinstance(s, dict) and isinstance(s.get("n_ctx"), int)}) \
+            if isinstance(slots, list) else []
+        out = [
+            setting("model", "model file (-m)", self.models.get("model"), props.get("model_path"),
+                    "GET /props model_path"),
+            setting("slots", "slots (-np)", self.slots()[0] or 1, obs.slots,
+                    obs.found.get("slots", "GET /props has no total_slots")),
+            setting("context", "context per slot (-c / -np)", self.config.ctx_size,
+                    (ctx[0] if len(ctx) == 1 else ctx) if ctx else None,
+                    "GET /slots n_ctx" if ctx else "GET /slots is off (--no-slots) or names no n_ctx"),
+            setting("speculative", "speculation on", arm.speculative, obs.speculative,
+                    obs.found.get("speculative", "GET /slots names no speculative")),
+        ]
+        if arm.speculative:
+            ran = obs.settings.get("slots.speculative.types")
+            out.append(setting("method", "speculative type (--spec-type)", SPEC_TYPES[arm.method],
+                               ",".join(t for t in str(ran).split(",") if t.strip() not in ("", "none")) if ran
+                               else None, obs.found.get("method", "GET /slots: no slot has served a request "
+                                                                  "(warm-up 0) to name its types")))
+            if arm.method in ("draft", "eagle3"):
+                rows = parse(log, "llamacpp:draft_model") if log else None
+                got = str(rows["draft_model"].iloc[-1]) if rows is not None and len(rows) else None
+                out.append(setting("draft_model", "draft model (-md)", self.models.get(p.arm_draft(arm) or ""), got,
+                                   "startup log: loading draft model" if got else
+                                   "startup log: no 'loading draft model' line in its last 1 MiB"))
+            out.append(setting("steps", "draft depth (--spec-draft-n-max)", p.arm_steps(arm), None,
+                               "llama-server reports no draft depth (/props, /slots or its log)"))
+        return out
 
     per_request_counters = True  # verify steps per request (timings give drafted and accepted, not the steps)
 

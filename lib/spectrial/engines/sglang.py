@@ -48,8 +48,16 @@ from spectrial.measure import metrics
 from spectrial.measure.bench import ChatMessage, Payload, RequestBody, Sampling
 from spectrial.measure.workloads import ChatTemplate, hf_chat_template
 from spectrial.params import Arm
-from spectrial.schema import CounterTotals, GitSource, ObservedServer, ServerRequestStats, WindowStats
+from spectrial.schema import (
+    ConfigSetting,
+    CounterTotals,
+    GitSource,
+    ObservedServer,
+    ServerRequestStats,
+    WindowStats,
+)
 from spectrial.secrets import mask_launch
+from spectrial.servers.configcheck import setting
 from spectrial.servers.lifecycle import LaunchSpec, Probe
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "nextn": "NEXTN", "draft": "STANDALONE", "ngram": "NGRAM"}
@@ -619,6 +627,76 @@ class SGLang(Engine):
             snap.update(metrics.snapshot(client, base_url))
         return snap
 
+    def config_readback(self, arm: Arm, probe: ServerProbe, log: str) -> list[ConfigSetting]:
+        """GET /server_info (fallback /get_server_info): the ServerArgs SGLang resolved, beside the flags spectrial
+        wrote (SGLang's own rules change some: max running requests 48 for speculative decoding, draft tokens
+        steps + 1 at top-k 1, its CUDA-graph batch limit)."""
+        p, c = self.params, self.config
+        info, path = probe.json("/server_info"), "GET /server_info"
+        if not isinstance(info, dict) or "model_path" not in info:
+            info, path = probe.json("/get_server_info"), "GET /get_server_info"
+        if not isinstance(info, dict) or "model_path" not in info:
+            return [setting("server", "SGLang /server_info", "ServerArgs", None,
+                            "GET /server_info and /get_server_info did not answer with model_path")]
+        draft = p.arm_draft(arm) if arm.speculative else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec_argv, _ = speculative_args(arm.method, p.arm_steps(arm), p.arm_topk(arm), p.arm_draft_tokens(arm),
+                                            self.paths.get(draft, draft) if draft else None,
+                                            adjust=c.adjust_draft_tokens, auto=c.auto_speculative_params, where="")
+        asked = dict(zip(spec_argv[::2], spec_argv[1::2], strict=False))
+
+        def got(key: str) -> Any:
+            return info.get(key)
+
+        def at(key: str) -> str:
+            return f"{path} {key}" if key in info else f"{path} has no {key}"
+
+        algo = got("speculative_algorithm")
+        want = asked.get("--speculative-algorithm")
+        out = [
+            setting("model", "model (--model-path)", self.paths.get("model", p.model), got("model_path"),
+                    at("model_path")),
+            setting("tp", "tensor parallel size (--tp-size)", c.tp_size, got("tp_size"), at("tp_size")),
+            setting("dp", "data parallel size", None, got("dp_size"), at("dp_size")),
+            setting("speculative", "speculation on", arm.speculative,
+                    bool(algo) if "speculative_algorithm" in info else None, at("speculative_algorithm")),
+        ]
+        if arm.speculative:
+            # SGLang runs NEXTN as EAGLE (same algorithm, its own name for MTP heads): not a mismatch
+            same = {"NEXTN": "EAGLE"}
+            out.append(setting("method", "speculative algorithm", same.get(str(want), want),
+                               same.get(str(algo), algo) if algo else algo, at("speculative_algorithm")))
+            for key, flag, name in (("steps", "--speculative-num-steps", "speculative_num_steps"),
+                                    ("topk", "--speculative-eagle-topk", "speculative_eagle_topk"),
+                                    ("draft_tokens", "--speculative-num-draft-tokens", "speculative_num_draft_tokens"),
+                                    ("draft_model", "--speculative-draft-model-path", "speculative_draft_model_path")):
+                a = asked.get(flag)
+                if a is not None or got(name) is not None:
+                    out.append(setting(key, name.replace("_", " "), a, got(name), at(name)))
+        running = got("max_running_requests")
+        if c.max_running_requests is not None:
+            out.append(setting("max_running", "max running requests", c.max_running_requests, running,
+                               at("max_running_requests")))
+        else:  # SGLang's choice (48 for speculative decoding) must still hold the concurrency
+            out.append(setting("max_running", "max running requests (its own choice; the concurrency needs)",
+                               p.concurrency, running, at("max_running_requests"), at_least=True))
+        graphs_off = bool(got("disable_cuda_graph"))
+        bs = got("cuda_graph_max_bs_decode") if got("cuda_graph_max_bs_decode") is not None else got("cuda_graph_max_bs")
+        bs_key = "cuda_graph_max_bs_decode" if got("cuda_graph_max_bs_decode") is not None else "cuda_graph_max_bs"
+        if graphs_off:
+            out.append(setting("cuda_graph", "CUDA graphs", True if c.cuda_graph_max_bs else None, False,
+                               at("disable_cuda_graph")))
+        elif c.cuda_graph_max_bs is not None:
+            out.append(setting("cuda_graph_max_bs", "largest CUDA-graph decode batch", c.cuda_graph_max_bs, bs,
+                               at(bs_key)))
+        else:
+            out.append(setting("cuda_graph_max_bs", "largest CUDA-graph decode batch (its own choice; the "
+                               "concurrency needs)", p.concurrency, bs, at(bs_key), at_least=True))
+        if isinstance(got("context_length"), int):
+            out.append(setting("context", "context length", None, got("context_length"), at("context_length")))
+        return out
+
     def window_stats(self, w: Window) -> WindowStats:
         st = sglang_window_stats(w, draft_tokens=self._draft_tokens(w.arm))
         if w.arm.method == "eagle" and st.accept_len is not None and abs(st.accept_len - 1) < 1e-3:
@@ -813,6 +891,11 @@ def sglang_window_stats(w: Window, *, draft_tokens: int | None) -> WindowStats:
     if ok and None not in cache_n and None not in prompt_n:
         st.prompt_tokens = float(sum(n or 0 for n in prompt_n))  # meta_info prompt_tokens counts the cached ones too
         st.cached_prompt_tokens = float(sum(c or 0 for c in cache_n))
+    dec = w.log_rows("decode")
+    if not dec.empty and "graph" in dec:  # 'cuda graph: True/False' per decode line (each decode_log_interval steps)
+        said = [bool(g) for g in dec["graph"] if g is not None and g == g]
+        if said:
+            st.graph_lines, st.graph_off_lines = float(len(said)), float(said.count(False))
     if not w.arm.speculative:
         return st
     verify = w.delta("sglang:spec_verify_calls_total")

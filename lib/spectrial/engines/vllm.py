@@ -49,10 +49,19 @@ from spectrial.engines.flags import Flag, general, render
 from spectrial.engines.nccl_evidence import DEBUG_ENV
 from spectrial.engines.sglang import parse_marked_json
 from spectrial.errors import ConfigError
+from spectrial.logs.api import parse
 from spectrial.measure import metrics
 from spectrial.measure.bench import ChatMessage, RequestBody
 from spectrial.params import Arm
-from spectrial.schema import CounterTotals, CrossCheck, ObservedServer, ServerRequestStats, WindowStats
+from spectrial.schema import (
+    ConfigSetting,
+    CounterTotals,
+    CrossCheck,
+    ObservedServer,
+    ServerRequestStats,
+    WindowStats,
+)
+from spectrial.servers.configcheck import setting
 from spectrial.servers.lifecycle import LaunchSpec, Probe
 
 METHODS = {"eagle3": "eagle3", "eagle": "eagle", "draft": "draft_model", "ngram": "ngram", "nextn": "mtp"}
@@ -433,6 +442,54 @@ class VLLM(Engine):
 
     def context_tokens(self) -> int | None:
         return self.config.max_model_len
+
+    def config_readback(self, arm: Arm, probe: ServerProbe, log: str) -> list[ConfigSetting]:
+        """GET /v1/models (the model, max_model_len) and the engine config line of the startup log (model,
+        speculative method, draft, num_spec_tokens, tensor / data parallel sizes, eager, CUDA-graph capture sizes).
+        vLLM exports no max_num_seqs: not read."""
+        p, c = self.params, self.config
+        obs = ObservedServer(url=probe.url)
+        self.identify(probe, obs)
+        rows = parse(log, "vllm:engine_config") if log else None
+        row = rows.iloc[-1] if rows is not None and len(rows) else None
+        args = row["args"] if row is not None and isinstance(row["args"], dict) else {}
+        line = "startup log: engine config line" if row is not None else None
+        no_line = "startup log: no 'Initializing a V1 LLM engine ... with config' line in its last 1 MiB"
+
+        def logged(key: str) -> Any:
+            v = row[key] if row is not None and key in row.index else None
+            return None if v is None or (isinstance(v, float) and v != v) else v
+
+        spec_method = logged("spec_method")
+        out = [
+            setting("model", "model (vllm serve MODEL)", self.paths.get("model", p.model), logged("model"),
+                    line or no_line),
+            setting("context", "context (--max-model-len)", c.max_model_len, obs.context_tokens,
+                    obs.found.get("context_tokens", "GET /v1/models names no max_model_len")),
+            setting("tp", "tensor parallel size", c.tensor_parallel_size, args.get("tensor_parallel_size"),
+                    line or no_line),
+            setting("dp", "data parallel size", None, args.get("data_parallel_size"), line or no_line),
+            setting("eager", "eager mode (--enforce-eager)", c.enforce_eager, args.get("enforce_eager"),
+                    line or no_line),
+            setting("speculative", "speculation on", arm.speculative,
+                    None if row is None else spec_method is not None, line or no_line),
+        ]
+        if arm.speculative:
+            out.append(setting("method", "speculative method", METHODS.get(arm.method), spec_method,
+                               line or no_line))
+            steps = logged("num_spec_tokens")
+            out.append(setting("steps", "num_speculative_tokens", p.arm_steps(arm),
+                               int(steps) if steps is not None else None, line or no_line))
+            if arm.method in NEEDS_DRAFT:
+                draft = p.arm_draft(arm)
+                out.append(setting("draft_model", "draft model", self.paths.get(draft, draft) if draft else None,
+                                   logged("spec_model"), line or no_line))
+        cg = args.get("compilation_config")
+        sizes = cg.get("cudagraph_capture_sizes") if isinstance(cg, dict) else None
+        if args.get("enforce_eager") is False and isinstance(sizes, list) and sizes:
+            out.append(setting("cuda_graph_max_bs", "largest CUDA-graph batch (the served batch needs the "
+                               "concurrency)", p.concurrency, max(sizes), line or no_line, at_least=True))
+        return out
 
     per_request_counters = True  # streamed chunks can arrive bunched (a starved API process): time in the engine
 

@@ -217,7 +217,8 @@ def judge(arm: str, figure: str, tol: FigureTolerance, candidate: Figure | None,
 # settings (`changed`) and lets the launch configuration and the host's state beyond its GPU model differ
 NAMES: dict[Category, str] = {"GPU": "hardware", "engine": "engine", "engine version": "engine_version",
                               "model": "model", "workload": "workload", "repeats": "workload",
-                              "sampling": "sampling", "concurrency": "concurrency"}
+                              "sampling": "sampling", "concurrency": "concurrency",
+                              "resolved config": "resolved_config"}
 REQUIRES: tuple[Category, ...] = tuple(NAMES)
 
 
@@ -258,7 +259,8 @@ def _short(v: object, n: int = 160) -> str:
 def setting_changes(cand: Manifest, ref: Manifest, arm: str) -> list[str]:
     """The arm's own settings that differ (the draft, its depth, synthetic acceptance): what the gate judges."""
     c = cmp.compare(cand, ref, arms=(arm, arm), require=())
-    return [f"{arm}: {d.field} {d.b!r} -> {d.a!r}" for d in c.of("arm settings")]
+    return [f"{arm}: {d.field} {d.b!r} -> {d.a!r}" for d in c.of("arm settings")] + \
+        [f"{arm}: resolved {d.field} {d.b!r} -> {d.a!r} (read back from the server)" for d in c.of("resolved config")]
 
 
 def worst(outcomes: Sequence[GateOutcome]) -> GateOutcome:

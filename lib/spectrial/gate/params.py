@@ -31,7 +31,7 @@ from spectrial.errors import ConfigError
 FigureName = Literal["accept_len", "per_position", "speedup", "tok_s", "ttft_ms", "itl_ms"]
 # Differences between two runs that make them incomparable unless the tolerances file allows them.
 Difference = Literal["hardware", "engine", "engine_version", "model", "workload", "sampling", "concurrency",
-                     "controlled"]
+                     "resolved_config", "controlled"]
 
 
 class FigureTolerance(BaseModel):
@@ -102,4 +102,5 @@ def load_tolerances(path: str | Path | None) -> GateTolerances:
 
         raise ConfigError(format_validation_error(err, str(p)), parameter="tolerances",
                           hint="figures: accept_len, per_position, speedup, tok_s, ttft_ms, itl_ms; allow: hardware, "
-                               "engine, engine_version, model, workload, sampling, concurrency, controlled") from None
+                               "engine, engine_version, model, workload, sampling, concurrency, resolved_config, "
+                               "controlled") from None

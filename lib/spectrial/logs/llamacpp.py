@@ -20,6 +20,7 @@ Kinds and columns (engine "llamacpp"):
 - ``spec_statistics`` (``-lv 4``, cumulative over the server's life): spec_type, calls_begin, calls_draft,
   calls_accept, drafts_gen, drafts_acc, tokens_gen, tokens_acc, accept_len, per_position, begin_ms_total,
   draft_ms_total (the g duration: time spent generating drafts), accept_ms_total.
+- ``draft_model``: draft_model (the path in ``loading draft model 'PATH'``, printed at start-up).
 - ``speed_bench``: category, base_gen_throughput, gen_throughput, speedup, base_latency_s, latency_s,
   latency_speedup, accept_rate (``server-bench`` speed-bench table).
 Timestamps are the elapsed-time prefix as printed (``7.30.031.705`` = 7 min 30.031705 s).
@@ -282,6 +283,12 @@ registry.add(LineFormat(
                   "draft_acceptance": ("slot", "task", *DRAFT_COLUMNS),
                   "gen_progress": ("slot", "task", "gen_throughput", *PROGRESS_COLUMNS)},
     key_metrics=("gen_throughput", "eval_ms", "prompt_ms", "accept_rate", "accept_len"),
+))
+
+registry.add(LineFormat(
+    "llamacpp", "draft_model", ("loading draft model",),
+    (TS, r"loading draft model '(?P<draft_model>[^']*)'"),
+    types={"draft_model": "str"}, require=("draft_model",),
 ))
 
 registry.add(LineFormat(

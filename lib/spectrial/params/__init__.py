@@ -407,6 +407,14 @@ class TrialParams(BaseModel):
         "fail", description="What a requested variable missing or different in a server process does: fail the run "
                             "(exit 1) or warn. On a multi-GPU launch (tensor parallel > 1 or several hosts) an NCCL_* "
                             "variable that nothing could verify in a server process counts as missing.")
+    bandwidth_gb_s: float | None = Field(
+        None, gt=0, description="Memory bandwidth of the decode's memory, GB/s (1e9 B/s), for the bandwidth bound; "
+                                "default: the GPU's datasheet figure (params/hardware.yaml) x the GPUs the server "
+                                "uses, or on a CPU host a STREAM-style probe of the host.")
+    config_check: Literal["fail", "warn", "off"] = Field(
+        "fail", description="What a setting the engine resolved otherwise than the arm asked does (read back after the "
+                            "warm-up: llama.cpp /props and /slots, vLLM /v1/models and its engine config line, SGLang "
+                            "/server_info): fail the arm, warn (recorded, the arm's validity warns), or off.")
     port: int = Field(8089, ge=1, le=65535, description="Server port on the host.")
     bind: str = Field("127.0.0.1", description="Address the server listens on (host side): an IPv4 or IPv6 address "
                                                 "or a host name.")

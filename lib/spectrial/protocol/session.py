@@ -21,6 +21,7 @@ import dataclasses
 import random
 import secrets as _rnd
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,11 +29,13 @@ import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from spectrial import interrupts
+from spectrial.analysis import energy
 from spectrial.analysis.figures import median, window_rates
 from spectrial.analysis.validity import Setting, planned
-from spectrial.engines.base import Engine, Window, Workers, get_engine
+from spectrial.engines.base import Engine, ServerProbe, Window, Workers, get_engine
 from spectrial.engines.nccl_evidence import evidence_summary, nccl_evidence
 from spectrial.errors import ConfigError, HostError, MeasurementRejected, ServerMisbehaved
+from spectrial.hosts import bandwidth, rapl
 from spectrial.hosts.connect import get_host
 from spectrial.hosts.fingerprint import compare as fp_compare
 from spectrial.hosts.fingerprint import engine_identity, file_identity, fingerprint_key, host_fingerprint
@@ -40,7 +43,7 @@ from spectrial.hosts.gpu import GpuSampler, GpuStatus
 from spectrial.hosts.local import Host
 from spectrial.logs.api import ServerLog
 from spectrial.measure.bench import run_requests, server_broke, stream_limits
-from spectrial.measure.httpread import bounded_client, metrics_limits
+from spectrial.measure.httpread import PROBE, Limits, bounded_client, metrics_limits
 from spectrial.measure.workloads import (
     WorkItem,
     Workload,
@@ -53,12 +56,15 @@ from spectrial.params import Arm, TrialParams
 from spectrial.protocol.group import HostGroup
 from spectrial.record.store import RunRecord
 from spectrial.schema import (
+    BandwidthBound,
     Check,
+    ConfigCheckRecord,
     EngineInfo,
     GpusSeen,
     HostInfo,
     LaunchRecord,
     RequestRecord,
+    StartEnergy,
     StartRecord,
     Status,
     StepRecord,
@@ -66,6 +72,7 @@ from spectrial.schema import (
     WindowStats,
 )
 from spectrial.secrets import mask_launch, secret_values
+from spectrial.servers import configcheck
 from spectrial.servers.envcheck import require_verified, strict_names
 from spectrial.servers.lifecycle import Abandoned, KillReport, LaunchSpec, Server, stop_previous
 
@@ -179,6 +186,7 @@ class _Raw:
     requests: list[RequestRecord]
     first_line: int
     last_line: int = 0
+    rapl_j: float | None = None  # CPU package energy over the window (RAPL), J
 
 
 class Session:
@@ -186,6 +194,7 @@ class Session:
 
     def __init__(self, params: TrialParams, record: RunRecord, progress: bool = True) -> None:
         self.params, self.record, self.progress = params, record, progress
+        self.rapl = False  # RAPL counters readable on the host (a CPU host): each window's energy is read
         self.host: Host | None = None
         self.group: HostGroup | None = None
         self.engine: Engine | None = None
@@ -351,6 +360,11 @@ class Session:
             m.host.fingerprint = fp
             m.host.gpus = GpusSeen.model_validate(self.gpus.as_dict())
             self.fp_key = m.fingerprint_key = fingerprint_key(fp, m.engine)
+        if not (m.host.gpus and m.host.gpus.gpus):
+            if self.params.bandwidth_gb_s is None:
+                with self.record.step("bandwidth"):  # a CPU host: its memory bandwidth bounds decode (issue 39)
+                    m.bandwidth = BandwidthBound(host=bandwidth.cached(self.host, self.fp_key))
+            self.rapl = rapl.read(self.host) is not None  # a CPU host's energy: RAPL where readable
         self.done.add("fingerprint")
         return self.fp_key
 
@@ -448,9 +462,20 @@ class Session:
                             hint="see the record's env_check per process; set env_check: warn to continue anyway")
                 sampler = GpuSampler(host, f"{work}/{server.spec.name}.gpu.csv", p.sample_gpu_ms,
                                      env=server.helper_env("gpu"), on_start=lambda g: server.add_helper("gpu", g))
+                def check_config() -> None:  # after the warm-up: llama.cpp names a slot's method once it served
+                    if p.config_check == "off":
+                        return
+                    with rec.step(f"config_check:{label}", **tags):
+                        entry.config_check = self._config_check(server, arm)
+                        if entry.config_check.ok is False and p.config_check == "fail":
+                            raise MeasurementRejected(
+                                f"config_check: the server of arm {arm.name} resolved another configuration than "
+                                f"asked: {entry.config_check.summary}", check="config_check", arm=arm.name,
+                                result=entry.config_check, hint=configcheck.fix_hint(entry.config_check))
+
                 with rec.step(f"benchmark:{label}", **tags), sampler:
                     try:
-                        self._measure(server, arm, restart, entry.order, windows, label, raws)
+                        self._measure(server, arm, restart, entry.order, windows, label, raws, check_config)
                     except httpx.HTTPError as exc:
                         raise server.lost(exc) from exc
                     samples = sampler.stop()
@@ -476,9 +501,25 @@ class Session:
                 measured = []
         return MeasuredStart(entry, measured)
 
+    def _config_check(self, server: Server, arm: Arm) -> ConfigCheckRecord:
+        """What the running server resolved of the arm's settings, beside what the params asked
+        (spectrial.servers.configcheck): its endpoints and the tail of its startup log, each read bounded."""
+        assert self.engine is not None and self.host is not None
+        log = ""
+        with contextlib.suppress(HostError):
+            log = self.host.read_text(server.log_path, max_bytes=configcheck.LOG_READ_BYTES)
+        with bounded_client(Limits(deadline_s=60, read_s=30, max_bytes=PROBE.max_bytes)) as client:
+            try:
+                settings = self.engine.config_readback(arm, ServerProbe(server.base_url, client), log)
+            except (httpx.HTTPError, ValueError) as exc:
+                settings = [configcheck.setting("server", "the server's endpoints", "answers", None,
+                                                f"reading them failed: {type(exc).__name__}: {exc}")]
+        return configcheck.check(settings, self.params.config_check)
+
     def _measure(self, server: Server, arm: Arm, restart: int, order: int, windows: list[WindowPlan],
-                 label: str, out: list[_Raw]) -> None:
-        """Warm up once, then each window with counters before and after (appended to `out` as measured)."""
+                 label: str, out: list[_Raw], after_warmup: Callable[[], None] = lambda: None) -> None:
+        """Warm up once, then `after_warmup` (the configuration check), then each window with counters before
+        and after (appended to `out` as measured)."""
         assert self.engine is not None and self.host is not None
         p, engine = self.params, self.engine
         if self.workload is not None and not self.workload.ready:
@@ -492,6 +533,7 @@ class Session:
                                 seed=p.seed + 1000 + restart, label=label, **common)
             for why in filter(None, map(server_broke, warm)):  # a broken server is not measured: the start fails
                 raise ServerMisbehaved(f"{server.base_url}{path} (warm-up)", why)
+        after_warmup()
         for w in windows:
             tags = {"arm": arm.name, "restart": restart, "start": order, "concurrency": w.concurrency}
             with bounded_client(metrics_limits(p.limits)) as client:
@@ -500,6 +542,7 @@ class Session:
                 before = _snapshot(engine, client, server.base_url)
                 raw = _Raw(w, before, {}, [], first_line=self.host.line_count(server.log_path) + 1)
                 out.append(raw)
+                energy0 = rapl.read(self.host) if self.rapl else None
                 raw.requests = run_requests(server.base_url, self.prompts, n=w.requests, concurrency=w.concurrency,
                                             seed=w.seed, tags=tags, label=label if len(windows) == 1 else
                                             f"{label} c{w.concurrency}", counters=around, **common)
@@ -514,6 +557,8 @@ class Session:
                 if lost is not None:  # the host is gone: the window's failed requests say nothing of the server
                     raise lost
                 raw.after = _snapshot(engine, client, server.base_url)
+                energy1 = rapl.read(self.host) if energy0 is not None else None
+                raw.rapl_j = rapl.joules(energy0, energy1) if energy0 is not None and energy1 is not None else None
 
     def _finish(self, entry: StartRecord, server: Server, spec: LaunchSpec, arm: Arm, raws: list[_Raw],
                 samples: list[dict[str, Any]], fp_before: dict[str, Any], t0: float) -> list[MeasuredWindow]:
@@ -543,6 +588,7 @@ class Session:
             measured.append(self._window(raw, arm, spec, log, entry))
         entry.windows = [m.record for m in measured]
         entry.tok_s = median(r.tok_s for m in measured for r in m.requests if r.ok)
+        entry.energy = self._energy(measured, raws, samples)
         if spec.env.get("NCCL_DEBUG", "").upper() == "INFO" and log.text:
             entry.nccl_evidence = ev = nccl_evidence(log.table, spec.env)
             entry.notes.append(evidence_summary(ev))
@@ -562,6 +608,29 @@ class Session:
                                       hint="see the record's nccl_evidence per rank; set engine_config."
                                            "nccl_evidence_check: warn to continue anyway")
         return measured
+
+    def _energy(self, measured: list[MeasuredWindow], raws: list[_Raw], samples: list[dict[str, Any]]) -> StartEnergy:
+        """The energy of the start's windows (spectrial.analysis.energy): the GPUs' sampled power over the windows'
+        duration, or the CPU packages' RAPL counters read around each window; n/a and why otherwise."""
+        spans = [max(r.t_end for r in m.requests if r.t_end is not None)
+                 - min(r.t_start for r in m.requests if r.t_start is not None)
+                 for m in measured if any(r.t_end is not None for r in m.requests)
+                 and any(r.t_start is not None for r in m.requests)]
+        duration = float(sum(spans))
+        tokens = float(sum(r.tokens for m in measured for r in m.requests if r.ok))
+        acc = [m.stats.accepted for m in measured]
+        accepted = float(sum(a for a in acc if a is not None)) if acc and None not in acc else None
+        power, instants, gpus = energy.mean_power_w(samples)
+        if power is not None:
+            return energy.start_energy(power, duration, tokens, accepted,
+                                       f"nvidia-smi power.draw ({gpus} GPU(s), {instants} samples)")
+        joules = [r.rapl_j for r in raws]
+        if self.rapl and joules and None not in joules:
+            return energy.start_energy(None, duration, tokens, accepted, "RAPL package counters",
+                                       joules=float(sum(j for j in joules if j is not None)))
+        if samples:
+            return StartEnergy(source="the GPU samples carry no power reading (power.draw [N/A])")
+        return StartEnergy(source=rapl.NONE if not self.rapl else "RAPL counters not read around every window")
 
     def _window(self, raw: _Raw, arm: Arm, spec: LaunchSpec, log: ServerLog, entry: StartRecord) -> MeasuredWindow:
         """One window's statistics (the engine adapter's), and its record."""

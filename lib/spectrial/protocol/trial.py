@@ -25,8 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from spectrial.analysis import energy, roofline, validity
 from spectrial.analysis.figures import (
     add_category_comparisons,
     add_comparisons,
@@ -46,11 +48,13 @@ from spectrial.errors import (
     SpectrialError,
 )
 from spectrial.hosts.gpu import GpuStatus
+from spectrial.models.weights import streamed
 from spectrial.params import Arm, TrialParams, load_params
 from spectrial.protocol.session import MeasuredStart, Session, WindowPlan, lost_requests, schedule
 from spectrial.record.store import RunRecord, RunResult, opened
-from spectrial.schema import ArmRecord, Manifest, RequestRecord, StartSummary
+from spectrial.schema import ArmRecord, BandwidthBound, Manifest, RequestRecord, StartSummary
 from spectrial.secrets import mask_launch
+from spectrial.servers import configcheck
 from spectrial.servers.lifecycle import KillReport
 
 
@@ -498,8 +502,67 @@ class Trial:
         with contextlib.suppress(SpectrialError, OSError):
             self._write_requests()
 
+    def _bandwidth_bound(self) -> BandwidthBound | None:
+        """The memory-bandwidth bound of the baseline's decode (issue 39): the weights and KV cache one step reads
+        over the memory's bandwidth, at the run's concurrency and the baseline's mean context. None without a
+        baseline; a bound with a `note` (and no figure) where it cannot be computed."""
+        p, m = self.params, self.manifest
+        base = next((a for a in p.arms if not a.speculative), None)
+        if base is None:
+            return None
+        bb = (m.bandwidth or BandwidthBound()).model_copy(update={"concurrency": p.concurrency})
+        engine, host = getattr(self.session, "engine", None), getattr(self.session, "host", None)
+        gpus = [g.name for g in m.host.gpus.gpus if g.name] if m.host.gpus is not None else []
+        if p.bandwidth_gb_s is not None:
+            bb.bandwidth_gb_s, bb.bandwidth_source = p.bandwidth_gb_s, "params bandwidth_gb_s"
+        elif gpus:
+            table = roofline.load_hardware()
+            key = roofline.match_gpu(gpus[0], table)
+            if key is None:
+                bb.note = (f"the GPU ({gpus[0]}) is not in params/hardware.yaml: add its bandwidth there, or set "
+                           "bandwidth_gb_s")
+                return bb
+            n = min(engine.ranks() if engine is not None else 1, len(gpus))
+            bb.bandwidth_gb_s = table[key].bandwidth_gb_s * n
+            bb.bandwidth_source = f"datasheet: {n} x {table[key].name} ({table[key].bandwidth_gb_s:g} GB/s each)"
+        elif bb.host is not None and bb.host.bandwidth_gb_s:
+            bb.bandwidth_gb_s, bb.bandwidth_source = bb.host.bandwidth_gb_s, bb.host.how
+        else:
+            bb.note = "the host's memory bandwidth is unknown" + (f" ({bb.host.error})" if bb.host and bb.host.error
+                                                                   else "") + ": set bandwidth_gb_s"
+            return bb
+        path = (m.engine.models or {}).get("model")
+        got = streamed(path) if path and host is not None and host.is_local else None
+        info = m.model_info
+        if got is not None:
+            bb.weights_bytes, bb.kv_bytes_per_token, bb.weights_source = got.weights_bytes, got.kv_bytes_per_token, \
+                got.how
+        elif bb.weights_bytes is not None:
+            pass  # a record read back (a replay): the weights it measured stand
+        elif info is not None and info.params_b and info.bits_per_weight:
+            bb.weights_bytes = roofline.weight_bytes(info.params_b, info.bits_per_weight, info.active_params_b)
+            bb.weights_source = "model_info (params_b x bits_per_weight)"
+        else:
+            bb.note = ("the model's size is unknown" + (f" (its files are on {host.name})" if host is not None and
+                                                        not host.is_local else "") +
+                       ": set model_info.params_b and bits_per_weight")
+            return bb
+        if not gpus and p.bandwidth_gb_s is None and bb.host and bb.host.cache_bytes \
+                and bb.weights_bytes <= bb.host.cache_bytes:
+            bb.note = (f"the weights ({bb.weights_bytes / 1e6:.1f} MB) fit in the CPU's last-level cache "
+                       f"({bb.host.cache_bytes / 2**20:.0f} MiB): decode need not stream them from memory, no bound")
+            return bb
+        reqs = [r for st in self.starts.get(base.name, []) for w in st.windows for r in w.requests if r.ok]
+        if reqs:
+            bb.context_tokens = float(np.mean([(r.prompt_len or 0) + r.tokens / 2 for r in reqs]))
+        bb.bound_tok_s, bb.bytes_per_step = roofline.bandwidth_bound(
+            bb.weights_bytes, bb.bandwidth_gb_s, kv_bytes_per_token=bb.kv_bytes_per_token,
+            context_tokens=bb.context_tokens, concurrency=p.concurrency)
+        return bb
+
     def _summarise(self, arms: list[Arm]) -> None:
         """Fill the figures of `arms` from their starts that count."""
+        bound = self.manifest.bandwidth = self._bandwidth_bound()
         for arm in arms:
             a = self.manifest.arm(arm.name)
             if a is None:
@@ -514,6 +577,8 @@ class Trial:
             checks = [s.env_check for s in mine if s.env_check]
             if checks:
                 a.env_check = checks[-1] if all(c.ok for c in checks) else next(c for c in checks if not c.ok)
+            a.config_check = configcheck.over_starts([s.config_check for s in mine if s.config_check])
+            a.energy = energy.arm_energy([s.energy for s in mine if s.status == "ok"], self.params.confidence)
             a.fingerprint_changes = sorted({c for s in mine for c in s.fingerprint_changes})
             a.throttled_samples = sum(s.throttled_samples for s in mine)
             failed = [s for s in mine if s.status != "ok"]
@@ -529,6 +594,11 @@ class Trial:
                                k=p.arm_steps(arm) if arm.speculative else None, synthetic=arm.synthetic_accept,
                                concurrency=p.concurrency, slo=p.slo.limits(), setting=self.session.setting())
             figs.categories = category_figures(reqs, arm.speculative, p.confidence, p.seed)
+            if a.config_check is not None:
+                figs.validity = validity.with_check(figs.validity, validity.resolved_config(a.config_check))
+            figs.validity = validity.with_check(figs.validity, validity.bandwidth_bound(figs, arm.speculative, bound))
+            if bound is not None and not arm.speculative and figs.tok_s and bound.bound_tok_s:
+                bound.baseline_share = figs.tok_s / bound.bound_tok_s
             a = with_figures(a, figs)
             a.status = "ok" if a.tok_s else "failed"
             a.reason = ("; ".join(f"start {s.restart + 1}: {s.reason}" for s in failed) or None) \

@@ -11,7 +11,7 @@ Two separate statements open the output:
 
 Order of consequence of the detailed lines (what most often explains a different number):
    -1 acceptance that moved beyond its intervals between arms of the same draft, depth, sampling and workload (a
-      bug signal: acceptance must not depend on parallelism, the engine or the machine; spectrial.readers.acceptance)
+      bug signal: acceptance must not depend on parallelism, the engine or the machine; spectrial.record.acceptance)
     0 environment that did not reach the server (variables missing from worker processes), env requested
     1 engine build / version / source diff, model files (paired by file name; "not recorded" when a run has no
       identity for one)
@@ -33,8 +33,8 @@ from spectrial.analysis.catalogue import figure
 from spectrial.errors import RecordDamaged
 from spectrial.hosts.fingerprint import stable_view
 from spectrial.protocol.drift import argv_changes, dict_changes
-from spectrial.readers.acceptance import AcceptShift, accept_shifts
 from spectrial.record import comparable as cmp
+from spectrial.record.acceptance import AcceptShift, accept_shifts
 from spectrial.record.comparable import Category
 from spectrial.record.store import load_record, read_requests, trial_params
 from spectrial.schema import ArmRecord, HostFingerprint, Manifest
@@ -150,6 +150,14 @@ def diff_runs(run_a: str | Path, run_b: str | Path) -> DiffResult:
             f.append(Finding(0, t))
         for t in argv_changes(xa.argv or [], xb.argv or []):
             f.append(Finding(3, f"arm {n}: {t}"))
+        ca, cb = xa.config_check, xb.config_check
+        if ca is not None and cb is not None:  # what the engines resolved, read back (servers.configcheck)
+            for t in dict_changes(ca.facts(), cb.facts(), f"arm {n} resolved config"):
+                f.append(Finding(1, t))
+        for side, c in (("A", ca), ("B", cb)):
+            if c is not None and c.ok is False:
+                f.append(Finding(0, f"arm {n} in run {side}: the engine resolved another configuration than "
+                                    f"asked: {c.summary}"))
     ea, eb = a.engine, b.engine
     for k, va, vb in (("version", ea.version, eb.version), ("commit", ea.commit, eb.commit),
                       ("diff_hash", ea.diff_hash, eb.diff_hash), ("binary", ea.binary, eb.binary)):

@@ -55,7 +55,7 @@ from spectrial.analysis import figures
 from spectrial.analysis.figures import is_baseline, positive
 from spectrial.errors import ConfigError
 from spectrial.record.store import as_arms, as_manifest
-from spectrial.schema import ArmRecord, Manifest
+from spectrial.schema import ArmRecord, BandwidthBound, Manifest
 
 __all__ = ["ArmView", "CategoryNumbers", "CycleFit", "ExplainNumbers", "Explanation", "FitError", "FitNumbers",
            "RooflineInputs", "Section", "explain"]
@@ -201,9 +201,7 @@ def recorded_gpu(manifest: Manifest) -> tuple[str | None, int | None, str | None
         table = analysis.load_hardware()
     except ConfigError:
         return None, len(names), name
-    key = next((k for k, spec in table.items() if spec.name.lower().startswith(name.lower())
-                or name.lower().startswith(spec.name.lower())), None)
-    return key, len(names), name
+    return analysis.match_gpu(name, table), len(names), name
 
 
 def roofline_missing(manifest: Manifest | None) -> str:
@@ -382,6 +380,8 @@ def explain(source: Manifest | Mapping[str, Any] | Sequence[ArmRecord | Mapping[
                 problems.append(f"Arm **{a.name}** has no cycle time: break-even cannot be computed for it.")
             if a.tok_s is None:
                 problems.append(f"Arm **{a.name}** has no throughput (tok/s).")
+    recorded = manifest.bandwidth if roofline is None and manifest is not None and manifest.bandwidth is not None \
+        and manifest.bandwidth.bound_tok_s else None  # the run's own bound: one figure, said once
     if roofline is None and manifest is not None:
         roofline = RooflineInputs.from_manifest(manifest)
     picked = figures.pick_baseline([a.raw for a in arms], baseline, problems)
@@ -408,6 +408,7 @@ def explain(source: Manifest | Mapping[str, Any] | Sequence[ArmRecord | Mapping[
                 *_workload_sections(base, spec, manifest, numbers),
                 _model_section(models, spec, base, numbers),
                 _needed_section(models, spec, base, target, numbers),
+                _recorded_bound_section(recorded, base, numbers) if recorded is not None else
                 _roofline_section(roofline, base, numbers, manifest)]
     sections.insert(0, _input_section(arms, problems, base))  # after the others: their problems included
     return Explanation(sections=sections, problems=problems, numbers=numbers, spec=spec, base=base, fits=models,
@@ -687,6 +688,29 @@ def _needed_section(fits: list[CycleFit], spec: list[ArmView], base: ArmView | N
                                               + (" (synthetic)" if a.synthetic else " (from its accept length)")
                                               for a in measured) + ".")
     return Section(title, "\n".join(lines), table, "needed")
+
+
+def _recorded_bound_section(bb: BandwidthBound, base: ArmView | None, numbers: ExplainNumbers) -> Section:
+    """The run's own memory-bandwidth bound (the record's `bandwidth`, spectrial.analysis.roofline.bandwidth_bound)
+    and the baseline's share of it, the figure its `bandwidth_bound` check judged."""
+    roof = bb.bound_tok_s
+    assert roof is not None and bb.bandwidth_gb_s is not None and bb.bytes_per_step is not None
+    numbers.roofline_tok_s, numbers.weight_bytes_per_token, numbers.bandwidth_gb_s = roof, bb.weights_bytes, \
+        bb.bandwidth_gb_s
+    numbers.kv_bytes_per_token = (bb.kv_bytes_per_token or 0.0) * (bb.context_tokens or 0.0)
+    text = (f"{bb.bandwidth_gb_s:,.1f} GB/s ({bb.bandwidth_source}); {bb.weights_bytes / 1e6:,.1f} MB of weights "
+            f"({bb.weights_source}) and {bb.concurrency} request(s)' KV cache at a mean context of "
+            f"{bb.context_tokens or 0:.0f} tokens = {bb.bytes_per_step / 1e6:,.1f} MB read per decode step. Decode "
+            f"cannot beat {roof:,.1f} tok/s per request ({1000 / roof:.2f} ms per token).")
+    rows = [{"quantity": "bound tok/s per request", "value": rounded(roof, 1)},
+            {"quantity": "bound ms/token", "value": rounded(1000 / roof, 3)}]
+    if base is not None and base.tok_s and bb.baseline_share is not None:
+        numbers.baseline_roofline_fraction = util = bb.baseline_share
+        text += (f" The baseline's {base.tok_s:.1f} tok/s is **{util * 100:.1f} %** of that"
+                 + (": above the bound, an impossible figure (its bandwidth_bound check says invalid)." if util > 1
+                    else f": each decode step takes {1 / util:.1f}x its memory-traffic floor."))
+        rows.append({"quantity": "baseline fraction of the bound", "value": rounded(util, 4)})
+    return Section("Roofline", text, pd.DataFrame(rows))
 
 
 def _roofline_section(inp: RooflineInputs | None, base: ArmView | None, numbers: ExplainNumbers,

@@ -136,6 +136,9 @@ class Headline(BaseModel):
     partial: str | None = None  # a sweep its budget stopped: what it did not measure here
     environment: str | None = None  # what the environment checks verified (spectrial.servers.envcheck.verified)
     drift: str | None = None  # the baseline moved beyond earlier runs of this host (spectrial.protocol.drift; None: it did not)
+    bound: str | None = None  # the baseline against the memory-bandwidth bound (its bandwidth_bound check)
+    config: str | None = None  # what the engines resolved of the arms' settings (their config checks)
+    energy: str | None = None  # joules per output token per arm (their energy figures)
 
     def lines(self) -> list[str]:
         out = [self.title]
@@ -147,6 +150,7 @@ class Headline(BaseModel):
             out.append(self.decided)
         if self.environment:
             out.append(self.environment)
+        out += [x for x in (self.config, self.bound, self.energy) if x]
         out += [a.sentence() for a in self.arms]
         return out
 
@@ -164,6 +168,7 @@ class Headline(BaseModel):
             body += [self.decided, ""]
         if self.environment:
             body += [_md(self.environment), ""]
+        body += [y for x in (self.config, self.bound, self.energy) if x for y in (_md(x), "")]
         body += [f"- {_md(a.sentence())}" for a in self.arms]
         return "\n".join(body)
 
@@ -204,6 +209,12 @@ class Headline(BaseModel):
         if self.environment:
             parts.append(_Para(self.environment, style="green" if self.environment.startswith(
                 "environment verified") else "red"))
+        if self.config:
+            parts.append(_Para(self.config, style="red" if "otherwise than asked" in self.config else "green"))
+        if self.bound:
+            parts.append(_Para(self.bound, style="red" if "impossible" in self.bound else None))
+        if self.energy:
+            parts.append(_Para(self.energy))
         parts.append(_FitTable(self.table(terminal=True)))
         parts += [_Para("• " + a.sentence(), indent="  ") for a in self.arms if not a.baseline]
         return Group(*parts)
@@ -506,7 +517,50 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
     return Headline(title=_title(base, spec, lines), baseline=base.name if base else None,
                     baseline_tok_s=base.tok_s if base else None, arms=lines, decided=decided,
                     environment=environment_line(m) if m is not None and arms_given is None else None,
-                    drift=drift_line(m) if m is not None and arms_given is None else None)
+                    drift=drift_line(m) if m is not None and arms_given is None else None,
+                    bound=bound_line(base) if arms_given is None else None,
+                    config=config_line(m) if m is not None and arms_given is None else None,
+                    energy=energy_line(arms) if arms_given is None else None)
+
+
+def energy_line(arms: Sequence[ArmRecord]) -> str | None:
+    """Joules per output token of each arm with power readings (its `energy` figures), in one line; None where
+    no arm has any."""
+    def one(a: ArmRecord) -> str | None:
+        e = a.energy
+        if e is None or e.j_per_token is None:
+            return None
+        ci = f" [{e.j_per_token_ci[0]:.3g}, {e.j_per_token_ci[1]:.3g}]" if e.j_per_token_ci else ""
+        acc = f", {e.j_per_accepted:.3g} J per accepted draft token" if e.j_per_accepted is not None else ""
+        return f"{a.name} {e.j_per_token:.3g} J per output token{ci}{acc}"
+    parts = [x for x in map(one, arms) if x]
+    if not parts:
+        return None
+    src = next(a.energy.source for a in arms if a.energy is not None and a.energy.j_per_token is not None)
+    return f"Energy ({src}): " + "; ".join(parts)
+
+
+def bound_line(base: ArmRecord | None) -> str | None:
+    """The baseline against the memory-bandwidth bound, in one line: its `bandwidth_bound` check's summary (the one
+    computation, spectrial.analysis.validity); None where the record has no such check or it could not judge."""
+    check = next((c for c in (base.validity.checks if base is not None and base.validity else [])
+                  if c.name == "bandwidth_bound"), None)
+    if check is None or check.ok is None:
+        return None
+    return f"Bandwidth bound: the baseline at {check.summary}"
+
+
+def config_line(m: Manifest) -> str | None:
+    """What the engines resolved of the arms' settings, in one line (the arms' config checks,
+    spectrial.servers.configcheck); None where the record has none."""
+    checks = [(a.name, a.config_check) for a in m.arms if a.config_check is not None and a.config_check.ok is not None]
+    if not checks:
+        return None
+    bad = [(n, c) for n, c in checks if c.ok is False]
+    if bad:
+        return "Resolved configuration: " + "; ".join(f"arm {n}: {c.summary}" for n, c in bad)
+    read = sorted({s.key for _, c in checks for s in c.settings if s.state == "match"})
+    return f"Resolved configuration: as asked in all {len(checks)} arm(s) ({', '.join(read)} read back)"
 
 
 def drift_line(m: Manifest) -> str | None:

@@ -41,9 +41,10 @@ from spectrial.analysis.stats import finite
 from spectrial.errors import RecordDamaged, SpectrialError
 from spectrial.params import repo_root
 from spectrial.record import comparable as cmp
+from spectrial.record.acceptance import accept_shifts
 from spectrial.record.comparable import Category
-from spectrial.record.store import Skipped, as_manifest, load_record
-from spectrial.schema import ArmRecord, EngineInfo, HostInfo, Manifest
+from spectrial.record.store import Skipped, as_manifest, load_record, read_requests
+from spectrial.schema import ArmRecord, EngineInfo, HostInfo, Manifest, RequestRecord
 
 __all__ = ["HISTORY_COLUMNS", "History", "HistoryRow", "baseline_over_time", "fill_derived", "incomparability",
            "load_history", "matrix", "record_rows", "resolve_dir", "rows_frame", "with_derived"]
@@ -295,6 +296,7 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
     rows: list[HistoryRow] = []
     issues: list[tuple[str, str, str]] = []
     skipped: list[Skipped] = []
+    loaded: list[tuple[Path, str, Manifest]] = []
     if runs_dir is not None:
         root = resolve_dir(runs_dir)
         if not root.is_dir():
@@ -317,6 +319,8 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
                 r, i = record_rows(manifest, run)
                 rows += r
                 issues += i
+                loaded.append((path.parent, run, manifest))
+            issues += accept_issues(loaded)
     summary = pd.DataFrame()
     if logs_dir is not None:
         r, summary, i = log_rows(logs_dir)
@@ -327,6 +331,31 @@ def load_history(runs_dir: str | Path | None = "outputs", logs_dir: str | Path |
     table["started_at"] = pd.to_datetime(stamps, utc=True, errors="coerce", format="ISO8601")
     return History(table=table, issues=pd.DataFrame(issues, columns=["source", "item", "problem"]),
                    log_summary=summary, skipped=skipped)
+
+
+def accept_issues(records: Sequence[tuple[Path, str, Manifest]]) -> list[tuple[str, str, str]]:
+    """Accept length across parallelism (spectrial.record.acceptance, issue 39 item 7): each record against the one
+    before it in time that shares its model, workload and sampling; an arm whose accept length moved beyond both
+    intervals while only TP, DP, the engine or the host changed is an issue (a bug signal)."""
+    ordered = sorted(records, key=lambda x: x[2].started_at or "")
+    cache: dict[Path, dict[str, list[RequestRecord]]] = {}
+
+    def requests(folder: Path) -> dict[str, list[RequestRecord]]:
+        if folder not in cache:
+            try:
+                cache[folder] = read_requests(folder)
+            except RecordDamaged:
+                cache[folder] = {}
+        return cache[folder]
+
+    out: list[tuple[str, str, str]] = []
+    for (fa, _, a), (fb, run_b, b) in zip(ordered, ordered[1:], strict=False):
+        if a.params.model != b.params.model:  # another target: nothing to compare (accept_shifts checks the rest)
+            continue
+        for x in accept_shifts(a, b, requests(fa), requests(fb), b.params.confidence or 0.95):
+            if x.flagged:
+                out.append((run_b, x.arm, x.text()))
+    return out
 
 
 # ------------------------------------------------------------------ views

@@ -22,6 +22,11 @@ The categories, in the order a verdict names them:
     repeats          the measurement design: repeats, restarts, warm-up requests
     configuration    the resolved launch: environment variables, command-line options, the set of arms
     arm settings     an arm's speculative settings (method, draft, depth, tree, synthetic acceptance)
+    resolved config  what the engine resolved, read back from the running server (slots, context, method, depth,
+                     parallel sizes, graph limits: spectrial.servers.configcheck): "as asked" where it matched the
+                     params (those are compared as configuration), else the value (the engine's own choice, or
+                     one that differs from the params); model paths left out (the files' identity is compared);
+                     compared only where both runs read it
     fingerprint key  the host-and-build state key a run measured under
     session          the run (and, for an arm, its session): separate server starts in possibly other states
 
@@ -43,8 +48,8 @@ from spectrial.params import workload_identity
 from spectrial.schema import HostInfo, Manifest, stable_view
 
 Category = Literal["GPU", "host", "model", "model files", "engine", "engine version", "engine build", "workload",
-                   "sampling", "concurrency", "repeats", "configuration", "arm settings", "fingerprint key",
-                   "session"]
+                   "sampling", "concurrency", "repeats", "configuration", "arm settings", "resolved config",
+                   "fingerprint key", "session"]
 CATEGORIES: tuple[Category, ...] = get_args(Category)
 
 # why a difference in each category makes figures incomparable, and what to do about it
@@ -72,6 +77,9 @@ WHY: dict[Category, tuple[str, str]] = {
     "configuration": ("the launch differs (environment, options): the experiment itself, or a confound",
                       "make it the only difference, or launch both the same way"),
     "arm settings": ("the arm's speculative settings differ", "compare arms of the same settings"),
+    "resolved config": ("the engine resolved other settings (slots, context, depth, graph limits) than in the other "
+                        "run", "set the differing setting through the params in both runs (the record's "
+                        "config_check names where it was read)"),
     "fingerprint key": ("measured under another host-and-build state",
                         "compare runs of one fingerprint key"),
     "session": ("separate server starts in possibly different system states, neither with a baseline measured "
@@ -84,7 +92,8 @@ GPU_BOUND = frozenset({"GPU units", "driver", "clocks and power limits", "topolo
 # one run's GPU units unrecorded is no other machine)
 _LENIENT_PREFIX = "file "
 _LENIENT = frozenset({"GPU units"})
-ARM_CATEGORIES: tuple[Category, ...] = ("configuration", "arm settings")
+ARM_CATEGORIES: tuple[Category, ...] = ("configuration", "arm settings", "resolved config")
+_PATHS = frozenset({"model", "draft_model"})  # resolved paths: machine-specific; the files' identity is compared
 ARM_SETTINGS = ("method", "draft", "steps", "topk", "draft_tokens", "synthetic_accept")
 
 
@@ -228,7 +237,9 @@ def _arm_facts(m: Manifest, arm: str) -> dict[Category, dict[str, JsonValue]]:
         config.update(argv_options(a.argv))
     return {"session": {"run": m.run_id, "session": a.session},
             "configuration": config,
-            "arm settings": {k: a.get(k) for k in ARM_SETTINGS}}
+            "arm settings": {k: a.get(k) for k in ARM_SETTINGS},
+            "resolved config": {k: v for k, v in (a.config_check.facts() if a.config_check else {}).items()
+                                if k not in _PATHS}}
 
 
 def facts(m: Manifest, arm: str | None = None) -> Facts:
@@ -273,7 +284,7 @@ def _compare(fa: Facts, fb: Facts, categories: Iterable[Category], strict: froze
                     yield Difference(category=cat, field=name, recorded="neither", arm=arm, reason=reason, fix=fix)
                 continue
             if x is None or y is None:
-                if name.startswith(_LENIENT_PREFIX) or name in _LENIENT or (gpu_differs and name in GPU_BOUND):
+                if cat == "resolved config" or name.startswith(_LENIENT_PREFIX) or name in _LENIENT or (gpu_differs and name in GPU_BOUND):
                     continue
                 yield Difference(category=cat, field=name, a=x, b=y, recorded="a" if y is None else "b", arm=arm,
                                  reason=reason, fix=fix)

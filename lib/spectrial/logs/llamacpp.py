@@ -287,7 +287,7 @@ registry.add(LineFormat(
 
 registry.add(LineFormat(
     "llamacpp", "draft_model", ("loading draft model",),
-    (TS, r"loading draft model '(?P<draft_model>[^']*)'"),
+    (TS, r"loading draft model '(?P<draft_model>.*)'\s*$"),
     types={"draft_model": "str"}, require=("draft_model",),
 ))
 

@@ -580,7 +580,8 @@ def check_diff_output(run: Path, m: Manifest, label: str) -> None:
 
 def check_sweep_output(m: Manifest, label: str) -> None:
     """A sweep's verdict paragraph: each best setting's speed-up is its point's."""
-    from spectrial.readers.sweep import scenario_label, verdict
+    from spectrial.readers.points import scenario_label
+    from spectrial.readers.sweep import verdict
 
     if not m.points:
         return

@@ -70,6 +70,8 @@ LAZY: dict[str, LazyCommand] = {
     "sweep": LazyCommand("spectrial.cli.sweep", "sweep_command"),
     "watch": LazyCommand("spectrial.cli.watch", "watch_command"),
     "gate": LazyCommand("spectrial.cli.gate", "gate_command"),
+    "deploy": LazyCommand("spectrial.cli.deploy", "deploy_command"),
+    "calibration": LazyCommand("spectrial.cli.deploy", "calibration_command"),
     "logs": LazyCommand("spectrial.cli.logs", "app"),
 }
 

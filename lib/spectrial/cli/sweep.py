@@ -66,7 +66,7 @@ def sweep_command(
     from rich.console import Console
 
     from spectrial.readers.headline import fit_table, paragraph, sweep_headlines
-    from spectrial.readers.sweep import scenario_label
+    from spectrial.readers.points import scenario_label
 
     console = Console()
     for h in sweep_headlines(result.manifest):

@@ -471,6 +471,18 @@ class Engine(ABC):
         """Statistics of one benchmark window from counters, per-request stats and the server log."""
         return WindowStats(scoped=False, source="none")
 
+    @classmethod
+    def deploy_flags(cls, method: str, steps: int, topk: int | None, draft_tokens: int | None) -> list[str]:
+        """The engine's flags that run one speculative setting (`spectrial deploy`); [] where it has none."""
+        return []
+
+    @classmethod
+    def deploy_schedule(cls, method: str, draft: str | None, schedule: list[list[int]]
+                        ) -> tuple[dict[str, Any], list[str]] | None:
+        """A per-batch-size depth schedule as the engine takes it (`schedule`: [first, last, depth] inclusive
+        batch-size ranges, depth 0 = off) and its flags; None where the engine takes one setting for every load."""
+        return None
+
     def config_readback(self, arm: Arm, probe: ServerProbe, log: str) -> list[ConfigSetting]:
         """What the running server resolved of `arm`'s settings, each beside what the params asked
         (`spectrial.servers.configcheck.setting`), from its endpoints (`probe`) and its startup log (`log`, a

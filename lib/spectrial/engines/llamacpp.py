@@ -459,6 +459,10 @@ class LlamaCpp(Engine):
         t = Timings.model_validate(final.get("timings") or {})
         return ServerRequestStats(**{f"server_{k}": v for k, v in t.model_dump(exclude_none=True).items()})
 
+    @classmethod
+    def deploy_flags(cls, method: str, steps: int, topk: int | None, draft_tokens: int | None) -> list[str]:
+        return ["--spec-type", SPEC_TYPES.get(method, method), "--spec-draft-n-max", str(steps)]
+
     def config_readback(self, arm: Arm, probe: ServerProbe, log: str) -> list[ConfigSetting]:
         """GET /props (model_path, total_slots), GET /slots (n_ctx and speculative per slot; the types a slot ran,
         after the warm-up) and the startup log (the draft model loaded). The draft depth is not exposed."""

@@ -627,6 +627,12 @@ class SGLang(Engine):
             snap.update(metrics.snapshot(client, base_url))
         return snap
 
+    @classmethod
+    def deploy_flags(cls, method: str, steps: int, topk: int | None, draft_tokens: int | None) -> list[str]:
+        return ["--speculative-algorithm", ALGORITHMS.get(method, method.upper()), "--speculative-num-steps",
+                str(steps), "--speculative-eagle-topk", str(topk or 1), "--speculative-num-draft-tokens",
+                str(draft_tokens or steps + 1)]
+
     def config_readback(self, arm: Arm, probe: ServerProbe, log: str) -> list[ConfigSetting]:
         """GET /server_info (fallback /get_server_info): the ServerArgs SGLang resolved, beside the flags spectrial
         wrote (SGLang's own rules change some: max running requests 48 for speculative decoding, draft tokens

@@ -443,6 +443,18 @@ class VLLM(Engine):
     def context_tokens(self) -> int | None:
         return self.config.max_model_len
 
+    @classmethod
+    def deploy_schedule(cls, method: str, draft: str | None, schedule: list[list[int]]
+                        ) -> tuple[dict[str, Any], list[str]]:
+        """`--speculative-config` with `num_speculative_tokens_per_batch_size` (vLLM >= 0.32: inclusive ranges from
+        batch size 1, sorted, depth >= 0; num_speculative_tokens the deepest)."""
+        cfg: dict[str, Any] = {"method": METHODS.get(method, method),
+                               "num_speculative_tokens": max(1, *(d for _, _, d in schedule)),
+                               "num_speculative_tokens_per_batch_size": schedule}
+        if draft and method in NEEDS_DRAFT:
+            cfg["model"] = draft
+        return cfg, ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
+
     def config_readback(self, arm: Arm, probe: ServerProbe, log: str) -> list[ConfigSetting]:
         """GET /v1/models (the model, max_model_len) and the engine config line of the startup log (model,
         speculative method, draft, num_spec_tokens, tensor / data parallel sizes, eager, CUDA-graph capture sizes).

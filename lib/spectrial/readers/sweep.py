@@ -5,35 +5,13 @@ from __future__ import annotations
 
 import statistics
 
-from spectrial.schema import Manifest, PointRecord
+from spectrial.readers.crossover import crossovers
+from spectrial.readers.points import baseline_points, scenario_label, spec_points
+from spectrial.schema import Manifest
 from spectrial.sweep.result import partial_reason
 
 
-# --- analysis: which points, and the verdict in words ----------------------------------------------------
-def scenario_label(s: float | None) -> str:
-    return "real acceptance" if s is None else f"synthetic a={s:g}"
-
-
-def spec_points(manifest: Manifest) -> list[PointRecord]:
-    return [p for p in manifest.points if p.method != "none"]
-
-
-def baseline_points(manifest: Manifest) -> dict[int, PointRecord]:
-    """The first measured baseline point per concurrency level."""
-    out: dict[int, PointRecord] = {}
-    for p in manifest.points:
-        if p.method == "none" and p.status == "ok":
-            out.setdefault(p.concurrency, p)
-    return out
-
-
-def setting_label(p: PointRecord) -> str:
-    label = f"s{p.steps}"
-    if p.topk not in (None, 1):
-        label += f" t{p.topk} n{p.draft_tokens}"
-    return label
-
-
+# --- analysis: which points (spectrial.readers.points), and the verdict in words ------------------------
 def fmt(x: float | None, nd: int = 1) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
@@ -63,6 +41,8 @@ def verdict(manifest: Manifest) -> str:
             s += (f" (ratio to {row.runner_up} {fmt(row.ratio_to_runner_up, 3)} "
                   f"[{fmt(row.ratio_ci_low, 3)}, {fmt(row.ratio_ci_high, 3)}])")
         parts.append(s + ".")
+    if len({p.concurrency for p in spec_points(manifest)}) > 1:  # where each setting stops paying under load
+        parts += [c.text() + "." for c in crossovers(manifest)]
     err = manifest.model.in_sample_rel_error if manifest.model else None
     preds = [p.prediction_error for p in spec_points(manifest) if p.prediction_error is not None]
     if preds:

@@ -8,7 +8,8 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spectrial.readers.sweep import baseline_points, fmt, scenario_label, setting_label, spec_points
+from spectrial.readers.points import baseline_points, scenario_label, setting_label, spec_points
+from spectrial.readers.sweep import fmt
 from spectrial.schema import Manifest, PointRecord
 
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
@@ -153,3 +154,33 @@ def prediction_figure(manifest: Manifest, title: str = "Predicted before measuri
 
 
 __all__ = ["components_figure", "curves_figure", "heatmap_figure", "prediction_figure"]
+
+
+def pareto_figure(manifest: Manifest, title: str = "tok/s per user against total tok/s") -> go.Figure:
+    """The serving view (issue 40): each setting (and the baseline) as a line over the concurrency levels, total
+    output tok/s of the window (all streams) on x, decode tok/s per request (per user) on y; the hover adds the
+    speed-up with its interval and the goodput under `slo:` where set (`spectrial.readers.crossover`)."""
+    from spectrial.readers.crossover import crossovers
+
+    fig = go.Figure()
+    base = sorted(baseline_points(manifest).values(), key=lambda p: p.concurrency)
+    if base:
+        fig.add_scatter(x=[p.serving.output_tok_s if p.serving else None for p in base], y=[p.tok_s for p in base],
+                        mode="markers+lines", name="baseline", line={"color": "black", "dash": "dash"},
+                        text=[f"c={p.concurrency}" for p in base], textposition="top center",
+                        hovertemplate="baseline c=%{text}<br>%{x:.1f} tok/s all streams<br>%{y:.1f} tok/s per user"
+                                      "<extra></extra>")
+    for i, c in enumerate(crossovers(manifest)):
+        hover = [f"c={lv.concurrency}: {lv.speedup:.2f}x" + (f" [{lv.ci[0]:.2f}, {lv.ci[1]:.2f}]" if lv.ci else "")
+                 + (f", goodput {lv.goodput:.2f} req/s" if lv.goodput is not None else "")
+                 + (" (invalid measurement)" if lv.invalid else "") if lv.speedup is not None
+                 else f"c={lv.concurrency}" for lv in c.levels]
+        fig.add_scatter(x=[lv.output_tok_s for lv in c.levels], y=[lv.tok_s for lv in c.levels],
+                        mode="markers+lines", name=f"{c.setting} ({scenario_label(c.scenario)})",
+                        marker={"color": _COLORS[i % len(_COLORS)], "size": 9,
+                                "symbol": ["x" if lv.invalid else "circle" for lv in c.levels]},
+                        hovertext=hover, hoverinfo="text+name")
+    fig.update_xaxes(title_text="output tok/s, all streams (window)")
+    fig.update_yaxes(title_text="tok/s per user (decode, median over requests)")
+    fig.update_layout(title=title, template="plotly_white", height=460)
+    return fig

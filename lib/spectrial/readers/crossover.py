@@ -1,0 +1,107 @@
+"""Where speculation stops paying under load (issue 40 item 1): per speculative setting of a sweep (or the arms of
+trials at several concurrency levels), the speed-up against the baseline at each level with its interval, and the
+level at which it stops paying.
+
+    pays                the interval lies wholly above 1 (the verdict "faster")
+    stops paying at c   the first level c, above one where it paid, whose interval is no longer wholly above 1
+                        (the levels where it pays are named: a setting may pay only in the middle of the range)
+    slower from c       the first level whose interval lies wholly below 1
+    pays throughout     every measured level pays; "never pays" when none does
+
+Each level's figures are the record's own comparison (the point's `speedup` and interval, `spectrial.analysis.figures`),
+never recomputed here; an invalid measurement at a level (its validity checks, e.g. queueing) is neither paying nor
+not paying: it is named, and the crossover is stated over the valid levels only.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from spectrial.analysis.validity import is_invalid
+from spectrial.readers.points import baseline_points, scenario_label, setting_label, spec_points
+from spectrial.schema import Manifest, PointRecord
+
+
+class Level(BaseModel):
+    """One concurrency level of one setting, as the record compared it with the baseline of that level."""
+
+    concurrency: int
+    speedup: float | None = None
+    ci: tuple[float, float] | None = None
+    verdict: str | None = None
+    tok_s: float | None = Field(None, description="tok/s per request (decode), the arm's")
+    output_tok_s: float | None = Field(None, description="Output tokens per second of the window, all streams")
+    goodput: float | None = Field(None, description="Requests per second that met every SLO")
+    invalid: bool = False
+
+    @property
+    def pays(self) -> bool | None:
+        if self.invalid or self.ci is None:
+            return None
+        return self.ci[0] > 1.0
+
+
+class Crossover(BaseModel):
+    """One setting across the measured load levels."""
+
+    setting: str
+    scenario: float | None = None
+    levels: list[Level] = Field(default_factory=list)
+    pays_until: int | None = Field(None, description="The highest level of the first run of paying levels")
+    stops_at: int | None = Field(None, description="The first level above a paying one that does not pay")
+    slower_from: int | None = Field(None, description="The first level whose interval lies wholly below 1")
+
+    def text(self) -> str:
+        valid = [lv for lv in self.levels if lv.pays is not None]
+        where = f"{self.setting} ({scenario_label(self.scenario)})"
+        span = ("no level" if not valid else f"concurrency {valid[0].concurrency}, the only level measured"
+                if len(valid) == 1 else f"concurrency {valid[0].concurrency}-{valid[-1].concurrency}")
+        if not valid:
+            out = f"{where}: no level with an interval: cannot say where it stops paying"
+        elif all(lv.pays for lv in valid):
+            out = f"{where}: pays over the whole measured range ({span})" if len(valid) > 1 else f"{where}: pays ({span})"
+        elif not any(lv.pays for lv in valid):
+            out = f"{where}: does not pay at any measured level ({span})"
+        else:
+            paying = ", ".join(str(lv.concurrency) for lv in valid if lv.pays)
+            out = f"{where}: pays at concurrency {paying} of {span}"
+            if self.stops_at is not None:
+                at = next(lv for lv in valid if lv.concurrency == self.stops_at)
+                out += (f"; stops paying at {self.stops_at} ({at.speedup:.2f}x "
+                        f"[{at.ci[0]:.2f}, {at.ci[1]:.2f}])")  # type: ignore[index]
+        if self.slower_from is not None:
+            out += f"; slower from concurrency {self.slower_from}"
+        bad = [lv.concurrency for lv in self.levels if lv.invalid]
+        if bad:
+            out += f"; invalid measurement at concurrency {', '.join(map(str, bad))} (left out)"
+        return out
+
+
+def _level(p: PointRecord, base: PointRecord | None) -> Level:
+    ci = (p.speedup_ci_low, p.speedup_ci_high) if p.speedup_ci_low is not None and p.speedup_ci_high is not None \
+        else None
+    sv = p.serving
+    return Level(concurrency=p.concurrency, speedup=p.speedup, ci=ci, verdict=p.verdict, tok_s=p.tok_s,
+                 output_tok_s=sv.output_tok_s if sv else None, goodput=sv.goodput if sv else None,
+                 invalid=is_invalid(p.verdict) or (base is not None and is_invalid(base.verdict)))
+
+
+def crossovers(manifest: Manifest) -> list[Crossover]:
+    """Every speculative setting (and scenario) of a sweep record across its concurrency levels."""
+    bases = baseline_points(manifest)
+    groups: dict[tuple[str, float | None], list[PointRecord]] = {}
+    for p in spec_points(manifest):
+        if p.status == "ok":
+            groups.setdefault((setting_label(p), p.scenario), []).append(p)
+    out = []
+    for (label, scenario), pts in groups.items():
+        levels = [_level(p, bases.get(p.concurrency)) for p in sorted(pts, key=lambda x: x.concurrency)]
+        c = Crossover(setting=label, scenario=scenario, levels=levels)
+        valid = [lv for lv in levels if lv.pays is not None]
+        for prev, lv in zip(valid, valid[1:], strict=False):
+            if prev.pays and not lv.pays:
+                c.pays_until, c.stops_at = prev.concurrency, lv.concurrency
+                break
+        c.slower_from = next((lv.concurrency for lv in valid if lv.ci is not None and lv.ci[1] < 1.0), None)
+        out.append(c)
+    return out

@@ -245,3 +245,46 @@ def test_a_command_run_in_process_leaves_the_callers_signal_handlers():
             "h = signal.getsignal(signal.SIGINT); print(callable(h) and h is not signal.default_int_handler)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "True", res.stderr  # the command: a later Ctrl-C exits at once (130)
+
+
+def test_a_sigterm_as_the_launch_step_closes_stops_the_server(tiny_params, tmp_path, monkeypatch):
+    """The aimed moment of the pool's Ctrl-C test (CI once left a unit's llama-server running 10 minutes): a real
+    SIGTERM right after the record save that closes the launch step, before the ready step: the server had been
+    started but nothing guarded its stop yet. The record says failed and why; no process carries the run's tag."""
+    import psutil
+
+    from spectrial.params import load_params
+    from spectrial.protocol.trial import run_trial
+    from spectrial.record.store import RunRecord
+    from spectrial.servers.lifecycle import TAG_VAR
+
+    real, sent = RunRecord.save, []
+
+    def aimed(self):
+        real(self)
+        launch = [s for s in self.manifest.steps if s.name.startswith("launch:")]
+        if not sent and launch and launch[-1].elapsed_s is not None:  # the launch step has just closed
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+
+    monkeypatch.setattr(RunRecord, "save", aimed)
+    old = {s: signal.getsignal(s) for s in interrupts.HELD}
+    interrupts.install()
+    params = {**tiny_params, "arms": tiny_params["arms"][:1]}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_trial(load_params(data=params), progress=False, run_id="aimed-launch")
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    assert sent, "the launch step never closed: the aimed moment was not reached"
+    m = json.loads((tmp_path / "outputs" / "aimed-launch" / "manifest.json").read_text())
+    assert m["status"] == "failed" and "interrupted by SIGTERM" in (m["reason"] or ""), m["reason"]
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if str(p.environ().get(TAG_VAR, "")).startswith("aimed-launch") and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}")
+                p.kill()
+    assert not left, f"the server outlived the run: {left}"

@@ -287,18 +287,21 @@ class ClusterRun:
         which run in their own sessions: the fan-out runs the unit's kill step on its host and port (the recorded
         process group, as the unit's next run would), so that nothing of it outlives the cluster run. Slurm stops
         what a job left itself (its cgroup)."""
-        if self.executor.name != "pool" or st.exit_code is None or st.exit_code >= 0:
+        if self.executor.name != "pool" or st.exit_code is None or st.exit_code == 0:
             return None
+        # a unit that exited on its own after a failure should have stopped its servers: the kill step still
+        # runs (it finds nothing when the unit did), and what it stops is said, so that a unit's miss is visible
+        how = f"it died by signal {-st.exit_code}" if st.exit_code < 0 else f"it exited {st.exit_code}"
         t = self.trial
         try:
             host = get_host(job.host, **t.ssh.connect_options())
             report = stop_previous(host, job.port, host.expand(t.state_dir), t.stop_grace_s)
         except Exception as exc:  # refused (another run holds the port) or the host is gone: say so
-            return (f"it died by signal {-st.exit_code} and what it left on {job.host} port {job.port} was not "
+            return (f"{how} and what it left on {job.host} port {job.port} was not "
                     f"stopped ({str(exc).splitlines()[0][:300]}): `spectrial trial` on that host and port stops it")
         if not report.stopped:
             return None
-        return (f"it died by signal {-st.exit_code}; the fan-out stopped the {len(report.stopped)} server "
+        return (f"{how}; the fan-out stopped the {len(report.stopped)} server "
                 f"process(es) it left on {job.host} port {job.port}")
 
     def stop(self, why: str) -> None:

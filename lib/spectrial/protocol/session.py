@@ -441,9 +441,12 @@ class Session:
         t0 = time.monotonic()
         failure: BaseException | None = None
         try:
-            with rec.step(f"launch:{label}", **tags):
-                server.start()
-            with server:  # guarantees the stop on any exception, KeyboardInterrupt included
+            with contextlib.ExitStack() as guard:
+                # the stop is guaranteed on any exception (KeyboardInterrupt included) from the launch on: a
+                # SIGTERM delivered while the launch step saved the record once left the server running
+                guard.push(server.__exit__)
+                with rec.step(f"launch:{label}", **tags):
+                    server.start()
                 with rec.step(f"ready:{label}", **tags):
                     entry.ready_s = server.wait_ready(p.ready_timeout_s, progress=self.progress)
                     server.record_members()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
@@ -198,6 +199,8 @@ class WindowRecord(Record):
     """One measurement window of a server start (one concurrency level)."""
 
     concurrency: int = Field(1, description="Requests kept in flight during the window")
+    category: str | None = Field(None, description="The workload category it drew from (a context-length bucket); "
+                                                   "None: every category")
     requests: int = Field(0, description="Requests sent in the window")
     requests_ok: int = Field(0, description="Requests that completed")
     tok_s: float | None = Field(None, description="Median decode rate per request in the window, tok/s")
@@ -661,6 +664,16 @@ class Comparison(Record):
                                                    "or a decide run's confidence sequence)")
 
 
+_BUCKET = re.compile(r"(?:^|\s)ctx (\d+)$")
+
+
+def bucket_tokens(category: str | None) -> int | None:
+    """The prompt tokens of a context-length bucket's category (`ctx <tokens>` or `<category> ctx <tokens>`,
+    spectrial.params.WorkloadSource.bucket_category); None for any other category."""
+    m = _BUCKET.search(category or "")
+    return int(m.group(1)) if m else None
+
+
 class CategoryRecord(Comparison):
     """An arm's figures over the requests of one category of the workload (spectrial.analysis.figures.category_figures),
     and (inherited) its comparison with the baseline's requests of the same category: the same definitions as
@@ -684,6 +697,9 @@ class CategoryRecord(Comparison):
     cycle_ms: float | None = Field(None, description="Accept_len / tok_s x 1000: the cycle on the decode rate's "
                                                      "clock")
     engine_cycle_ms: float | None = Field(None, description="The engine's per-request decode time / verify cycles")
+    prompt_tokens: float | None = Field(None, description="Mean prompt tokens of its requests as sent")
+    per_position: list[float] | None = Field(None, description="Acceptance per draft position over the windows that "
+                                                               "measured this category alone (a context bucket)")
 
 
 class ArmFigures(Record):
@@ -1493,6 +1509,8 @@ class SourceInfo(Found):
     examined: int | None = Field(None, description="Items examined")
     dropped_by_filter: int | None = Field(None, description="Items the length filter dropped")
     items: int | None = Field(None, description="Items kept")
+    prompt_tokens: list[int] | None = Field(None, description="Its context-length buckets (tokens), when it has them")
+    bucket_tokens: dict[str, float] | None = Field(None, description="Mean prompt tokens as sent, per bucket category")
     short: str | None = Field(None, description="The source in one line")
 
 

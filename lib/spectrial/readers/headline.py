@@ -139,6 +139,7 @@ class Headline(BaseModel):
     bound: str | None = None  # the baseline against the memory-bandwidth bound (its bandwidth_bound check)
     config: str | None = None  # what the engines resolved of the arms' settings (their config checks)
     energy: str | None = None  # joules per output token per arm (their energy figures)
+    context: list[str] = Field(default_factory=list)  # per arm across context buckets (spectrial.readers.context)
 
     def lines(self) -> list[str]:
         out = [self.title]
@@ -152,6 +153,7 @@ class Headline(BaseModel):
             out.append(self.environment)
         out += [x for x in (self.config, self.bound, self.energy) if x]
         out += [a.sentence() for a in self.arms]
+        out += [f"Context: {x}" for x in self.context]
         return out
 
     def text(self) -> str:
@@ -170,6 +172,8 @@ class Headline(BaseModel):
             body += [_md(self.environment), ""]
         body += [y for x in (self.config, self.bound, self.energy) if x for y in (_md(x), "")]
         body += [f"- {_md(a.sentence())}" for a in self.arms]
+        if self.context:
+            body += ["", "Across context lengths:", ""] + [f"- {_md(x)}" for x in self.context]
         return "\n".join(body)
 
     def table(self, terminal: bool = False) -> pd.DataFrame:
@@ -217,6 +221,7 @@ class Headline(BaseModel):
             parts.append(_Para(self.energy))
         parts.append(_FitTable(self.table(terminal=True)))
         parts += [_Para("• " + a.sentence(), indent="  ") for a in self.arms if not a.baseline]
+        parts += [_Para("Context: " + x) for x in self.context]
         return Group(*parts)
 
     def print(self, console: Any = None) -> None:
@@ -520,7 +525,15 @@ def headline(source: Manifest | Any, arms: Sequence[ArmRecord] | None = None) ->
                     drift=drift_line(m) if m is not None and arms_given is None else None,
                     bound=bound_line(base) if arms_given is None else None,
                     config=config_line(m) if m is not None and arms_given is None else None,
-                    energy=energy_line(arms) if arms_given is None else None)
+                    energy=energy_line(arms) if arms_given is None else None,
+                    context=context_lines(m) if m is not None and arms_given is None else [])
+
+
+def context_lines(m: Manifest) -> list[str]:
+    """Each speculative arm across the workload's context buckets (none without buckets)."""
+    from spectrial.readers.context import verdict_lines
+
+    return verdict_lines(m)
 
 
 def energy_line(arms: Sequence[ArmRecord]) -> str | None:

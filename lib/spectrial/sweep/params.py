@@ -136,6 +136,14 @@ class SweepParams(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _no_context_buckets(self) -> SweepParams:
+        if self.trial.context_buckets():
+            raise ValueError("workload: prompt_tokens (context-length buckets) are measured by a trial, one window "
+                             "per bucket; a sweep's points do not split by bucket: run `spectrial trial` with the "
+                             "arms to compare (or drop prompt_tokens here)")
+        return self
+
+    @model_validator(mode="after")
     def _grid_fits_engine(self) -> SweepParams:
         t, g = self.trial, self.grid  # synthetic acceptance: each engine adapter says whether and how it forces it
         engine = engine_class(t.engine)

@@ -178,3 +178,17 @@ def test_the_vllm_probe_is_kept_while_the_environment_holds(tmp_path, monkeypatc
         assert imports.read_text().count("imported") == 3
     finally:
         os.utime(purelib, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_the_rendezvous_file_a_vllm_log_names_is_found_exactly():
+    """vLLM's workers meet through /tmp/vllm_dist_<uuid4 hex> (vllm/utils/network_utils.py) and never remove it:
+    the session removes what the log names, and nothing that only resembles it."""
+    from spectrial.engines.vllm import rendezvous_files
+
+    ok = "/tmp/vllm_dist_4aef26621db348e0800ec991f11e5ba7"
+    log = (f"(EngineCore pid=1) INFO world_size=1 rank=0 local_rank=0 distributed_init_method=file://{ok} "
+           f"backend=gloo\nagain distributed_init_method=file://{ok}\n"
+           "distributed_init_method=file:///tmp/vllm_dist_../../etc/passwd backend=gloo\n"
+           "distributed_init_method=file:///tmp/vllm_dist_4aef26621db348e0800ec991f11e5ba7x backend\n"
+           "distributed_init_method=tcp://127.0.0.1:4000 backend=nccl\n")
+    assert rendezvous_files(log) == [ok]

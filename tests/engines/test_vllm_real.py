@@ -28,6 +28,7 @@ import pytest
 import yaml
 from consistency import check_run
 
+from spectrial.engines.vllm import rendezvous_files
 from spectrial.errors import ConfigError, MeasurementRejected, ResourceBusyError
 from spectrial.hosts.local import LocalHost
 from spectrial.measure.workloads import bundled_items
@@ -73,11 +74,12 @@ def notebook_text(path: Path) -> str:
 
 
 def tmp_litter() -> set[str]:
-    """Unix sockets and spectrial scratch folders directly in /tmp."""
+    """Unix sockets, spectrial scratch folders and vLLM's worker rendezvous files (vllm_dist_<uuid>) directly in
+    /tmp."""
     out = set()
     for p in Path("/tmp").iterdir():
         try:
-            if p.is_socket() or p.name.startswith("spectrial-") and p.is_dir():
+            if p.is_socket() or p.name.startswith("spectrial-") and p.is_dir() or p.name.startswith("vllm_dist_"):
                 out.add(p.name)
         except OSError:
             continue
@@ -130,8 +132,13 @@ def test_cli_trial_measures_the_truth_with_env_check_fail(vllm_cpu, tmp_path, po
     wall = time.monotonic() - t0
     assert res.returncode == 0, res.stderr[-4000:]
     # vLLM leaves its ZMQ sockets (/tmp/<uuid>, ~7 a start); spectrial gives each start a scratch folder for them
-    # (VLLM_RPC_BASE_PATH) and removes it when the start ends
-    assert not tmp_litter() - before, sorted(tmp_litter() - before)[:10]
+    # (VLLM_RPC_BASE_PATH) and removes it when the start ends; and a rendezvous file (/tmp/vllm_dist_<uuid>) that its
+    # log names: removed once the server stopped. Other tests' vLLM starts may add theirs meanwhile: this run's own
+    # files (named by its logs) must be gone
+    mine = {Path(x).name for f in only_run(tmp_path / "out").glob("logs/*.log")
+            for x in rendezvous_files(f.read_text())}
+    assert len(mine) == 4 and not mine & tmp_litter(), mine & tmp_litter()
+    assert not {x for x in tmp_litter() - before if not x.startswith("vllm_dist_")}, sorted(tmp_litter() - before)[:10]
     run = only_run(tmp_path / "out")
     m = manifest_json(run)
     assert m["status"] == "ok" and m["params"]["env_check"] == "fail"

@@ -442,6 +442,11 @@ class Engine(ABC):
         """Tokens one request may hold (prompt + output) on this server as launched, when the params say."""
         return None
 
+    def runtime_leftovers(self, log: str) -> list[str]:
+        """Files a stopped start of this engine left outside its work folder and scratch folder, named by its log
+        (removed by the session once the server has stopped): none by default."""
+        return []
+
     @property
     def counts_on_server(self) -> bool:
         """Whether the running server counts work items' tokens (`server_lengths`)."""

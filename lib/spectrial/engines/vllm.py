@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,6 +183,12 @@ def speculative_config(method: str, steps: int, topk: int, draft_tokens: int | N
 METHOD_NAMES = {"eagle": "eagle", "eagle3": "eagle3", "ngram": "ngram", "draft_model": "draft", "mtp": "nextn",
                 "deepseek_mtp": "nextn", "medusa": "eagle"}
 DRAFTS_METRIC = "vllm:spec_decode_num_drafts_total"
+RENDEZVOUS = re.compile(r"distributed_init_method=file://(/[^\s'\"]*/vllm_dist_[0-9a-f]{32})(?=[\s'\",]|$)", re.M)
+
+
+def rendezvous_files(log: str) -> list[str]:
+    """The worker rendezvous files a vLLM log names (`distributed_init_method=file://...vllm_dist_<uuid>`)."""
+    return list(dict.fromkeys(RENDEZVOUS.findall(log)))
 
 @register("vllm")
 class VLLM(Engine):
@@ -442,6 +449,11 @@ class VLLM(Engine):
 
     def context_tokens(self) -> int | None:
         return self.config.max_model_len
+
+    def runtime_leftovers(self, log: str) -> list[str]:
+        """vLLM's file rendezvous of its workers (`distributed_init_method=file://<tmp>/vllm_dist_<uuid>`, made by
+        vllm.utils.network_utils.get_file_store_init_method and never removed: one 2.4 KB file per start)."""
+        return rendezvous_files(log)
 
     @classmethod
     def deploy_schedule(cls, method: str, draft: str | None, schedule: list[list[int]]

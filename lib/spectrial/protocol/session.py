@@ -590,6 +590,9 @@ class Session:
             log = ServerLog(host.read_text(server.log_path))
             rec.write_text(f"logs/{server.spec.name}.log", log.text)
             entry.log_summary = log.summary()
+            if server.pid is None:  # stopped: what the engine left outside its folders goes too
+                for path in self.engine.runtime_leftovers(log.text):
+                    host.remove(path)
         except Exception as exc:  # noqa: BLE001 - a log that never got written is itself a finding
             entry.notes.append(f"server log not fetched: {exc}")
         measured = []

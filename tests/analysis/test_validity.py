@@ -377,3 +377,28 @@ def test_lossless_outputs_on_a_real_server_and_a_forced_output_change(tiny_param
     assert {x["arm"] for x in lines} == {"baseline", "draft", "hidden", "forced"} and all(x["output"] for x in lines)
     sampled = _trial(tiny_params, tmp_path, "sampled", repeats=5, sampling={"temperature": 0.8, "seed": 1})
     assert _checks(load_record(sampled.run_dir).arm("draft"))["lossless"].ok is None
+
+
+def _streamed(i: int, ttft: float, e2el: float, client: float) -> RequestRecord:
+    return RequestRecord(prompt_id=f"p{i}", tokens=64, ttft_ms=ttft, e2el_ms=e2el, client_tok_s=client)
+
+
+def test_a_stalled_requests_client_rate_is_not_a_decode_rate():
+    """vLLM's CPU build at concurrency 1 (a real sweep here): four of eight EAGLE-3 requests stalled, TTFT 463 ms of
+    an e2el of 464 ms, and the client's clock read 37,082-70,883 tok/s where the engine decoded ~140. Where the
+    window's rates are the client's, a stalled request has none; the stream check says how many were left out."""
+    reqs = [_streamed(0, 19.1, 495.9, 132.3), _streamed(1, 463.5, 464.6, 68094.0), _streamed(2, 20.4, 617.0, 105.7),
+            _streamed(3, 466.2, 468.2, 37082.4)]
+    assert figures.window_rates(reqs) == [132.3, None, 105.7, None]
+    assert [figures.decode_rate(r) for r in reqs] == [132.3, None, 105.7, None]
+    served = [r.model_copy(update={"server_predicted_per_second": 140.0}) for r in reqs]
+    assert figures.window_rates(served) == [140.0] * 4  # the engine's own clock: stalls do not matter
+    s = validity.Setting()
+    f = ArmFigures(tok_s_source="client", serving=ServingFigures(requests=8, stalled=1))
+    c = validity.stream(f, True, s)
+    assert c.ok is False and c.severity == "warning" and "1 of 8 requests stalled" in c.summary
+    f = ArmFigures(tok_s_source="client", serving=ServingFigures(requests=8, stalled=4))
+    assert validity.stream(f, True, s).severity == "invalid"
+    f = ArmFigures(tok_s_source="server", serving=ServingFigures(requests=8, stalled=4, tokens_per_chunk=1.0,
+                                                                 expected_tokens_per_chunk=1.0))
+    assert validity.stream(f, False, s).ok is True

@@ -44,7 +44,7 @@ import pandas as pd
 
 from spectrial.analysis import formulas, validity
 from spectrial.analysis import stats as stat
-from spectrial.analysis.serving import request_cycles
+from spectrial.analysis.serving import request_cycles, stalled
 from spectrial.analysis.stats import finite
 from spectrial.errors import SpectrialError
 from spectrial.schema import (
@@ -81,8 +81,10 @@ def positive(x: Any) -> float | None:
 # --- one request ------------------------------------------------------------------------------------------
 def decode_rate(r: RequestRecord) -> float | None:
     """A request's decode rate (tok/s): as measured (`tok_s`), else the engine's own
-    (`server_predicted_per_second`), else the client's (`client_tok_s`)."""
-    return positive(r.tok_s) or positive(r.server_predicted_per_second) or positive(r.client_tok_s)
+    (`server_predicted_per_second`), else the client's (`client_tok_s`) unless the request stalled (its output
+    all at the end: the client's clock then times the delivery burst, e.g. 68,094 tok/s from vLLM's CPU build)."""
+    return positive(r.tok_s) or positive(r.server_predicted_per_second) or (
+        None if stalled(r) else positive(r.client_tok_s))
 
 
 def rate_source(r: RequestRecord) -> str:
@@ -91,11 +93,12 @@ def rate_source(r: RequestRecord) -> str:
 
 def window_rates(requests: Sequence[RequestRecord]) -> list[float | None]:
     """The decode rate of each request of one measurement window: the engine's own when every successful request
-    reports one, else the client's for all (one clock per window). What the session records as `tok_s`."""
+    reports one, else the client's for all (one clock per window), a stalled request's left out (None: its
+    client rate times the delivery, not the decoding). What the session records as `tok_s`."""
     ok = [r for r in requests if r.ok]
     server = bool(ok) and all(positive(r.server_predicted_per_second) for r in ok)
     return [None if not r.ok else positive(r.server_predicted_per_second) if server
-            else positive(r.client_tok_s) for r in requests]
+            else None if stalled(r) else positive(r.client_tok_s) for r in requests]
 
 
 def merge_stats(stats: Sequence[WindowStats]) -> WindowStats:

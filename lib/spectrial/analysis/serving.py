@@ -133,6 +133,12 @@ def _stalled(tokens: int, ttft: float | None, e2el: float | None) -> bool:
     return tokens >= 2 and ttft is not None and e2el is not None and e2el > 0 and ttft >= STALL_FRACTION * e2el
 
 
+def stalled(r: RequestRecord) -> bool:
+    """The request's output arrived all at the end (TTFT >= STALL_FRACTION x e2el): its client-clock decode rate
+    (tokens after the first / first-to-last event) measures the delivery burst, not the decoding."""
+    return _stalled(int(r.tokens or 0), _num(r.ttft_ms), e2el_ms(r))
+
+
 def _delivery(tokens: int, ttft: float | None, e2el: float | None, n_chunks: int, first: int,
               expected: float | None) -> str | None:
     """Delivery from a request's tokens, ttft, e2el and chunks (count and the first one's tokens)."""

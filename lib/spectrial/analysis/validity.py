@@ -83,6 +83,7 @@ class Limits:
     min_requests: int = 5
     max_start_spread: float = 2.0
     min_tokens_per_chunk_ratio: float = 0.5
+    max_stalled: float = 0.25  # share of requests that stalled, beyond which client-clock rates are invalid
     min_accept_gain: float = 0.02
     max_output_mismatch: float = 0.10
 
@@ -254,12 +255,24 @@ def planned(requests_per_start: int, s: Setting) -> list[Check]:
 
 def stream(f: ArmFigures, speculative: bool, s: Setting) -> Check:
     sv = f.serving
+    client = (f.tok_s_source or "").startswith("client")
+    if sv is not None and sv.stalled and client:  # decode rates by the client's clock: a stalled request has none
+        share = sv.stalled / max(sv.requests, 1)
+        bad = share > s.limits.max_stalled
+        return Check(name="stream", ok=False, severity="invalid" if bad else "warning", value=_r(share, 3),
+                     limit=s.limits.max_stalled,
+                     evidence={"stalled": sv.stalled, "requests": sv.requests, "rate_source": f.tok_s_source},
+                     summary=f"{sv.stalled} of {sv.requests} requests stalled (all output at the end): their "
+                             "client-clock rates time the delivery, not the decoding, and are left out"
+                             + (f" (more than {s.limits.max_stalled:.0%}: the rest cannot stand for them)"
+                                if bad else ""),
+                     fix="measure with an engine that reports its own per-request timing, or at a load the "
+                         "server streams at; a stalled stream is the API server's buffering, not decoding")
     if sv is None or sv.tokens_per_chunk is None:
         return Check(name="stream", ok=None, severity="warning", summary="stream granularity unknown")
     expected = sv.expected_tokens_per_chunk or 1.0
     ratio = expected / sv.tokens_per_chunk
     coarse = sv.granularity == "coarse" or ratio < s.limits.min_tokens_per_chunk_ratio
-    client = (f.tok_s_source or "").startswith("client")
     sev = "invalid" if client else "warning"
     return Check(name="stream", ok=not coarse, severity=sev, value=_r(sv.tokens_per_chunk),
                  limit=_r(expected), evidence={"tokens_per_chunk": _r(sv.tokens_per_chunk),

@@ -210,6 +210,9 @@ class ValidityParams(BaseModel):
                                                                     "the baseline's (numeric noise) beyond the "
                                                                     "baseline's own disagreement (the lossless "
                                                                     "check).")
+    max_stalled: float = Field(0.25, ge=0, le=1, description="Share of requests whose output arrived all at the end "
+                                                            "(stalled) beyond which decode rates by the client's "
+                                                            "clock are invalid (fewer: left out, a warning).")
     allow_queue: bool = Field(False, description="Run a concurrency above the engine's slots anyway (the queueing "
                                                  "and concurrency checks then mark the verdicts invalid).")
 
@@ -419,7 +422,7 @@ class TrialParams(BaseModel):
     validity: ValidityParams = Field(default_factory=ValidityParams, description="Limits of the measurement's "
                                      "validity checks: {min_concurrency_ratio, queue_ttft_factor, queue_ttft_ms, "
                                      "max_prefix_cache_hit, max_early_stop, min_requests, max_start_spread, "
-                                     "min_accept_gain, max_output_mismatch, allow_queue}.")
+                                     "min_accept_gain, max_output_mismatch, max_stalled, allow_queue}.")
     decide: DecideParams | None = Field(None, description="Sample until decided: true, or {margin, min_rounds, "
                                                           "max_rounds, max_minutes}; replaces `restarts`.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment put on every launch command.")

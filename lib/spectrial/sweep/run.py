@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from spectrial.analysis import validity
 from spectrial.analysis.figures import add_comparisons, arm_figures, compare_requests, merge_stats
 from spectrial.errors import (
     ConfigError,
@@ -72,6 +73,7 @@ from spectrial.schema import (
     WindowStats,
 )
 from spectrial.secrets import secret_values
+from spectrial.servers import configcheck
 from spectrial.sweep.guided import CONFIRMED, Measure, Stop, SweepView, decide
 from spectrial.sweep.model import (
     MeasuredPoint,
@@ -278,6 +280,11 @@ class Sweep:
                            self.params.seed, k=self.params.arm_steps(pt.arm) if pt.arm.speculative else None,
                            synthetic=pt.arm.synthetic_accept, concurrency=pt.concurrency, slo=self.params.slo.limits(),
                            setting=self.source.setting(pt.concurrency))
+        starts = {s.order: s for s in self.record.manifest.starts}
+        checks = [starts[o].config_check for o in pt.start_orders if o in starts and starts[o].config_check]
+        cfg = configcheck.over_starts(checks)
+        if cfg is not None:  # what the engine resolved of the setting (the same check as a trial's arm)
+            figs.validity = validity.with_check(figs.validity, validity.resolved_config(cfg))
         pt.figures = figs
         if not figs.tok_s:
             pt.failed = pt.failed or "no successful request"

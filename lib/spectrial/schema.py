@@ -876,6 +876,21 @@ class Prediction(Record):
     made_after_starts: int | None = Field(None, description="Server starts of the sweep when it was made.")
 
 
+class StaticComparison(Record):
+    """A policy point (the engine's own run-time depth control) against the best static setting measured at the same
+    concurrency level in the same sweep (`spectrial.sweep.run.Sweep._policy_vs_static`): the ratio of their median
+    decode rates per request with its bootstrap interval (spectrial.analysis.figures.compare_requests)."""
+
+    best_static: str | None = Field(None, description="The best static setting at the level (highest tok/s)")
+    best_static_tok_s: float | None = Field(None, description="Its decode rate per request, tok/s")
+    ratio: float | None = Field(None, description="Policy tok/s / best static tok/s (medians)")
+    ci_low: float | None = Field(None, description="The ratio's interval, low end")
+    ci_high: float | None = Field(None, description="The ratio's interval, high end")
+    level: float | None = Field(None, description="Its confidence level (the sweep's confirm_level)")
+    verdict: str | None = Field(None, description="faster / slower than the best static setting, or not "
+                                                  "distinguishable")
+
+
 class PointRecord(ArmRecord):
     """A sweep's grid point: one setting (or a baseline) at one concurrency level."""
 
@@ -897,6 +912,10 @@ class PointRecord(ArmRecord):
     unit: str | None = Field(None, description="A cluster sweep's unit that measured it (its baseline is the "
                                                "unit's own)")
     unit_host: str | None = Field(None, description="The host (node) of that unit")
+    policy: dict[str, JsonValue] | None = Field(None, description="An engine policy point: the run-time depth "
+                                                                  "control its arm ran (Arm.policy)")
+    vs_best_static: StaticComparison | None = Field(None, description="A policy point against the best static "
+                                                                      "setting measured at its level")
 
 
 class GridSetting(Record):

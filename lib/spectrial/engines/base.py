@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -271,6 +272,9 @@ class Engine(ABC):
                                                       hint=lambda _loc, key: other_engine_hint(self.name, key))
                               .replace("  - ", "  - engine_config."), parameter="engine_config") from None
         self.resolved = False
+        for arm in params.arms:  # a wrong policy is refused before any start
+            if arm.policy is not None:
+                self.policy_launch(arm.policy, params.arm_steps(arm), params.arm_topk(arm), f"arms[{arm.name}]")
 
     # --- launch --------------------------------------------------------------------------------------
     @abstractmethod
@@ -441,6 +445,25 @@ class Engine(ABC):
     def context_tokens(self) -> int | None:
         """Tokens one request may hold (prompt + output) on this server as launched, when the params say."""
         return None
+
+    @classmethod
+    def policy_launch(cls, policy: Mapping[str, Any], steps: int, topk: int, where: str
+                      ) -> tuple[dict[str, Any], list[str]]:
+        """An arm's run-time depth control (`Arm.policy`, the engine's own terms) as (keys for the speculative
+        config, launch arguments); a ConfigError naming `<where>.policy` when the engine has none or a value is
+        wrong. Called when the engine is made (before any start) and when the arm is launched."""
+        raise ConfigError(f"{where}.policy: {cls.label} offers no run-time depth control spectrial drives",
+                          parameter=f"{where}.policy",
+                          hint="vLLM (num_speculative_tokens_per_batch_size), SGLang (adaptive) and llama.cpp "
+                               "(p_min, n_min) do; drop `policy` for a static depth")
+
+    @staticmethod
+    def policy_keys(policy: Mapping[str, Any], known: Mapping[str, str], where: str) -> None:
+        """Refuse keys of `policy` an engine does not know (`known`: key -> what it sets)."""
+        unknown = sorted(set(policy) - set(known))
+        if unknown or not policy:
+            raise ConfigError(f"{where}.policy: {', '.join(unknown) if unknown else 'empty'}: the keys are "
+                              + ", ".join(f"{k} ({v})" for k, v in known.items()), parameter=f"{where}.policy")
 
     def runtime_leftovers(self, log: str) -> list[str]:
         """Files a stopped start of this engine left outside its work folder and scratch folder, named by its log

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -401,6 +401,8 @@ class LlamaCpp(Engine):
             rates = synth_rates(arm.synthetic_accept, steps)
             if rates:
                 argv += ["--spec-synth-rates", ",".join(f"{r:g}" for r in rates)]
+        if arm.policy is not None and arm.speculative:
+            argv += self.policy_launch(arm.policy, p.arm_steps(arm), p.arm_topk(arm), f"arms[{arm.name}]")[1]
         argv += [*c.extra_args, *arm.extra_args]
         return LaunchSpec(argv=argv, env={**p.env, **arm.env}, port=p.port, probe=probe, name=f"llama-server-{arm.name}",
                           bind=p.bind, term_again_s=TERM_AGAIN_S, exit_rule=classify_exit)
@@ -458,6 +460,27 @@ class LlamaCpp(Engine):
         """llama-server's `timings` of the last chunk (prompt_n, predicted_ms, draft_n_accepted, cache_n, ...)."""
         t = Timings.model_validate(final.get("timings") or {})
         return ServerRequestStats(**{f"server_{k}": v for k, v in t.model_dump(exclude_none=True).items()})
+
+    @classmethod
+    def policy_launch(cls, policy: Mapping[str, Any], steps: int, topk: int, where: str
+                      ) -> tuple[dict[str, Any], list[str]]:
+        """llama.cpp's draft-time controls: `p_min` (--spec-draft-p-min: drafting stops at a token whose greedy
+        probability is below it) and `n_min` (--spec-draft-n-min: a draft shorter than it is not verified)."""
+        cls.policy_keys(policy, {"p_min": "--spec-draft-p-min, 0-1", "n_min": "--spec-draft-n-min, 0-steps"}, where)
+        out = []
+        if "p_min" in policy:
+            v = policy["p_min"]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
+                raise ConfigError(f"{where}.policy.p_min: a probability in [0, 1] (got {v!r})",
+                                  parameter=f"{where}.policy.p_min")
+            out += ["--spec-draft-p-min", f"{float(v):g}"]
+        if "n_min" in policy:
+            v = policy["n_min"]
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= steps:
+                raise ConfigError(f"{where}.policy.n_min: a whole number of tokens in [0, steps = {steps}] (got "
+                                  f"{v!r})", parameter=f"{where}.policy.n_min")
+            out += ["--spec-draft-n-min", str(v)]
+        return {}, out
 
     @classmethod
     def deploy_flags(cls, method: str, steps: int, topk: int | None, draft_tokens: int | None) -> list[str]:

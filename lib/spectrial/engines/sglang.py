@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 import warnings
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import httpx
@@ -542,6 +543,8 @@ class SGLang(Engine):
         argv = [str(self.python), "-m", "sglang.launch_server", "--model-path", self.paths.get("model", p.model),
                 "--tp-size", str(c.tp_size), "--host", p.bind, "--port", str(p.port),
                 *render(SERVER_FLAGS, c, self.version_tuple), *spec_argv, *c.extra_args, *arm.extra_args]
+        if arm.policy is not None and arm.speculative:
+            argv += self.policy_launch(arm.policy, p.arm_steps(arm), p.arm_topk(arm), where)[1]
         if workers is not None:
             argv = rank_argv(argv, 0, workers.count, dist_init_addr(argv, workers.head_addr))
         return LaunchSpec(argv=argv, env=env, port=p.port, probe=probe,
@@ -626,6 +629,27 @@ class SGLang(Engine):
         if self.config.enable_metrics:
             snap.update(metrics.snapshot(client, base_url))
         return snap
+
+    @classmethod
+    def policy_launch(cls, policy: Mapping[str, Any], steps: int, topk: int, where: str
+                      ) -> tuple[dict[str, Any], list[str]]:
+        """SGLang's adaptive speculation (0.5.17: `--speculative-adaptive`, which changes the number of steps from
+        the acceptance rate, `--speculative-adaptive-config FILE` its knobs); a chain only (its server_args:
+        "adaptive spec currently requires topk=1")."""
+        cls.policy_keys(policy, {"adaptive": "true: --speculative-adaptive",
+                                 "config": "--speculative-adaptive-config FILE"}, where)
+        if policy.get("adaptive") is not True:
+            raise ConfigError(f"{where}.policy.adaptive: give true (SGLang's adaptive speculation)",
+                              parameter=f"{where}.policy.adaptive")
+        if topk != 1:
+            raise ConfigError(f"{where}.policy: SGLang's adaptive speculation needs topk 1 (this arm: {topk})",
+                              parameter=f"{where}.topk")
+        out = ["--speculative-adaptive"]
+        if policy.get("config") is not None:
+            if not isinstance(policy["config"], str) or not policy["config"].strip():
+                raise ConfigError(f"{where}.policy.config: the path of a JSON file", parameter=f"{where}.policy.config")
+            out += ["--speculative-adaptive-config", policy["config"]]
+        return {}, out
 
     @classmethod
     def deploy_flags(cls, method: str, steps: int, topk: int | None, draft_tokens: int | None) -> list[str]:

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -184,6 +185,34 @@ METHOD_NAMES = {"eagle": "eagle", "eagle3": "eagle3", "ngram": "ngram", "draft_m
                 "deepseek_mtp": "nextn", "medusa": "eagle"}
 DRAFTS_METRIC = "vllm:spec_decode_num_drafts_total"
 RENDEZVOUS = re.compile(r"distributed_init_method=file://(/[^\s'\"]*/vllm_dist_[0-9a-f]{32})(?=[\s'\",]|$)", re.M)
+
+
+def batch_schedule(value: Any, steps: int, where: str) -> list[list[int]]:
+    """A per-batch-size depth table as vLLM 0.32 validates it (inclusive [start, end, depth] ranges, positive,
+    start <= end, depth >= 0, sorted without overlap, the first from 1), every depth <= `steps`; sorted."""
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{where}: {why}", parameter=where,
+                           hint="e.g. [[1, 4, 3], [5, 256, 1]]: depth 3 for batches of 1-4 requests, 1 above")
+    if not isinstance(value, list) or not value:
+        raise bad("give a non-empty list of [range_start, range_end, depth] entries")
+    rows = []
+    for e in value:
+        if not isinstance(e, list | tuple) or len(e) != 3 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                                        for x in e):
+            raise bad(f"{e!r} is not [range_start, range_end, depth] of whole numbers")
+        lo, hi, k = e
+        if lo <= 0 or hi < lo or k < 0:
+            raise bad(f"{list(e)}: a range is positive with start <= end, a depth >= 0")
+        if k > steps:
+            raise bad(f"{list(e)}: depth {k} is above steps {steps} (num_speculative_tokens, the deepest): raise "
+                      "the arm's steps")
+        rows.append([lo, hi, k])
+    rows.sort()
+    if rows[0][0] != 1:
+        raise bad("the first range must start at batch size 1 (every batch size needs a depth)")
+    if any(b[0] <= a[1] for a, b in zip(rows, rows[1:], strict=False)):
+        raise bad("the ranges overlap")
+    return rows
 
 
 def rendezvous_files(log: str) -> list[str]:
@@ -403,6 +432,8 @@ class VLLM(Engine):
         draft = p.arm_draft(arm) if arm.speculative else None
         spec_cfg = speculative_config(arm.method, p.arm_steps(arm), p.arm_topk(arm), p.arm_draft_tokens(arm),
                                       self.paths.get(draft, draft) if draft else None, c, where)
+        if arm.policy is not None and spec_cfg is not None:
+            spec_cfg.update(self.policy_launch(arm.policy, p.arm_steps(arm), p.arm_topk(arm), where)[0])
         if arm.synthetic_accept is not None:
             if spec_cfg is None:
                 raise ConfigError(f"{where}.synthetic_accept: only speculative arms take synthetic acceptance",
@@ -449,6 +480,17 @@ class VLLM(Engine):
 
     def context_tokens(self) -> int | None:
         return self.config.max_model_len
+
+    @classmethod
+    def policy_launch(cls, policy: Mapping[str, Any], steps: int, topk: int, where: str
+                      ) -> tuple[dict[str, Any], list[str]]:
+        """`num_speculative_tokens_per_batch_size` merged into `--speculative-config` (vLLM >= 0.32), checked as
+        vLLM's own validator does (vllm/v1/spec_decode/dynamic/utils.py) and no deeper than `steps` (the config's
+        num_speculative_tokens)."""
+        cls.policy_keys(policy, {"num_speculative_tokens_per_batch_size": "depth per batch-size range"}, where)
+        return {"num_speculative_tokens_per_batch_size": batch_schedule(
+            policy["num_speculative_tokens_per_batch_size"], steps,
+            f"{where}.policy.num_speculative_tokens_per_batch_size")}, []
 
     def runtime_leftovers(self, log: str) -> list[str]:
         """vLLM's file rendezvous of its workers (`distributed_init_method=file://<tmp>/vllm_dist_<uuid>`, made by

@@ -48,6 +48,12 @@ class Arm(BaseModel):
                           "a, a^2, ...) or explicit per-position rates. The record labels the arm synthetic.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for this arm's launch.")
     extra_args: list[str] = Field(default_factory=list, description="Extra engine arguments, passed as given.")
+    policy: dict[str, JsonValue] | None = Field(None, description=(
+        "The engine's own run-time depth control, in the engine's terms (`steps`: the deepest it may draft): vLLM "
+        "{num_speculative_tokens_per_batch_size: [[1, 4, 3], [5, 256, 1]]} (inclusive batch-size ranges from 1, "
+        "merged into --speculative-config); SGLang {adaptive: true, config: FILE} (--speculative-adaptive); "
+        "llama.cpp {p_min: 0.75, n_min: 1} (--spec-draft-p-min, --spec-draft-n-min). In a sweep, list such arms "
+        "under `policies`: each is measured at every concurrency level beside the best static depth."))
 
     @field_validator("synthetic_accept")
     @classmethod
@@ -548,6 +554,9 @@ class TrialParams(BaseModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"arms: names must be unique, repeated: {dup}")
+        flat = [a.name for a in self.arms if a.policy is not None and not a.speculative]
+        if flat:
+            raise ValueError(f"arms {flat}: a policy controls speculation; give the arm a speculative method")
         return self
 
     def arm_steps(self, arm: Arm) -> int:

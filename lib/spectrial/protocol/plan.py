@@ -302,7 +302,8 @@ def sweep_plan(sweep: Any, launches: bool = True) -> Plan:
     st = start_time(t, found)
     levels = sweep.concurrency_levels()
     settings = sweep.settings()
-    grid = (1 + len(settings)) * t.restarts
+    policies = getattr(sweep, "policies", [])
+    grid = (1 + len(settings) + len(policies)) * t.restarts
     one = st.start_s(t.warmup + t.repeats * len(levels))
     most = grid
     if sweep.budget_restarts:
@@ -312,7 +313,8 @@ def sweep_plan(sweep: Any, launches: bool = True) -> Plan:
     rec = PlanRecord(design=f"sweep ({sweep.strategy})", starts=grid if sweep.strategy == "grid" else None,
                      max_starts=most, start_s=one, start_basis=st.basis, history=found.describe(),
                      wall_s=[min(3, most) * one, most * one, most * one])
-    rec.notes.append(f"{len(settings)} setting(s) x {len(levels)} concurrency level(s) ({', '.join(map(str, levels))}); "
+    rec.notes.append(f"{len(settings)} setting(s)" + (f" and {len(policies)} engine policies" if policies else "")
+                     + f" x {len(levels)} concurrency level(s) ({', '.join(map(str, levels))}); "
                      f"the grid is {grid} start(s)"
                      + (f"; the budget allows {most}" if most < grid else "")
                      + ("; a guided search measures the baseline and a few settings, then only what could beat the "

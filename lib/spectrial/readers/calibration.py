@@ -101,7 +101,7 @@ def calibration(m: Manifest) -> Calibration:
         ok = [p for p in m.points if p.status == "ok"]
         cal.baseline = [{"concurrency": p.concurrency, "ms_per_token": p.ms_per_token, "tok_s": p.tok_s}
                         for p in ok if p.method == "none"]
-        cal.points = [_point(p, p.concurrency, p.scenario) for p in ok if p.method != "none"]
+        cal.points = [_point(p, p.concurrency, p.scenario) for p in ok if p.method != "none" and p.policy is None]
         cal.model_fits = m.model.model_dump(mode="json") if m.model is not None else None
     else:
         c = m.params.concurrency or 1

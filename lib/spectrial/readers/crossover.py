@@ -18,7 +18,13 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from spectrial.analysis.validity import is_invalid
-from spectrial.readers.points import baseline_points, scenario_label, setting_label, spec_points
+from spectrial.readers.points import (
+    baseline_points,
+    policy_points,
+    scenario_label,
+    setting_label,
+    spec_points,
+)
 from spectrial.schema import Manifest, PointRecord
 
 
@@ -90,7 +96,7 @@ def crossovers(manifest: Manifest) -> list[Crossover]:
     """Every speculative setting (and scenario) of a sweep record across its concurrency levels."""
     bases = baseline_points(manifest)
     groups: dict[tuple[str, float | None], list[PointRecord]] = {}
-    for p in spec_points(manifest):
+    for p in [*spec_points(manifest), *policy_points(manifest)]:
         if p.status == "ok":
             groups.setdefault((setting_label(p), p.scenario), []).append(p)
     out = []
@@ -104,4 +110,27 @@ def crossovers(manifest: Manifest) -> list[Crossover]:
                 break
         c.slower_from = next((lv.concurrency for lv in valid if lv.ci is not None and lv.ci[1] < 1.0), None)
         out.append(c)
+    return out
+
+
+def policy_lines(manifest: Manifest) -> list[str]:
+    """Each engine policy against the best static setting measured at each level (the record's comparison,
+    `PointRecord.vs_best_static`): one line per policy."""
+    groups: dict[str, list[PointRecord]] = {}
+    for p in policy_points(manifest):
+        if p.status == "ok" and p.vs_best_static is not None:
+            groups.setdefault(setting_label(p), []).append(p)
+    out = []
+    for label, pts in groups.items():
+        parts = []
+        for p in sorted(pts, key=lambda x: x.concurrency):
+            v = p.vs_best_static
+            assert v is not None
+            if v.ratio is None:
+                parts.append(f"concurrency {p.concurrency}: {v.verdict}")
+                continue
+            ci = f" [{v.ci_low:.2f}, {v.ci_high:.2f}]" if v.ci_low is not None and v.ci_high is not None else ""
+            parts.append(f"concurrency {p.concurrency}: {v.ratio:.2f}x{ci} of the best static setting "
+                         f"({v.best_static}), {v.verdict}")
+        out.append(f"{label} against the best static depth at each level: " + "; ".join(parts))
     return out

@@ -11,7 +11,13 @@ def scenario_label(s: float | None) -> str:
 
 
 def spec_points(manifest: Manifest) -> list[PointRecord]:
-    return [p for p in manifest.points if p.method != "none"]
+    """The static speculative settings' points (an engine policy's apart: `policy_points`)."""
+    return [p for p in manifest.points if p.method != "none" and p.policy is None]
+
+
+def policy_points(manifest: Manifest) -> list[PointRecord]:
+    """The points of the engines' own run-time depth control (`policies` of a sweep)."""
+    return [p for p in manifest.points if p.method != "none" and p.policy is not None]
 
 
 def baseline_points(manifest: Manifest) -> dict[int, PointRecord]:
@@ -24,6 +30,8 @@ def baseline_points(manifest: Manifest) -> dict[int, PointRecord]:
 
 
 def setting_label(p: PointRecord) -> str:
+    if p.policy is not None:
+        return f"policy {p.setting or p.arm}"
     label = f"s{p.steps}"
     if p.topk not in (None, 1):
         label += f" t{p.topk} n{p.draft_tokens}"

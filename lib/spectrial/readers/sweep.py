@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from spectrial.readers.crossover import crossovers
+from spectrial.readers.crossover import crossovers, policy_lines
 from spectrial.readers.points import baseline_points, scenario_label, spec_points
 from spectrial.schema import Manifest
 from spectrial.sweep.result import partial_reason
@@ -43,6 +43,7 @@ def verdict(manifest: Manifest) -> str:
         parts.append(s + ".")
     if len({p.concurrency for p in spec_points(manifest)}) > 1:  # where each setting stops paying under load
         parts += [c.text() + "." for c in crossovers(manifest)]
+    parts += [x + "." for x in policy_lines(manifest)]  # the engines' own policies against the best static depth
     err = manifest.model.in_sample_rel_error if manifest.model else None
     preds = [p.prediction_error for p in spec_points(manifest) if p.prediction_error is not None]
     if preds:

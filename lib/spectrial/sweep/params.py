@@ -100,6 +100,11 @@ class SweepParams(BaseModel):
     budget_restarts: int | None = Field(None, ge=2, description="Most server starts (the baseline's included).")
     confirm_level: float = Field(0.9, gt=0.5, lt=1, description="Confidence level of the comparison between "
                                                                 "the best setting and the runner-up.")
+    policies: list[Arm] = Field(default_factory=list, description=(
+        "The engines' own run-time depth control as arms (each with `policy`, `steps` the deepest it may draft; "
+        "method and draft default to the sweep's): measured at every concurrency level after the static "
+        "settings and compared there with the best static setting of the same run. Speculative arms with a "
+        "`policy` in `arms` go here too."))
     margin_floor: float = Field(0.03, ge=0, lt=1, description="Guided: smallest relative prediction error e "
                                                               "assumed; an unmeasured setting is measured when "
                                                               "its prediction x (1 + e), measured, would hold "
@@ -112,6 +117,25 @@ class SweepParams(BaseModel):
             raise ValueError("a sweep varies speculative settings: choose eagle3, draft, eagle, nextn or ngram "
                              "(the baseline is measured anyway)")
         return v
+
+    @model_validator(mode="after")
+    def _policies_ok(self) -> SweepParams:
+        moved = [a for a in self.trial.arms if a.policy is not None]
+        if moved:  # policy arms listed among the arms: policies, not grid settings
+            self.trial.arms = [a for a in self.trial.arms if a.policy is None]
+            self.policies = [*self.policies, *moved]
+        names = [a.name for a in self.policies]
+        dup = sorted({n for n in names if names.count(n) > 1} | ({"baseline"} & set(names)))
+        if dup:
+            raise ValueError(f"policies: names must be unique and not 'baseline': {dup}")
+        engine = engine_class(self.trial.engine)
+        for i, a in enumerate(self.policies):
+            if a.policy is None:
+                raise ValueError(f"policies[{i}] ({a.name}): give its `policy` (the engine's run-time depth control)")
+            if a.method == "none":
+                self.policies[i] = a = a.model_copy(update={"method": self.method})
+            engine.policy_launch(a.policy, self.trial.arm_steps(a), self.trial.arm_topk(a), f"policies[{a.name}]")
+        return self
 
     @model_validator(mode="after")
     def _arms_as_grid(self) -> SweepParams:
@@ -171,6 +195,11 @@ class SweepParams(BaseModel):
                 out.append(s)
         return out
 
+    def policy_arms(self) -> list[Arm]:
+        """The policies as the arms that launch them (the sweep's draft unless they name theirs)."""
+        drafts = [a.draft for a in self.trial.arms if a.speculative and a.draft]
+        return [a if a.draft or not drafts else a.model_copy(update={"draft": drafts[0]}) for a in self.policies]
+
     def concurrency_levels(self) -> list[int]:
         return self.grid.concurrency or [self.trial.concurrency]
 
@@ -186,10 +215,12 @@ class SweepParams(BaseModel):
                    draft=drafts[0] if drafts else None)
 
     def trial_params(self, arms: list[Arm] | None = None) -> TrialParams:
-        """The trial the sweep runs, with `arms` (default: baseline + every setting) and enough server slots."""
+        """The trial the sweep runs, with `arms` (default: baseline + every setting + the policies) and enough
+        server slots."""
         data = self.trial.model_dump(mode="json")
         data["arms"] = [a.model_dump(mode="json") for a in (arms or [Arm(name="baseline"),
-                                                                     *map(self.arm, self.settings())])]
+                                                                     *map(self.arm, self.settings()),
+                                                                     *self.policy_arms()])]
         # enough server slots for the highest concurrency, where the engine needs them said (llama.cpp: -np)
         data["engine_config"] = engine_class(self.trial.engine).with_slots(data.get("engine_config") or {},
                                                                           max(self.concurrency_levels()))

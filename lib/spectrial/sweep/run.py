@@ -66,6 +66,7 @@ from spectrial.schema import (
     RequestRecord,
     ShortSetting,
     StartEstimate,
+    StaticComparison,
     SweepBudget,
     SweepDecision,
     SweepGridRecord,
@@ -130,6 +131,7 @@ class Sweep:
         self.params: TrialParams = sweep.trial_params()
         self.levels = sweep.concurrency_levels()
         self.settings = sweep.settings()
+        self.policies = sweep.policy_arms()  # the engines' own run-time depth control: measured after the settings
         self.arms: dict[str, Arm] = {a.name: a for a in self.params.arms}
         self.setting_of: dict[str, Setting] = {sweep.arm(s).name: s for s in self.settings}
         self.points: dict[str, _Point] = {}
@@ -326,10 +328,13 @@ class Sweep:
 
     # --- strategies ------------------------------------------------------------------------------------
     def run_grid(self) -> None:
-        plan = [self.arms["baseline"], *(self.sweep.arm(s) for s in self.settings)]
-        self.decisions.append(SweepDecision(phase="grid", reason=f"measure all {len(self.settings)} settings and the "
-                                                                 f"baseline, {self.params.restarts} start(s) each, "
-                                                                 f"order {self.params.order}"))
+        plan = [self.arms["baseline"], *(self.sweep.arm(s) for s in self.settings),
+                *(self.arms[a.name] for a in self.policies)]
+        self.decisions.append(SweepDecision(phase="grid", reason=f"measure all {len(self.settings)} settings"
+                                                                 + (f", {len(self.policies)} policies"
+                                                                    if self.policies else "")
+                                                                 + f" and the baseline, {self.params.restarts} "
+                                                                   f"start(s) each, order {self.params.order}"))
         self.baselines[self.fp_key] = "baseline"
         self.measure(plan, "grid")
 
@@ -343,6 +348,11 @@ class Sweep:
             step = decide(self.view())
             if isinstance(step, Stop):
                 self.stopped_by = step.reason
+                if self.policies:  # the engines' policies, beside the best static settings the search found
+                    self.decisions.append(SweepDecision(
+                        phase="policy", reason=f"measure the {len(self.policies)} engine policies at every level, "
+                                               "to compare with the best static setting there"))
+                    self.measure([*first, *(self.arms[a.name] for a in self.policies)], "policy")
                 return
             self._record(step)
             if not self.measure([*first, *(self.sweep.arm(p.setting) for p in step.picks)], step.phase):
@@ -376,7 +386,10 @@ class Sweep:
                             synthetic_accept=s.synthetic_accept if s else None,
                             synthetic=bool(s and s.synthetic_accept is not None),
                             k=s.k if s else 0, phase=pt.phase, start_orders=pt.start_orders,
-                            fingerprint_key=pt.fingerprint_key, prediction=pt.prediction)
+                            fingerprint_key=pt.fingerprint_key, prediction=pt.prediction, policy=pt.arm.policy)
+            if pt.arm.policy is not None:  # a policy: its deepest depth, no grid setting
+                d.steps = d.k = p.arm_steps(pt.arm)
+                d.topk = p.arm_topk(pt.arm)
             if pt.measured:
                 d = d.model_copy(update={**dict(pt.figures), "status": "ok", "reason": None})
             elif pt.failed or pt.requests:
@@ -391,6 +404,7 @@ class Sweep:
                     d.prediction_error = pt.prediction.tok_s / d.tok_s - 1.0
             points.append(d)
         self._compare_with_baselines(points)
+        self._policy_vs_static(points)
         m = rec.manifest
         m.points = points
         m.arms = [d for d in points if d.status != "not measured"]
@@ -413,7 +427,7 @@ class Sweep:
         m.budget = SweepBudget(
             budget_s=self.sweep.budget_s, budget_restarts=self.sweep.budget_restarts,
             wall_s=round(self.elapsed_s(), 2), restarts=self.n_starts,
-            grid_restarts=(1 + len(self.settings)) * p.restarts,
+            grid_restarts=(1 + len(self.settings) + len(self.policies)) * p.restarts,
             settings_measured=sum(1 for s in self.settings if self.tried(s)), settings=len(self.settings),
             stopped_by=self.stopped_by, partial=self.budget_hit, not_measured=skipped, fewer_starts=short,
             start_estimate=est,
@@ -474,6 +488,33 @@ class Sweep:
                     points[next(i for i, x in enumerate(points) if x.id == d.id)] = d
                     by_id[d.id] = d
 
+    def _policy_vs_static(self, points: list[PointRecord]) -> None:
+        """Each measured policy point against the best static setting measured at its level (real acceptance): the
+        ratio of their median decode rates with its bootstrap interval at the sweep's confirm_level."""
+        for d in points:
+            if d.policy is None or d.status != "ok":
+                continue
+            def own_failed(x: PointRecord) -> list[str]:  # its own checks (a baseline's do not bear on this)
+                return list(x.validity.failed) if x.validity is not None else []
+
+            if own_failed(d):  # its own measurement is invalid: it is compared with nothing
+                d.vs_best_static = StaticComparison(verdict=f"invalid measurement ({', '.join(own_failed(d))})")
+                continue
+            static = sorted((x for x in points if x.method != "none" and x.policy is None and x.status == "ok"
+                             and x.scenario is None and x.concurrency == d.concurrency and not own_failed(x)),
+                            key=lambda x: -(x.tok_s or 0))
+            if not static:
+                d.vs_best_static = StaticComparison(verdict="no valid static setting measured at this level")
+                continue
+            b = static[0]
+            cmp = compare_requests(self.points[d.id].requests, self.points[b.id].requests, self.sweep.confirm_level,
+                                   self.params.seed)
+            d.vs_best_static = StaticComparison(best_static=b.setting, best_static_tok_s=b.tok_s) if cmp is None \
+                else StaticComparison(best_static=b.setting, best_static_tok_s=b.tok_s, ratio=cmp.ratio,
+                                      ci_low=cmp.ci_low, ci_high=cmp.ci_high, level=cmp.level, verdict=cmp.verdict)
+            if cmp is None:
+                d.vs_best_static.verdict = "too few requests to compare"
+
     def _best(self, points: list[PointRecord], skipped: list[UnmeasuredSetting]) -> list[BestRecord]:
         """Per scenario and level, the best measured setting against the runner-up. "confirmed" only when it is
         faster than the runner-up beyond the noise and no setting left unmeasured could beat it (`_skipped`);
@@ -481,7 +522,7 @@ class Sweep:
         out = []
         for scenario in self.sweep.scenarios():
             for c in self.levels:
-                mine = sorted((d for d in points if d.method != "none" and d.status == "ok"
+                mine = sorted((d for d in points if d.method != "none" and d.status == "ok" and d.policy is None
                                and d.scenario == scenario and d.concurrency == c), key=lambda d: -(d.tok_s or 0))
                 if not mine:
                     out.append(BestRecord(scenario=scenario, concurrency=c, verdict="no setting measured",

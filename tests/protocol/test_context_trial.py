@@ -82,3 +82,16 @@ def test_the_committed_llamacpp_context_example_reads_as_recorded():
     for b in curve.buckets:  # two readings of the same cycles: the requests' counts and the windows' log lines
         assert abs(1 + sum(b.per_position) - b.accept_len) < 0.05, b
     assert len(m.starts) == 4 and all(len(s.windows) == 3 for s in m.starts)
+
+
+def test_the_report_shows_the_context_section_and_figure():
+    from spectrial.readers.render.plots import context_figure
+    from spectrial.readers.render.report import PLOTLY_MIME, context_cells
+
+    m = _example("llamacpp-context")
+    md, fig_cell = context_cells(m)
+    assert md.source.startswith("## Across context lengths") and "- draft: accept length 3.98" in md.source
+    assert PLOTLY_MIME in fig_cell.outputs[0]["data"]
+    fig = context_figure(context_curves(m))
+    acc, up = fig.data
+    assert list(acc.y) == [b.accept_len for b in context_curves(m)[0].buckets] and up.error_y.array is not None

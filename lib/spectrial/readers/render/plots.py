@@ -10,6 +10,7 @@ from plotly.subplots import make_subplots
 
 from spectrial.analysis.figures import base_ms_per_token, is_baseline, pick_baseline, verdict_cycle_ms
 from spectrial.analysis.serving import COLOURS, LATENCY_PANELS, latency_curves
+from spectrial.readers.context import ContextCurve
 from spectrial.schema import ArmRecord, DecideRecord, RequestRecord
 
 
@@ -149,4 +150,28 @@ def nccl_latency_figure(summary: pd.DataFrame, title: str = "All-reduce latency 
     fig.update_xaxes(type="log", title="message size (bytes)")
     fig.update_yaxes(type="log", title="latency per call (us, slowest rank; bars p10-p90)")
     fig.update_layout(title=title, template="plotly_white", legend_title="environment set")
+    return fig
+
+
+def context_figure(curves: Sequence[ContextCurve], title: str = "Across context lengths") -> go.Figure:
+    """Per speculative arm across its context buckets (spectrial.readers.context): accept length (tokens per verify
+    step) and the speed-up over the baseline's same bucket with its interval, against the prompt tokens as sent."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accept length (tokens per verify step)",
+                                                        "speed-up (decode tok/s per request over the baseline's)"))
+    for c in curves:
+        x = [b.prompt_tokens or b.tokens for b in c.buckets]
+        fig.add_trace(go.Scatter(x=x, y=[b.accept_len for b in c.buckets], mode="lines+markers", name=c.arm,
+                                 legendgroup=c.arm, hovertext=[b.category for b in c.buckets]), row=1, col=1)
+        up = [(b.ci[1] - b.speedup) if b.ci and b.speedup is not None else None for b in c.buckets]
+        down = [(b.speedup - b.ci[0]) if b.ci and b.speedup is not None else None for b in c.buckets]
+        fig.add_trace(go.Scatter(x=x, y=[b.speedup for b in c.buckets], mode="lines+markers", name=c.arm,
+                                 legendgroup=c.arm, showlegend=False,
+                                 error_y={"type": "data", "array": up, "arrayminus": down},
+                                 hovertext=[f"{b.category}: {b.verdict}" for b in c.buckets]), row=1, col=2)
+        if c.collapses_at is not None:
+            fig.add_vline(x=next(b.prompt_tokens or b.tokens for b in c.buckets if b.tokens == c.collapses_at),
+                          line_dash="dot", row=1, col=1)
+    fig.add_hline(y=1.0, line_dash="dash", row=1, col=2)
+    fig.update_xaxes(type="log", title_text="prompt tokens (mean as sent)")
+    fig.update_layout(title=title, height=380)
     return fig

@@ -322,10 +322,29 @@ def build_notebook(source: Manifest | Mapping[str, Any], diagnosis: Diagnosis | 
         cells.append(nbf.new_code_cell("", outputs=[nbf.new_output(
             "display_data", data={"text/html": cats.to_html(index=False, na_rep="—"),
                                   "text/plain": cats.to_string(index=False)})]))
+    cells += context_cells(manifest)
     cells += analysis_cells(manifest)
     nb = nbf.new_notebook(cells=cells)
     nb.metadata["title"] = f"spectrial report: {manifest.run_id}"
     return nb
+
+
+def context_cells(manifest: Manifest) -> list[Any]:
+    """Each speculative arm across the workload's context buckets: the reader's lines and the figure."""
+    import nbformat.v4 as nbf
+
+    from spectrial.readers.context import context_curves
+    from spectrial.readers.render.figures import figure_bundle
+    from spectrial.readers.render.plots import context_figure
+
+    curves = context_curves(manifest)
+    if not curves:
+        return []
+    text = ("## Across context lengths\n\nEach bucket of `workload[].prompt_tokens` was measured in its own window "
+            "of every start; accept length from the bucket's requests (or its windows' counters), speed-up "
+            "against the baseline's same bucket.\n\n" + "\n".join(f"- {c.text()}" for c in curves))
+    return [nbf.new_markdown_cell(text), nbf.new_code_cell("", outputs=[nbf.new_output(
+        "display_data", data=figure_bundle(context_figure(curves)))])]
 
 
 def _arms_table_cell(manifest: Manifest) -> Any:

@@ -58,7 +58,8 @@ VERDICT_083946 = (
 
 
 # example folders written after the typed records, each checked by its own test
-LATER = {"llamacpp-load-crossover": "tests/sweep/test_load_crossover.py"}
+LATER = {"llamacpp-load-crossover": "tests/sweep/test_load_crossover.py",
+         "vllm-cpu-load-policy": "tests/sweep/test_load_crossover.py"}
 
 
 def committed_sweeps(later: bool = False) -> list[Path]:

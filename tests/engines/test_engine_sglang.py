@@ -3,6 +3,7 @@ SGLang test double (tests/standin/sglang) through the real `python -m sglang.lau
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -364,3 +365,20 @@ def test_the_share_of_decode_steps_without_graphs_is_counted_per_window_from_rea
 
     f = arm_figures(_reqs(2, 41, 50.0), st, True, 0.95, 0)
     assert f.graph_off_share == 0.25
+
+
+def test_an_adaptive_arms_drafted_tokens_are_unknown_not_made_up():
+    """SGLang exports no drafted-token counter: a static arm's drafted = verify x (draft tokens - 1); under
+    `--speculative-adaptive` the depth changes at run time, so that product would be made up (the H100 run of
+    2026-12-06 recorded 7.0 per cycle for an adaptive arm from it): unknown, and said."""
+    before = {"sglang:spec_verify_calls_total{model_name=m}": 100.0,
+              "sglang:generation_tokens_total{is_streaming=true,model_name=m}": 300.0,
+              "sglang:num_requests_total{model_name=m}": 4.0}
+    after = {"sglang:spec_verify_calls_total{model_name=m}": 160.0,
+             "sglang:generation_tokens_total{is_streaming=true,model_name=m}": 429.0,
+             "sglang:num_requests_total{model_name=m}": 7.0}
+    w = dataclasses.replace(_window(before, after, _reqs(3, 43, 100.0), ""),
+                            arm=Arm(name="adaptive", method="eagle3", steps=7, policy={"adaptive": True}))
+    st = sglang_window_stats(w, draft_tokens=8)
+    assert st.verify_steps == 60 and st.accepted == 66 and st.drafted is None
+    assert any("drafted tokens unknown" in n for n in st.notes)

@@ -59,9 +59,14 @@ def test_each_engine_launches_its_own_policy_and_refuses_what_it_lacks():
     with pytest.raises(ConfigError, match=r"arms\[p\]\.policy: num_speculative_tokens_per_batch_size: the keys"):
         llama.policy_launch({"num_speculative_tokens_per_batch_size": [[1, 4, 1]]}, 4, 1, "arms[p]")
     sgl = engine_class("sglang")
-    assert sgl.policy_launch({"adaptive": True}, 3, 1, "w") == ({}, ["--speculative-adaptive"])
+    assert sgl.policy_launch({"adaptive": True}, 7, 1, "w") == ({}, ["--speculative-adaptive"])
     with pytest.raises(ConfigError, match="needs topk 1"):
-        sgl.policy_launch({"adaptive": True}, 3, 4, "w")
+        sgl.policy_launch({"adaptive": True}, 7, 4, "w")
+    with pytest.raises(ConfigError, match=r"w\.steps: .*shared logits buffer holds 4 rows") as err:
+        sgl.policy_launch({"adaptive": True}, 3, 1, "w")  # as SGLang 0.5.17 failed on the H100 (DEVICE.md)
+    assert "steps: 7" in (err.value.hint or "")
+    assert sgl.policy_launch({"adaptive": True, "config": "/a.json"}, 3, 1, "w")[1][-2:] == [
+        "--speculative-adaptive-config", "/a.json"]
     vllm = engine_class("vllm")
     cfg, argv = vllm.policy_launch({"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 9, 1]]}, 3, 1, "w")
     assert cfg == {"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 9, 1]]} and argv == []

@@ -644,6 +644,14 @@ class SGLang(Engine):
         if topk != 1:
             raise ConfigError(f"{where}.policy: SGLang's adaptive speculation needs topk 1 (this arm: {topk})",
                               parameter=f"{where}.topk")
+        if policy.get("config") is None and steps != ADAPTIVE_DEFAULT_MAX_STEPS:
+            raise ConfigError(
+                f"{where}.steps: SGLang's adaptive speculation without a config picks from steps [1, 3, 7] and sizes "
+                f"its CUDA-graph buffers for 7, but the shared logits buffer for --speculative-num-steps ({steps}): "
+                "0.5.17 fails at start-up ('shared logits buffer holds 4 rows but caller needs 8', an H100, "
+                "2026-12-06)", parameter=f"{where}.steps",
+                hint=f"give the arm steps: {ADAPTIVE_DEFAULT_MAX_STEPS} (the deepest candidate), or a policy config "
+                     "whose largest candidate_steps is the arm's steps")
         out = ["--speculative-adaptive"]
         if policy.get("config") is not None:
             if not isinstance(policy["config"], str) or not policy["config"].strip():
@@ -742,6 +750,7 @@ class SGLang(Engine):
         return p.arm_steps(arm) + 1
 
 
+ADAPTIVE_DEFAULT_MAX_STEPS = 7  # sglang/srt/speculative/adaptive_spec_params.py (0.5.17): candidate_steps [1, 3, 7]
 SIMULATE_VAR = "SGLANG_SIMULATE_ACC_LEN"  # forced acceptance, read in SGLang's scheduler
 
 
@@ -963,8 +972,11 @@ def sglang_window_stats(w: Window, *, draft_tokens: int | None) -> WindowStats:
             st.notes.append("accept length not scoped to the benchmark: SGLang reports only a cumulative mean "
                             "(including warm-up), updated every decode_log_interval steps; run SGLang >= 0.5.14 "
                             "with --enable-metrics, or lower decode_log_interval, to scope it")
-    if st.verify_steps and draft_tokens:
+    if st.verify_steps and draft_tokens and w.arm.policy is None:
         st.drafted = st.verify_steps * (draft_tokens - 1)
+    elif w.arm.policy is not None:  # the depth changes at run time: verify x (draft tokens - 1) would be made up
+        st.notes.append("drafted tokens unknown: adaptive speculation changes the depth at run time and SGLang "
+                        "exports no drafted-token counter")
     cum = w.after.get("server_info:avg_spec_accept_length")
     if cum is not None:
         st.notes.append(f"server_info avg_spec_accept_length (cumulative since start): {cum:.3f}")

@@ -145,12 +145,16 @@ def test_bursts_written_in_one_flush_give_per_token_and_per_chunk_itl_not_zero(s
     r = get(sse, "bursts")
     assert r.tokens == 24 and r.chunks == 24
     assert min(b - a for a, b in zip(r.events_ms, r.events_ms[1:], strict=False)) < 2  # events arrive together
-    ch = chunks(r)
-    assert [n for _, n in ch] == [3] * 8
+    sizes = [n for _, n in chunks(r)]
+    # whole bursts, never split; a server thread late by a whole period (a loaded machine: CI once saw it) writes
+    # two bursts in one go, and the client rightly sees one chunk of 6
+    assert sum(sizes) == 24 and all(n % 3 == 0 for n in sizes) and len(sizes) >= 6, sizes
     f = serving_figures([r], expected_tokens_per_chunk=3.0, n_boot=0)
-    assert f.granularity == "fine" and f.tokens_per_chunk == 3.0 and f.bunched == 0
-    assert 7 <= f.itl_ms.p50 <= 16 and f.itl_ms.n == 21  # 7 gaps x 3 tokens
-    assert 25 <= f.itl_chunk_ms.p50 <= 45 and f.itl_chunk_ms.n == 7
+    assert f.tokens_per_chunk == pytest.approx((24 - sizes[0]) / (len(sizes) - 1)) and f.bunched == 0
+    assert 7 <= f.itl_ms.p50 <= 16 and f.itl_ms.n == 24 - sizes[0]  # every token after the first chunk
+    assert 25 <= f.itl_chunk_ms.p50 <= 45 and f.itl_chunk_ms.n == len(sizes) - 1
+    if len(sizes) == 8:
+        assert f.granularity == "fine" and f.tokens_per_chunk == 3.0
     assert 7 <= r.tpot_ms <= 16
     assert delivery(r, 1.0) == "bunched"  # a baseline that delivers 3 steps at a time is not streaming
 

@@ -30,6 +30,7 @@ from spectrial.analysis.validity import is_invalid
 from spectrial.engines.base import engine_class
 from spectrial.errors import SpectrialError
 from spectrial.schema import BestRecord, Manifest
+from spectrial.sweep.params import SWEEP_KEYS
 
 
 class DeployLevel(BaseModel):
@@ -128,7 +129,6 @@ def deployment(manifest: Manifest) -> Deployment:
     return dep
 
 
-SWEEP_KEYS = ("grid", "method", "strategy", "budget_s", "budget_restarts", "confirm_level", "margin_floor", "arms")
 
 
 def _arm(lv: DeployLevel, method: str | None) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def verify_params(manifest: Manifest, dep: Deployment) -> dict[str, Any]:
     paying = [lv for lv in dep.levels if lv.steps]
     if not paying:
         raise SpectrialError("nothing to verify: speculation pays at no measured level of the sweep")
-    data = {k: v for k, v in manifest.params.as_dict().items() if k not in SWEEP_KEYS}
+    data = {k: v for k, v in manifest.params.as_dict().items() if k not in (*SWEEP_KEYS, "arms")}  # the sweep's own keys
     lv = paying[0]
     data.update(name=f"{data.get('name') or 'sweep'}-verify", concurrency=lv.concurrency,
                 arms=[{"name": "baseline"}, _arm(lv, dep.method)])

@@ -32,6 +32,8 @@ from pydantic import (
     model_validator,
 )
 
+from spectrial import interrupts
+
 SCHEMA_VERSION = 3
 
 Status = Literal["pending", "running", "ok", "failed", "not run", "not measured"]
@@ -52,6 +54,17 @@ class Record(BaseModel):
         """Field or extra value `name` (None-safe, like a mapping's get)."""
         v = getattr(self, name, default)
         return default if v is None else v
+
+    # Ctrl-C (or SIGTERM) landing inside a Python serializer (Found's) comes out of pydantic-core as a
+    # PydanticSerializationError ("Error calling function `_as_found`: KeyboardInterrupt"): the interrupt would be
+    # lost and the run exit 1 (CI saw it). A dump holds signals and delivers them after, as the interrupt.
+    def model_dump(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        with interrupts.deferred():
+            return super().model_dump(*args, **kwargs)
+
+    def model_dump_json(self, *args: Any, **kwargs: Any) -> str:
+        with interrupts.deferred():
+            return super().model_dump_json(*args, **kwargs)
 
 
 # --- one benchmark request ------------------------------------------------------------------------------

@@ -288,3 +288,32 @@ def test_a_sigterm_as_the_launch_step_closes_stops_the_server(tiny_params, tmp_p
                 left.append(f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}")
                 p.kill()
     assert not left, f"the server outlived the run: {left}"
+
+
+@pytest.mark.parametrize("dump", ["model_dump", "model_dump_json"])
+def test_an_interrupt_inside_a_records_serializer_stays_an_interrupt(dump):
+    """A real SIGINT delivered while pydantic-core runs a Python serializer (Found's, in every manifest) came out as
+    PydanticSerializationError ("Error calling function `_as_found`: KeyboardInterrupt"), the run then exiting 1
+    (CI saw it in the random-moments test): a record's dump holds signals and delivers the interrupt after it."""
+    from pydantic import field_serializer
+
+    from spectrial.schema import Found, Record
+
+    class Aimed(Found):
+        x: int = 1
+
+        @field_serializer("x")
+        def _x(self, v: int) -> int:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the signal has arrived inside the serializer
+            return v
+
+    class Outer(Record):
+        inner: Aimed
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            getattr(Outer(inner=Aimed(x=2)), dump)()
+    finally:
+        signal.signal(signal.SIGINT, old)

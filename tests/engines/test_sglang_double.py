@@ -130,7 +130,7 @@ class Double:
                 continue
         return out
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 150) -> None:  # a loaded machine (CI's two lanes) once took over 60 s
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=5) as c:
             while time.monotonic() < deadline:

@@ -27,13 +27,19 @@ Prints
     lost events            every request error-free, tokens == max_tokens, events recorded == tokens == the server's
                            events sent; the totals against the server's counters. Exit 1 when any is lost.
 
+`--rates 50,200,1000` measures the open loop instead (a sweep's `grid.request_rate` levels: `run_requests(rate=...)`),
+`--requests` per rate (default 2,000 here), at most `--concurrency` in flight: per rate the schedule's own rate, the
+rate the client sent at, the send delay behind the schedule (p50, p99, max: the client's timing error; a request
+the cap held is counted apart) and the client's CPU / wall. The highest rate whose p99 send delay stays a small
+share of the mean gap is the most this client can offer on this machine.
+
 `--drop K` makes the server withhold K token events per request (usage still claims them all) and `--short K`
 end K tokens early: both must be reported as lost (tests/measure/test_bench_client_load.py asserts so). `--profile N`
 profiles N sequential requests (cProfile, one thread) and prints the client's hot spots per token.
 
     python benchmarks/bench_client.py [--requests 5000] [--concurrency 64] [--tokens 64] [--quick]
                                       [--engine llamacpp|vllm|openai] [--burst] [--sample 0.5] [--batches 10]
-                                      [--profile N] [--drop K] [--short K]
+                                      [--profile N] [--drop K] [--short K] [--rates R1,R2,...]
 """
 
 from __future__ import annotations
@@ -487,6 +493,35 @@ def profile(base: str, n: int, tokens: int, engine: str, top: int = 18) -> list[
     return out
 
 
+def open_loop(base: str, rates: list[float], n: int, concurrency: int, tokens: int, engine: str) -> list[str]:
+    """Per offered rate: `n` requests as an open loop (seeded exponential arrivals), at most `concurrency` in
+    flight; how closely the client kept the schedule."""
+    import numpy as np
+
+    from spectrial.measure.bench import run_requests
+    from spectrial.measure.workloads import bundled_items
+
+    path, payload, stats_fn = payload_for(engine)
+    prompts = bundled_items()
+    out = [f"open loop: {n:,} requests of {tokens} tokens per rate, at most {concurrency} in flight ({engine} "
+           "payload); send delay = sent - scheduled arrival"]
+    for rate in rates:
+        cpu0, t0 = time.process_time(), time.monotonic()
+        recs = run_requests(base, prompts, n=n, max_tokens=tokens, payload=payload, stats_fn=stats_fn, path=path,
+                            concurrency=concurrency, rate=rate, progress=False)
+        wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        free = [r for r in recs if not r.held]
+        d = np.array([r.send_delay_ms for r in free if r.send_delay_ms is not None])
+        sent = sorted(r.t_start for r in recs if r.t_start is not None)
+        last = max(r.arrival_ms or 0.0 for r in recs) / 1000
+        out.append(f"  {rate:>8g} req/s  schedule {(n - 1) / last:8.1f} req/s, sent at "
+                   f"{(len(sent) - 1) / (sent[-1] - sent[0]):8.1f} req/s; send delay p50 {np.percentile(d, 50):6.2f} "
+                   f"ms, p99 {np.percentile(d, 99):7.2f} ms, max {d.max():7.2f} ms (mean gap {1000 / rate:.2f} ms); "
+                   f"held by the cap {len(recs) - len(free)}; {sum(1 for r in recs if r.error)} errors; client "
+                   f"CPU / wall {cpu / wall:.2f}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=5000)
@@ -501,6 +536,7 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="also profile N sequential requests")
     ap.add_argument("--drop", type=int, default=0, help="the server withholds K token events per request")
     ap.add_argument("--short", type=int, default=0, help="the server ends K tokens early")
+    ap.add_argument("--rates", default="", help="measure the open loop at these request rates (req/s) instead")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     opt = ServerOptions(drop=a.drop, short=a.short, burst=a.burst)
@@ -509,6 +545,12 @@ def main() -> None:
         return
     if a.quick:
         a.requests = min(a.requests, 500)
+    if a.rates:
+        with server(opt) as base:
+            n = a.requests if "--requests" in sys.argv else 2000
+            print("\n".join(open_loop(base, [float(x) for x in a.rates.split(",")], min(n, a.requests), a.concurrency,
+                                       a.tokens, a.engine)), flush=True)
+        return
     with server(opt) as base:
         load = measure(base, n=a.requests, concurrency=a.concurrency, tokens=a.tokens, engine=a.engine,
                        sample_s=a.sample, batches=a.batches)

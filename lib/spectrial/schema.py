@@ -128,7 +128,17 @@ class RequestRecord(Record, ServerRequestStats):
     point: str | None = Field(None, description="A sweep's grid point (setting@concurrency)")
     restart: int = Field(0, description="Server start of its arm (0-based) it was sent to")
     start: int | None = Field(None, description="Order of that server start in the run (0-based)")
-    concurrency: int = Field(1, description="Requests in flight when it was sent (the window's concurrency level)")
+    concurrency: int = Field(1, description="Requests in flight when it was sent (the window's concurrency level; "
+                                            "at a request-rate level, the most in flight: the cap)")
+    offered_rate: float | None = Field(None, description="The window's offered request rate, req/s (an open loop: "
+                                                         "seeded exponential arrivals); None: a closed loop")
+    arrival_ms: float | None = Field(None, description="Open loop: its scheduled arrival, ms after the window's "
+                                                       "first")
+    send_delay_ms: float | None = Field(None, description="Open loop: sent this long after its scheduled arrival, "
+                                                          "ms (the client's own delay; long when `held`)")
+    held: bool | None = Field(None, description="Open loop: it arrived with the cap's requests all in flight and "
+                                                "waited in the client for one to end (the server did not keep up "
+                                                "with the rate)")
     category: str | None = Field(None, description="The work item's category (spectrial.measure.workloads)")
     turn: int | None = Field(None, description="A multi-turn item's turn (MT-Bench: 1 or 2)")
     source: str | None = Field(None, description="The workload source it came from (bundled, sharegpt, humaneval, "
@@ -211,7 +221,9 @@ class WindowStats(Counters):
 class WindowRecord(Record):
     """One measurement window of a server start (one concurrency level)."""
 
-    concurrency: int = Field(1, description="Requests kept in flight during the window")
+    concurrency: int = Field(1, description="Requests kept in flight during the window (at a request-rate level: "
+                                            "the most in flight)")
+    offered_rate: float | None = Field(None, description="Offered request rate of an open-loop window, req/s")
     category: str | None = Field(None, description="The workload category it drew from (a context-length bucket); "
                                                    "None: every category")
     requests: int = Field(0, description="Requests sent in the window")
@@ -905,12 +917,14 @@ class StaticComparison(Record):
 
 
 class PointRecord(ArmRecord):
-    """A sweep's grid point: one setting (or a baseline) at one concurrency level."""
+    """A sweep's grid point: one setting (or a baseline) at one load level (a concurrency, or a request rate)."""
 
-    id: str = Field("", description="The point's id: setting@concurrency (with the scenario)")
+    id: str = Field("", description="The point's id: setting@c<concurrency> or setting@r<offered rate>")
     arm: str = Field("", description="The arm that launches its setting")
     setting: str | None = Field(None, description="The setting's name (its server start's launch)")
-    concurrency: int = Field(1, description="Requests in flight")
+    concurrency: int = Field(1, description="Requests in flight (at a request-rate level: the most in flight)")
+    offered_rate: float | None = Field(None, description="A request-rate level's offered rate, req/s (open-loop "
+                                                         "arrivals); None: a concurrency level")
     scenario: float | None = Field(None, description="The acceptance scenario (a forced rate), None: the draft's "
                                                      "own")
     k: int = Field(0, description="Draft depth of the setting (0: baseline)")
@@ -947,6 +961,8 @@ class SweepGridRecord(Record):
     settings: list[GridSetting] = Field(default_factory=list, description="The settings (what a server start "
                                                                           "fixes)")
     concurrency: list[int] = Field(default_factory=list, description="The concurrency levels")
+    request_rate: list[float] = Field(default_factory=list, description="The request-rate levels, req/s (open loop)")
+    max_inflight: int | None = Field(None, description="Most requests in flight at a request-rate level")
     scenarios: list[float | None] = Field(default_factory=list, description="The acceptance scenarios (None: the "
                                                                             "draft's own acceptance)")
     restart_fields: list[str] = Field(default_factory=list, description="Fields that need a server restart.")
@@ -1032,6 +1048,8 @@ class BestRecord(Record):
 
     scenario: float | None = Field(None, description="The acceptance scenario (None: the draft's own)")
     concurrency: int = Field(1, description="The concurrency level")
+    offered_rate: float | None = Field(None, description="The request-rate level's offered rate, req/s (None: a "
+                                                         "concurrency level)")
     best: str | None = Field(None, description="The best measured setting")
     verdict: str = Field("", description="The best setting against the baseline, in words")
     confirmed: bool | None = Field(None, description="True: faster than the runner-up beyond the noise and no "
@@ -1611,6 +1629,7 @@ class UnitComparison(Record):
     host: str | None = Field(None, description="That unit's host")
     fingerprint_key: str | None = Field(None, description="The host and build state key it measured under")
     concurrency: int | None = Field(None, description="The concurrency level")
+    offered_rate: float | None = Field(None, description="A request-rate level's offered rate, req/s")
     scenario: float | None = Field(None, description="The acceptance scenario")
     status: str = Field("", description="ok, failed, ...")
     tok_s: float | None = Field(None, description="Its decode rate per request, tok/s")
@@ -1631,6 +1650,7 @@ class PooledComparison(Record):
     fingerprint_key: str | None = Field(None, description="The fingerprint key its units share")
     units: list[str] = Field(default_factory=list, description="The units pooled")
     concurrency: int | None = Field(None, description="The concurrency level")
+    offered_rate: float | None = Field(None, description="A request-rate level's offered rate, req/s")
     scenario: float | None = Field(None, description="The acceptance scenario")
     speedup: float | None = Field(None, description="Pooled speed-up (inverse-variance weighted on the log scale)")
     speedup_ci_low: float | None = Field(None, description="Its interval, low end")

@@ -182,15 +182,14 @@ def planned_checks_of(path: Path, overrides: dict | None = None) -> list[validit
     """The validity checks a run of `path` fails whatever it measures (`session.planned_checks`, the run's own
     rules on its planned windows: a trial's one window per start, a sweep's one per concurrency level)."""
     from spectrial.params import read_params_yaml
-    from spectrial.protocol.session import WindowPlan, planned_checks
+    from spectrial.protocol.session import WindowPlan, level_windows, planned_checks
     from spectrial.sweep.params import load_sweep_params
-    from spectrial.sweep.run import level_windows
 
     raw, _ = read_params_yaml(path)
     if "grid" in raw or "strategy" in raw:
         sweep = load_sweep_params(path, overrides)
         params = sweep.trial_params()
-        return planned_checks(params, level_windows(params, sweep.concurrency_levels()))
+        return planned_checks(params, level_windows(params, sweep.loads()))
     params = load_params(path, overrides)
     return planned_checks(params, [WindowPlan(params.concurrency, params.repeats, params.seed)])
 

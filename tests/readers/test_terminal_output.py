@@ -181,7 +181,7 @@ def test_a_partial_sweep_prints_unbroken_at_100_columns(tmp_path: Path, llama_se
     heads = headlines(m)
     first = text.index(heads[0].title[:30])
     shown = text[first:]
-    assert "best per scenario and concurrency" in shown and "partial: stopped by the restart budget" in shown
+    assert "best per scenario and load level" in shown and "partial: stopped by the restart budget" in shown
     record_line = next(x for x in shown.splitlines() if x.startswith("run record: "))
     assert_unbroken(shown.replace(record_line, ""), heads, 100)
     words = {w for b in m.best for w in _ATOM.findall(b.verdict or "") if len(w) >= 3}

@@ -385,7 +385,7 @@ def test_cli_grid_sweep_stops_at_the_restart_budget(tiny_params, write_params):
     left = [p for p in m["points"] if p["status"] == "not measured"]
     assert [p["id"] for p in left] == ["eagle3-s3-a0.8@c1"] and "restart budget" in left[0]["reason"]
     assert [x["setting"] for x in m["budget"]["not_measured"]] == ["eagle3-s3-a0.8"] and "eagle3-s3-a0.8" in m["reason"]
-    assert "best per scenario and concurrency" in res.output and "manifest.json" in res.output
+    assert "best per scenario and load level" in res.output and "manifest.json" in res.output
     assert res.output.strip().splitlines()[-1].startswith("partial: stopped by the restart budget")
     assert math.isfinite(json.loads((runs[0] / "manifest.json").read_text())["points"][0]["tok_s"])
 

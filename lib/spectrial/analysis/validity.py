@@ -5,6 +5,11 @@ computed from what the record already holds (every request's timing, the engine'
 
     concurrency      achieved concurrency (mean requests in flight: sum of e2e latency / window time) at least
                      `min_concurrency_ratio` x the requested one; a concurrency above the engine's slots queues
+    arrivals         (instead of concurrency at a request-rate level: an open loop) at most `max_held` of the
+                     requests arrived with the in-flight cap full and waited in the client: beyond it the server
+                     did not keep up with the offered rate, and the level measured the cap, not the rate. The
+                     evidence gives the offered rate, the rate of the window's own schedule, the completed rate
+                     and the client's send delays
     queueing         TTFT p90 under `queue_ttft_factor` x the fastest TTFT or under `queue_ttft_ms` (a queue in
                      front of the engine inflates TTFT, not decode). The engines' waiting gauges (vLLM
                      num_requests_waiting, SGLang num_queue_reqs, llama.cpp requests_deferred) are read only at
@@ -84,6 +89,7 @@ class Limits:
     max_start_spread: float = 2.0
     min_tokens_per_chunk_ratio: float = 0.5
     max_stalled: float = 0.25  # share of requests that stalled, beyond which client-clock rates are invalid
+    max_held: float = 0.10  # request-rate levels: share of requests the in-flight cap held in the client
     min_accept_gain: float = 0.02
     max_output_mismatch: float = 0.10
 
@@ -93,6 +99,7 @@ class Setting:
     """What the run asked for, beside what it measured."""
 
     concurrency: int = 1
+    rate: float | None = None  # an open loop's offered requests per second (concurrency: its cap in flight)
     slots: int | None = None
     slots_setting: str = ""
     fixed_length: bool = True  # every request asked a fixed length (output_len fixed)
@@ -135,6 +142,42 @@ def concurrency(f: ArmFigures, s: Setting) -> Check:
                          + ("" if ok else f" (below {lim:.2f}: the load was not what was asked)"),
                  fix=None if ok else "send more requests per start (repeats) so the window is not ramp-up and "
                                      "tail; check that the client is not the bottleneck")
+
+
+def arrivals(requests: Sequence[RequestRecord], f: ArmFigures, s: Setting) -> Check:
+    """A request-rate level: were the requests sent when they arrived? (`held`: the cap of `s.concurrency` in flight
+    was full at its arrival; the server did not keep up.) A cap above the engine's slots queues in the server."""
+    queued = over_slots(s, None)
+    if queued is not None:
+        return queued
+    sent = [r for r in requests if r.held is not None]
+    if not sent:
+        return Check(name="arrivals", ok=None, summary="no request of an open loop recorded its arrival")
+    held = [r for r in sent if r.held]
+    share = len(held) / len(sent)
+    spans = {}  # each start's window: its own schedule's rate, (n - 1) / last arrival
+    for r in sent:
+        if r.arrival_ms is not None:
+            n, last = spans.get(r.start, (0, 0.0))
+            spans[r.start] = (n + 1, max(last, r.arrival_ms))
+    sched = [(n - 1) / (last / 1000) for n, last in spans.values() if n > 1 and last > 0]
+    delays = np.array([r.send_delay_ms for r in sent if r.send_delay_ms is not None], dtype=float)
+    sv = f.serving
+    ev: dict[str, Any] = {"offered_rate": s.rate, "scheduled_rate": _r(float(np.mean(sched))) if sched else None,
+                          "completed_rate": _r(sv.request_rate) if sv else None, "cap": s.concurrency,
+                          "held": len(held), "requests": len(sent),
+                          "send_delay_ms_p50": _r(float(np.median(delays)), 1) if len(delays) else None,
+                          "send_delay_ms_max": _r(float(delays.max()), 1) if len(delays) else None}
+    ok = share <= s.limits.max_held
+    rate = f"{s.rate:g} req/s" if s.rate is not None else "the offered rate"
+    return Check(name="arrivals", ok=ok, value=_r(share), limit=s.limits.max_held, evidence=ev,
+                 summary=(f"sent on arrival at {rate}: {len(held)} of {len(sent)} requests waited for the cap of "
+                          f"{s.concurrency} in flight") if ok else
+                 (f"the server did not keep up with {rate}: {len(held)} of {len(sent)} requests arrived with all "
+                  f"{s.concurrency} in flight and waited in the client (up to {ev['send_delay_ms_max'] or 0:g} ms): "
+                  "the level measured the cap, not the rate"),
+                 fix=None if ok else "lower the request rate (grid.request_rate), or raise grid.max_inflight and "
+                                     "the engine's slots; a saturated level says where the server's capacity ends")
 
 
 def queueing(requests: Sequence[RequestRecord], s: Setting) -> Check:
@@ -456,7 +499,8 @@ def assess(requests: Sequence[RequestRecord], stats: WindowStats, f: ArmFigures,
            setting: Setting) -> Validity:
     """Every check of one arm's (or sweep point's) measurement (`speculation_live` for speculative arms)."""
     ok = [r for r in requests if r.ok]
-    checks = [concurrency(f, setting), queueing(ok, setting), prefix_cache(stats, setting),
+    load = concurrency(f, setting) if setting.rate is None else arrivals(requests, f, setting)
+    checks = [load, queueing(ok, setting), prefix_cache(stats, setting),
               early_stop(ok, setting), steady_state(ok, setting), stream(f, speculative, setting),
               start_spread(f, setting)]
     if speculative:

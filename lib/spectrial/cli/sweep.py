@@ -66,22 +66,23 @@ def sweep_command(
     from rich.console import Console
 
     from spectrial.readers.headline import fit_table, paragraph, sweep_headlines
-    from spectrial.readers.points import scenario_label
+    from spectrial.readers.points import load_short, scenario_label
+    from spectrial.sweep.params import Load
 
     console = Console()
     for h in sweep_headlines(result.manifest):
         h.print(console)
     best = result.best()
     if not best.empty:  # fitted to the terminal: the table, then each row's verdict wrapped between words
-        keep = [c for c in ("scenario", "concurrency", "best", "runner_up", "ratio_to_runner_up") if c in best.columns]
-        typer.echo("\nbest per scenario and concurrency, against the runner-up:")
+        best["load"] = [load_short(Load(r.concurrency, r.offered_rate)) for r in result.manifest.best]
+        keep = [c for c in ("scenario", "load", "best", "runner_up", "ratio_to_runner_up") if c in best.columns]
+        typer.echo("\nbest per scenario and load level, against the runner-up:")
         table = best[keep].round(3).astype(object).where(best[keep].notna(), None)
         console.print(fit_table(table.rename(columns={"ratio_to_runner_up": "ratio"})))
-        for row in best.itertuples(index=False):
-            if getattr(row, "verdict", None):
-                scenario = None if row.scenario is None or row.scenario != row.scenario else row.scenario
-                console.print(paragraph(f"• {scenario_label(scenario)}, concurrency {row.concurrency}: {row.verdict}",
-                                        indent="  "))
+        for r in result.manifest.best:
+            if r.verdict:
+                console.print(paragraph(f"• {scenario_label(r.scenario)}, {Load(r.concurrency, r.offered_rate).text()}: "
+                                        f"{r.verdict}", indent="  "))
     from spectrial.schema import SweepBudget
     from spectrial.sweep.result import partial_reason
 

@@ -45,7 +45,8 @@ def unit_comparisons(unit: UnitRecord, m: Manifest) -> list[UnitComparison]:
             if pt.method == "none":  # the unit's own baseline
                 continue
             out.append(UnitComparison(arm=pt.arm, unit=unit.name, host=unit.host, fingerprint_key=m.fingerprint_key
-                                      or pt.fingerprint_key, concurrency=pt.concurrency, scenario=pt.scenario,
+                                      or pt.fingerprint_key, concurrency=pt.concurrency, offered_rate=pt.offered_rate,
+                                      scenario=pt.scenario,
                                       status=pt.status, tok_s=pt.tok_s, tok_s_ci_low=pt.tok_s_ci_low,
                                       tok_s_ci_high=pt.tok_s_ci_high, speedup=pt.speedup,
                                       speedup_ci_low=pt.speedup_ci_low, speedup_ci_high=pt.speedup_ci_high,
@@ -63,21 +64,22 @@ def unit_comparisons(unit: UnitRecord, m: Manifest) -> list[UnitComparison]:
 
 def pool_speedups(comps: list[UnitComparison], confidence: float = 0.95) -> list[PooledComparison]:
     """Per arm, concurrency, scenario and fingerprint key: the units' speed-ups pooled (see the module)."""
-    groups: dict[tuple[str, int | None, float | None, str | None], list[UnitComparison]] = defaultdict(list)
+    Load = tuple[int | None, float | None]  # concurrency, offered rate
+    groups: dict[tuple[str, Load, float | None, str | None], list[UnitComparison]] = defaultdict(list)
     for c in comps:
         if c.status == "ok" and c.speedup:
-            groups[(c.arm, c.concurrency, c.scenario, c.fingerprint_key)].append(c)
-    keys_of: dict[tuple[str, int | None, float | None], set[str | None]] = defaultdict(set)
-    for arm, conc, scen, key in groups:
-        keys_of[(arm, conc, scen)].add(key)
+            groups[(c.arm, (c.concurrency, c.offered_rate), c.scenario, c.fingerprint_key)].append(c)
+    keys_of: dict[tuple[str, Load, float | None], set[str | None]] = defaultdict(set)
+    for arm, load, scen, key in groups:
+        keys_of[(arm, load, scen)].add(key)
     z = _z(confidence)
     out = []
-    for (arm, conc, scen, key), cs in groups.items():
-        others = sorted(str(k) for k in keys_of[(arm, conc, scen)] - {key})
+    for (arm, (conc, rate), scen, key), cs in groups.items():
+        others = sorted(str(k) for k in keys_of[(arm, (conc, rate), scen)] - {key})
         note = (f"not comparable with units on fingerprint key(s) {', '.join(others)} (another host type): "
                 "judged apart") if others else None
         row = PooledComparison(arm=arm, fingerprint_key=key, units=[c.unit for c in cs], concurrency=conc,
-                               scenario=scen, note=note)
+                               offered_rate=rate, scenario=scen, note=note)
         if len(cs) == 1:
             c = cs[0]
             row.speedup, row.speedup_ci_low, row.speedup_ci_high, row.verdict = \
@@ -103,7 +105,8 @@ def pool_speedups(comps: list[UnitComparison], confidence: float = 0.95) -> list
                 row.verdict = None
                 row.note = ((row.note + "; ") if row.note else "") + "a unit has no interval: no pooled CI"
         out.append(row)
-    return sorted(out, key=lambda r: (r.arm, r.concurrency or 0, r.scenario or -1.0, str(r.fingerprint_key)))
+    return sorted(out, key=lambda r: (r.arm, r.offered_rate or 0.0, r.concurrency or 0, r.scenario or -1.0,
+                                      str(r.fingerprint_key)))
 
 
 def sweep_points(units: list[tuple[UnitRecord, Manifest]]) -> list[PointRecord]:
@@ -120,20 +123,21 @@ def sweep_points(units: list[tuple[UnitRecord, Manifest]]) -> list[PointRecord]:
 
 
 def sweep_best(points: list[PointRecord]) -> list[BestRecord]:
-    """Per fingerprint key, scenario and concurrency: the fastest measured setting against the runner-up."""
-    groups: dict[tuple[str | None, float | None, int], list[PointRecord]] = defaultdict(list)
+    """Per fingerprint key, scenario and load level: the fastest measured setting against the runner-up."""
+    groups: dict[tuple[str | None, float | None, float, int], list[PointRecord]] = defaultdict(list)
     for p in points:
         if p.method != "none" and p.status == "ok" and p.tok_s:
-            groups[(p.fingerprint_key, p.scenario, p.concurrency)].append(p)
-    keys = {k for k, _, _ in groups}
+            groups[(p.fingerprint_key, p.scenario, p.offered_rate or 0.0, p.concurrency)].append(p)
+    keys = {k for k, _, _, _ in groups}
     out = []
-    for (key, scen, conc), pts in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or -1.0, kv[0][2])):
+    for (key, scen, rate, conc), pts in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or -1.0,
+                                                                             kv[0][2], kv[0][3])):
         # across units the currency is the speed-up against each unit's own baseline: a unit on a faster (or
         # less loaded) host has faster tok/s for every setting, its baseline's included
         ranked = sorted(pts, key=lambda p: (p.speedup or 0.0, p.tok_s or 0.0), reverse=True)
         b = ranked[0]
         r = ranked[1] if len(ranked) > 1 else None
-        row = BestRecord(scenario=scen, concurrency=conc, best=b.arm, verdict=b.verdict or "", tok_s=b.tok_s,
+        row = BestRecord(scenario=scen, concurrency=conc, offered_rate=rate or None, best=b.arm, verdict=b.verdict or "", tok_s=b.tok_s,
                          tok_s_ci_low=b.tok_s_ci_low, tok_s_ci_high=b.tok_s_ci_high, speedup=b.speedup,
                          speedup_ci_low=b.speedup_ci_low, speedup_ci_high=b.speedup_ci_high,
                          vs_baseline=b.baseline, measured_settings=len({p.arm for p in pts}),

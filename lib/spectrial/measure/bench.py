@@ -30,6 +30,7 @@ Each record carries its work item's category and source, and the max_tokens it a
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 import httpx
+import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from spectrial.measure.httpread import DEADLINE, MAX_BYTES, MIB, BoundExceeded, Limits, arm, bounded_client
@@ -96,6 +98,7 @@ class RequestTags(TypedDict, total=False):
     restart: int
     start: int
     concurrency: int
+    offered_rate: float
     phase: str
 
 
@@ -350,15 +353,29 @@ def full_length(body: RequestBody) -> bool:
     return bool(body.get("ignore_eos", sp.get("ignore_eos"))) and not (body.get("stop") or sp.get("stop"))
 
 
+def arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """An open loop's schedule: `n` arrival times (s after the first, which is at 0) of a Poisson process of `rate`
+    requests per second, the gaps drawn exponential from a generator seeded with `seed` (the same seed, the same
+    schedule: every arm of a level is offered the same arrivals). `vllm bench serve --request-rate` draws its gaps
+    the same way (a gamma distribution of shape 1, its burstiness 1)."""
+    if rate <= 0 or not np.isfinite(rate):
+        raise ValueError(f"request rate {rate!r}: give a positive number of requests per second")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, max(n - 1, 0))
+    return [0.0, *np.cumsum(gaps).tolist()][:n]
+
+
 def run_requests(base_url: str, prompts: Sequence[WorkItem | dict[str, Any]], *, n: int, max_tokens: int,
                  payload: Payload, stats_fn: StatsFn | None = None,
                  concurrency: int = 1, timeout_s: float = 300, seed: int = 0, phase: str = "measure",
                  label: str = "", progress: bool = True, path: str = "/v1/completions",
                  tags: RequestTags | None = None, output_len: str = "fixed",
                  counters: tuple[Callable[[], dict[str, float]], CounterStats] | None = None,
-                 limits: StreamLimits | None = None) -> list[RequestRecord]:
+                 limits: StreamLimits | None = None, rate: float | None = None) -> list[RequestRecord]:
     """Send `n` requests (work items in a seeded order, categories taking turns: `request_order`),
-    `concurrency` at a time; `payload(item, max_tokens)` builds each body. Each request asks `max_tokens`, or
+    `concurrency` at a time (a closed loop: the next is sent as one ends), or with `rate` as an open loop: each sent
+    at its arrival time (`arrivals`: exponential gaps of mean 1 / `rate` s, seeded with `seed`), at most
+    `concurrency` in flight; a request that arrives with the cap full waits in the client for a slot (its record
+    says `held`, and `send_delay_ms` how long). `payload(item, max_tokens)` builds each body. Each request asks `max_tokens`, or
     with `output_len` "dataset" its item's own length capped at `max_tokens`. One record each, carrying `tags`
     (arm, restart, start, concurrency), the item's id, category and source. With `counters` = (snapshot,
     stats) and concurrency 1, the server's counters are read around each request and `stats(before, after)`
@@ -376,7 +393,7 @@ def run_requests(base_url: str, prompts: Sequence[WorkItem | dict[str, Any]], *,
         if broken:
             rec = RequestRecord(t_start=time.monotonic(), error=f"not sent: {broken[0]}")
         else:
-            before = counters[0]() if counters and concurrency == 1 else None
+            before = counters[0]() if counters and concurrency == 1 and rate is None else None
             rec = stream_completion(client, base_url, payload(p, mt), stats_fn, timeout_s, path, limits)
             if (why := server_broke(rec)) is not None and not broken:
                 broken.append(f"an earlier request of this window found the server broken ({why})")
@@ -389,20 +406,47 @@ def run_requests(base_url: str, prompts: Sequence[WorkItem | dict[str, Any]], *,
         bar.update(1)
         return rec
 
+    def open_loop(pool: ThreadPoolExecutor) -> list[RequestRecord]:
+        """Each request submitted at its arrival; the pool's `concurrency` workers are the cap."""
+        assert rate is not None
+        times, lock, active, held = arrivals(n, rate, seed), threading.Lock(), [0], [False] * n
+
+        def timed(i: int, due: float) -> RequestRecord:
+            try:
+                rec = one(i)
+            finally:
+                with lock:
+                    active[0] -= 1
+            rec.offered_rate, rec.held = rate, held[i]
+            rec.arrival_ms = round(times[i] * 1000, 3)
+            rec.send_delay_ms = round(max(rec.t_start - due, 0.0) * 1000, 3) if rec.t_start is not None else None
+            return rec
+
+        t0, futures = time.monotonic(), []
+        for i, at in enumerate(times):
+            if not broken and (wait := t0 + at - time.monotonic()) > 0:
+                time.sleep(wait)
+            with lock:
+                held[i] = active[0] >= concurrency
+                active[0] += 1
+            futures.append(pool.submit(timed, i, t0 + at))
+        return [f.result() for f in futures]
+
     lim = limits or StreamLimits(first_token_s=timeout_s)
     pool_limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     with bounded_client(Limits(deadline_s=lim.total_s(max_tokens), read_s=lim.total_s(max_tokens),
                                max_bytes=lim.max_bytes(max_tokens)), pool=pool_limits) as client:
-        if concurrency == 1:
+        if concurrency == 1 and rate is None:
             out = [one(i) for i in range(n)]
         else:
             pool = ThreadPoolExecutor(concurrency)
             try:
-                out = list(pool.map(one, range(n)))
+                out = open_loop(pool) if rate is not None else list(pool.map(one, range(n)))
             except BaseException:  # an interrupt: do not wait for the streams in flight (the server's stop ends them)
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
             pool.shutdown()
-    failed = sum(1 for r in out if r.error)
-    bar.close(f"{n} request(s){f', {failed} failed' if failed else ''}")
+    failed, held = sum(1 for r in out if r.error), sum(1 for r in out if r.held)
+    bar.close(f"{n} request(s){f', {failed} failed' if failed else ''}"
+              + (f", {held} held by the cap of {concurrency} in flight" if held else ""))
     return out

@@ -219,6 +219,10 @@ class ValidityParams(BaseModel):
     max_stalled: float = Field(0.25, ge=0, le=1, description="Share of requests whose output arrived all at the end "
                                                             "(stalled) beyond which decode rates by the client's "
                                                             "clock are invalid (fewer: left out, a warning).")
+    max_held: float = Field(0.10, ge=0, le=1, description="Request-rate levels: share of requests that arrived with "
+                                                          "the in-flight cap full and waited in the client, beyond "
+                                                          "which the level is invalid (the server did not keep up "
+                                                          "with the offered rate).")
     allow_queue: bool = Field(False, description="Run a concurrency above the engine's slots anyway (the queueing "
                                                  "and concurrency checks then mark the verdicts invalid).")
 

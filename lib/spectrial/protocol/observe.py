@@ -302,8 +302,8 @@ class ObserveSource:
     def moved(self, start: StartRecord) -> str | None:
         return None  # the server's machine is not visible from here
 
-    def setting(self, concurrency: int | None = None) -> Setting:
-        s = validity_setting(self.eparams, None, concurrency)
+    def setting(self, concurrency: int | None = None, rate: float | None = None) -> Setting:
+        s = validity_setting(self.eparams, None, concurrency, rate)
         if self.observed.slots is None:
             return s
         return dataclasses.replace(s, slots=self.observed.slots, slots_setting="the server's own slots (observed)")

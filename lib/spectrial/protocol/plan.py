@@ -300,11 +300,17 @@ def sweep_plan(sweep: Any, launches: bool = True) -> Plan:
     t = sweep.trial_params()
     found = find_earlier(t.output_dir, t.model_dump(mode="json"))
     st = start_time(t, found)
+    from spectrial.protocol.session import level_windows
+
     levels = sweep.concurrency_levels()
+    rates = sweep.rate_levels()
     settings = sweep.settings()
     policies = getattr(sweep, "policies", [])
     grid = (1 + len(settings) + len(policies)) * t.restarts
-    one = st.start_s(t.warmup + t.repeats * len(levels))
+    windows = level_windows(t, sweep.loads())
+    # an open loop's window lasts at least its arrivals' span (mean (n - 1) / rate): added to the start's estimate
+    arrivals_s = sum((w.requests - 1) / w.rate for w in windows if w.rate)
+    one = st.start_s(t.warmup + sum(w.requests for w in windows)) + arrivals_s
     most = grid
     if sweep.budget_restarts:
         most = min(most, sweep.budget_restarts)
@@ -314,7 +320,10 @@ def sweep_plan(sweep: Any, launches: bool = True) -> Plan:
                      max_starts=most, start_s=one, start_basis=st.basis, history=found.describe(),
                      wall_s=[min(3, most) * one, most * one, most * one])
     rec.notes.append(f"{len(settings)} setting(s)" + (f" and {len(policies)} engine policies" if policies else "")
-                     + f" x {len(levels)} concurrency level(s) ({', '.join(map(str, levels))}); "
+                     + f" x {len(levels)} concurrency level(s) ({', '.join(map(str, levels))})"
+                     + (f" and {len(rates)} request rate(s) ({', '.join(f'{r:g}' for r in rates)} req/s, at most "
+                        f"{sweep.inflight_cap()} in flight; their arrivals take ~{arrivals_s:.0f} s of each start)"
+                        if rates else "") + "; "
                      f"the grid is {grid} start(s)"
                      + (f"; the budget allows {most}" if most < grid else "")
                      + ("; a guided search measures the baseline and a few settings, then only what could beat the "

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import random
 import secrets as _rnd
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,7 +43,7 @@ from spectrial.hosts.fingerprint import engine_identity, file_identity, fingerpr
 from spectrial.hosts.gpu import GpuSampler, GpuStatus
 from spectrial.hosts.local import Host
 from spectrial.logs.api import ServerLog
-from spectrial.measure.bench import run_requests, server_broke, stream_limits
+from spectrial.measure.bench import RequestTags, run_requests, server_broke, stream_limits
 from spectrial.measure.httpread import PROBE, Limits, bounded_client, metrics_limits
 from spectrial.measure.workloads import (
     WorkItem,
@@ -79,12 +80,39 @@ from spectrial.servers.lifecycle import Abandoned, KillReport, LaunchSpec, Serve
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """One measurement window of a start: `requests` requests, `concurrency` at a time."""
+    """One measurement window of a start: `requests` requests, `concurrency` at a time (with `rate`: an open loop
+    offering `rate` requests per second, at most `concurrency` in flight)."""
 
     concurrency: int
     requests: int
     seed: int
     category: str | None = None  # draw only this workload category (a context-length bucket); None: all
+    rate: float | None = None  # offered requests per second (open loop); None: a closed loop
+
+    @property
+    def load(self) -> str:
+        """The window's load level in words: "c4", "2 req/s"."""
+        return f"c{self.concurrency}" if self.rate is None else f"{self.rate:g} req/s"
+
+
+class LoadLevel(Protocol):
+    """A load level as the windows read it (spectrial.sweep.params.Load)."""
+
+    @property
+    def concurrency(self) -> int: ...
+
+    @property
+    def rate(self) -> float | None: ...
+
+
+def level_windows(params: TrialParams, loads: Sequence[LoadLevel], restart: int = 0) -> list[WindowPlan]:
+    """A sweep start's windows: one per load level, each a multiple of its concurrency (a request-rate level: of its
+    cap in flight) with at least `repeats` requests. A level's seed does not depend on the arm: every arm is sent the
+    same requests (and at a rate level, the same arrival times)."""
+    p = params
+    return [WindowPlan(x.concurrency, x.concurrency * math.ceil(p.repeats / x.concurrency),
+                       p.seed + 100 * restart + (x.concurrency if x.rate is None else 100_000 + round(x.rate * 1000)),
+                       rate=x.rate) for x in loads]
 
 
 @dataclass
@@ -123,17 +151,19 @@ class StartSource(Protocol):
     def moved(self, start: StartRecord) -> str | None:
         """The new fingerprint key when the host changed during `start`, else None."""
 
-    def setting(self, concurrency: int | None = None) -> Setting | None:
-        """What the validity checks compare a measurement at `concurrency` with (None: no checks)."""
+    def setting(self, concurrency: int | None = None, rate: float | None = None) -> Setting | None:
+        """What the validity checks compare a measurement at `concurrency` (with `rate`: an open loop offering
+        `rate` req/s, at most `concurrency` in flight) with (None: no checks)."""
 
     def close(self) -> None:
         """Release hosts and connections."""
 
 
-def validity_setting(params: TrialParams, engine: Engine | None, concurrency: int | None = None) -> Setting:
+def validity_setting(params: TrialParams, engine: Engine | None, concurrency: int | None = None,
+                     rate: float | None = None) -> Setting:
     """The run's settings as the validity checks see them (spectrial.analysis.validity)."""
     slots, what = engine.slots() if engine is not None else (None, "")
-    return Setting(concurrency=concurrency or params.concurrency, slots=slots, slots_setting=what,
+    return Setting(concurrency=concurrency or params.concurrency, rate=rate, slots=slots, slots_setting=what,
                    fixed_length=params.output_len == "fixed", warmup=params.warmup,
                    limits=params.validity.limits())
 
@@ -143,7 +173,7 @@ def planned_checks(params: TrialParams, windows: list[WindowPlan], engine: Engin
     planned requests through `spectrial.analysis.validity.planned`, the run's own rules); one per check and window size."""
     out: dict[tuple[str, str], Check] = {}
     for w in windows:
-        for c in planned(w.requests, validity_setting(params, engine, w.concurrency)):
+        for c in planned(w.requests, validity_setting(params, engine, w.concurrency, w.rate)):
             out.setdefault((c.name, c.summary), c)
     return list(out.values())
 
@@ -164,7 +194,7 @@ class OfflineSource:
     def moved(self, start: StartRecord) -> str | None:
         return None
 
-    def setting(self, concurrency: int | None = None) -> Setting | None:
+    def setting(self, concurrency: int | None = None, rate: float | None = None) -> Setting | None:
         return None
 
     def close(self) -> None:
@@ -341,8 +371,8 @@ class Session:
         self.done.add("verify_gpus_free")
         return self.gpus
 
-    def setting(self, concurrency: int | None = None) -> Setting:
-        return validity_setting(self.params, self.engine, concurrency)
+    def setting(self, concurrency: int | None = None, rate: float | None = None) -> Setting:
+        return validity_setting(self.params, self.engine, concurrency, rate)
 
     def fingerprint(self) -> str:
         """Host state, engine build and model files: the key that says which runs are comparable."""
@@ -539,7 +569,10 @@ class Session:
                 raise ServerMisbehaved(f"{server.base_url}{path} (warm-up)", why)
         after_warmup()
         for w in windows:
-            tags = {"arm": arm.name, "restart": restart, "start": order, "concurrency": w.concurrency}
+            tags: RequestTags = {"arm": arm.name, "restart": restart, "start": order,
+                                 "concurrency": w.concurrency}
+            if w.rate is not None:
+                tags["offered_rate"] = w.rate
             prompts = [it for it in self.prompts if it.category == w.category] if w.category else self.prompts
             if not prompts:
                 raise ConfigError(f"workload: no item of category {w.category!r} for a window of arm {arm.name}",
@@ -551,10 +584,10 @@ class Session:
                 raw = _Raw(w, before, {}, [], first_line=self.host.line_count(server.log_path) + 1)
                 out.append(raw)
                 energy0 = rapl.read(self.host) if self.rapl else None
-                where = " ".join(x for x in (f"c{w.concurrency}" if len({v.concurrency for v in windows}) > 1
+                where = " ".join(x for x in (w.load if len({v.load for v in windows}) > 1
                                               else "", w.category or "") if x)
                 raw.requests = run_requests(server.base_url, prompts, n=w.requests, concurrency=w.concurrency,
-                                            seed=w.seed, tags=tags, label=f"{label} {where}" if where and
+                                            seed=w.seed, tags=tags, rate=w.rate, label=f"{label} {where}" if where and
                                             len(windows) > 1 else label, counters=around, **common)
                 lost = getattr(self.host, "lost", None)
                 if lost is None and not self.host.is_local and any(
@@ -657,7 +690,7 @@ class Session:
         ok = [r for r in raw.requests if r.ok]
         for r, rate in zip(raw.requests, window_rates(raw.requests), strict=True):
             r.tok_s = rate  # the request's decode rate, on one clock per window (figures.window_rates)
-        record = WindowRecord(concurrency=raw.plan.concurrency, category=raw.plan.category,
+        record = WindowRecord(concurrency=raw.plan.concurrency, category=raw.plan.category, offered_rate=raw.plan.rate,
                               requests=len(raw.requests), requests_ok=len(ok),
                               tok_s=median(r.tok_s for r in ok), counters=stats.counters(), per_position=stats.per_position,
                               accept_len=stats.accept_len, stats_source=stats.source, stats_scoped=stats.scoped,

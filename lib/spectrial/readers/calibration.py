@@ -98,7 +98,7 @@ def calibration(m: Manifest) -> Calibration:
                                                                        "predicted_cycle_ms": CATALOGUE["cycle_ms"].unit,
                                                                        "residual": "fraction", "fit_residual": "fraction"})
     if m.points:
-        ok = [p for p in m.points if p.status == "ok"]
+        ok = [p for p in m.points if p.status == "ok" and p.offered_rate is None]  # batch sizes: closed loops only
         cal.baseline = [{"concurrency": p.concurrency, "ms_per_token": p.ms_per_token, "tok_s": p.tok_s}
                         for p in ok if p.method == "none"]
         cal.points = [_point(p, p.concurrency, p.scenario) for p in ok if p.method != "none" and p.policy is None]

@@ -12,6 +12,10 @@ else speculation is off at that load. The answer is written for the engine the s
                pays at the most levels (ties: the lower load's best), and the levels where it did not
     llama.cpp  its flags for one setting, chosen as for SGLang
 
+Request-rate levels (`grid.request_rate`, an open loop) are shown beside the concurrency levels with the setting
+measured best there, and count towards the one setting of SGLang and llama.cpp; they are not folded into vLLM's
+per-batch-size table (an open loop has no fixed batch size: its batch is whatever is in flight).
+
 Each level carries the measured speed-up and interval the choice rests on. The flags come from the engine's adapter
 (`Engine.deploy_schedule`, `Engine.deploy_flags`). `verify_params` writes the trial that re-measures the deployed
 setting (`spectrial deploy RUN --verify-params FILE`); `check_verification` says whether its measured speed-up
@@ -37,6 +41,7 @@ class DeployLevel(BaseModel):
     """One load level: the setting deployed there (None: speculation off) and the measurement it rests on."""
 
     concurrency: int
+    offered_rate: float | None = Field(None, description="A request-rate level's offered rate, req/s")
     steps: int | None = None
     topk: int | None = None
     draft_tokens: int | None = None
@@ -53,6 +58,7 @@ class Deployment(BaseModel):
     method: str | None = None
     draft: str | None = None
     levels: list[DeployLevel] = Field(default_factory=list)
+    rates: list[DeployLevel] = Field(default_factory=list, description="The request-rate levels (open loop)")
     schedule_config: dict[str, Any] | None = Field(None, description="A per-batch-size depth schedule as the engine "
                                                                      "takes it (where it has one)")
     args: list[str] = Field(default_factory=list, description="The engine flags to deploy")
@@ -60,11 +66,12 @@ class Deployment(BaseModel):
 
     def text(self) -> str:
         lines = [f"Configuration to deploy ({self.engine}, method {self.method}):"]
-        for lv in self.levels:
+        for lv in [*self.levels, *self.rates]:
             ci = f" [{lv.ci[0]:.2f}, {lv.ci[1]:.2f}]" if lv.ci else ""
             what = f"depth {lv.steps} ({lv.setting})" if lv.steps else "speculation off"
-            lines.append(f"  concurrency {lv.concurrency}: {what}; measured {lv.speedup:.2f}x{ci}; {lv.why}"
-                         if lv.speedup is not None else f"  concurrency {lv.concurrency}: {what}; {lv.why}")
+            where = f"concurrency {lv.concurrency}" if lv.offered_rate is None else f"{lv.offered_rate:g} req/s"
+            lines.append(f"  {where}: {what}; measured {lv.speedup:.2f}x{ci}; {lv.why}"
+                         if lv.speedup is not None else f"  {where}: {what}; {lv.why}")
         if self.args:
             lines.append("  " + shlex.join(self.args))
         lines += [f"  note: {n}" for n in self.notes]
@@ -74,15 +81,15 @@ class Deployment(BaseModel):
 def _level(row: BestRecord, invalid: str | None = None) -> DeployLevel:
     ci = (row.speedup_ci_low, row.speedup_ci_high) if row.speedup_ci_low is not None \
         and row.speedup_ci_high is not None else None
+    at = {"concurrency": row.concurrency, "offered_rate": row.offered_rate}
     if invalid:  # its validity checks void the speed-up: nothing is deployed on it
-        return DeployLevel(concurrency=row.concurrency, speedup=row.speedup, ci=ci, setting=row.best,
-                           why=f"{invalid}: not deployed")
+        return DeployLevel(**at, speedup=row.speedup, ci=ci, setting=row.best, why=f"{invalid}: not deployed")
     pays = ci is not None and ci[0] > 1.0
     if not pays:
         why = ("its best setting does not pay here (interval not wholly above 1)" if ci is not None else
                "no interval for its best setting: not deployed")
-        return DeployLevel(concurrency=row.concurrency, speedup=row.speedup, ci=ci, why=why, setting=row.best)
-    return DeployLevel(concurrency=row.concurrency, steps=row.steps, topk=row.topk, draft_tokens=row.draft_tokens,
+        return DeployLevel(**at, speedup=row.speedup, ci=ci, why=why, setting=row.best)
+    return DeployLevel(**at, steps=row.steps, topk=row.topk, draft_tokens=row.draft_tokens,
                        setting=row.best, speedup=row.speedup, ci=ci, why="pays: the fastest measured setting here")
 
 
@@ -92,18 +99,26 @@ def deployment(manifest: Manifest) -> Deployment:
     p = manifest.params
     name = manifest.engine.name or p.engine or ""
     engine = engine_class(name)
-    rows = sorted((r for r in manifest.best if r.scenario is None), key=lambda r: r.concurrency)
+    rows = sorted((r for r in manifest.best if r.scenario is None and r.offered_rate is None),
+                  key=lambda r: r.concurrency)
+    rate_rows = sorted((r for r in manifest.best if r.scenario is None and r.offered_rate is not None),
+                       key=lambda r: r.offered_rate or 0.0)
     method = p.get("method") or next((a.method for a in manifest.arms if a.method not in (None, "none")), None)
-    verdicts = {(pt.setting or pt.arm, pt.concurrency): pt.verdict for pt in manifest.points if pt.scenario is None}
-    dep = Deployment(engine=name, method=method, draft=p.draft,
-                     levels=[_level(r, v if is_invalid(v := verdicts.get((r.best, r.concurrency))) else None)
-                             for r in rows])
+    verdicts = {(pt.setting or pt.arm, pt.concurrency, pt.offered_rate): pt.verdict for pt in manifest.points
+                if pt.scenario is None}
+
+    def level(r: BestRecord) -> DeployLevel:
+        v = verdicts.get((r.best, r.concurrency, r.offered_rate))
+        return _level(r, v if is_invalid(v) else None)
+
+    dep = Deployment(engine=name, method=method, draft=p.draft, levels=[level(r) for r in rows],
+                     rates=[level(r) for r in rate_rows])
     if not rows:
         dep.notes.append("the sweep measured no setting of the draft's own acceptance (only synthetic scenarios): "
                          "nothing to deploy")
         return dep
     paying = [lv for lv in dep.levels if lv.steps]
-    if not paying:
+    if not paying and not any(lv.steps for lv in dep.rates):
         dep.notes.append(f"speculation pays at no measured level: deploy {engine.label} without speculative flags")
         return dep
     sched, first = [], 1
@@ -111,21 +126,31 @@ def deployment(manifest: Manifest) -> Deployment:
         sched.append([first, lv.concurrency, lv.steps or 0])
         first = lv.concurrency + 1
     draft = (manifest.engine.models or {}).get(dep.draft or "", dep.draft)
-    per_batch = engine.deploy_schedule(method or "", draft, sched)
+    per_batch = engine.deploy_schedule(method or "", draft, sched) if paying else None
     if per_batch is not None:
         dep.schedule_config, dep.args = per_batch
         dep.notes.append(f"batch sizes above {dep.levels[-1].concurrency} keep depth {dep.levels[-1].steps or 0} "
                          f"({engine.label} carries the last range forward): not measured")
+        if dep.rates:
+            dep.notes.append("the request-rate levels are shown, not folded into the per-batch-size table (an open "
+                             "loop's batch is whatever is in flight)")
         return dep
-    counts = Counter((lv.steps, lv.topk, lv.draft_tokens) for lv in paying)
-    best = max(counts, key=lambda s: (counts[s], -min(lv.concurrency for lv in paying
-                                                      if (lv.steps, lv.topk, lv.draft_tokens) == s)))
+    every = [*paying, *(lv for lv in dep.rates if lv.steps)]
+    counts = Counter((lv.steps, lv.topk, lv.draft_tokens) for lv in every)
+    # the most levels paid; ties: the setting best at the lowest load (concurrency levels before request rates)
+    def lowest(s: tuple[int | None, int | None, int | None]) -> tuple[bool, float]:
+        return min((lv.offered_rate is not None, lv.offered_rate or lv.concurrency)
+                   for lv in every if (lv.steps, lv.topk, lv.draft_tokens) == s)
+
+    best = min(counts, key=lambda s: (-counts[s], lowest(s)))
     steps, topk, draft_tokens = best
     dep.args = engine.deploy_flags(method or "", steps or 1, topk, draft_tokens)
-    other = [lv.concurrency for lv in dep.levels if (lv.steps, lv.topk, lv.draft_tokens) != best]
+    conc = [str(lv.concurrency) for lv in dep.levels if (lv.steps, lv.topk, lv.draft_tokens) != best]
+    rates = [f"{lv.offered_rate:g}" for lv in dep.rates if (lv.steps, lv.topk, lv.draft_tokens) != best]
+    other = [*([f"concurrency {', '.join(conc)}"] if conc else []), *([f"{', '.join(rates)} req/s"] if rates else [])]
     if other:
-        dep.notes.append(f"{engine.label} takes one setting for every load: at concurrency "
-                         f"{', '.join(map(str, other))} another setting (or none) was measured best")
+        dep.notes.append(f"{engine.label} takes one setting for every load: at {' and '.join(other)} another setting "
+                         "(or none) was measured best")
     return dep
 
 

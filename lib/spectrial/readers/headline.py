@@ -25,8 +25,10 @@ from pydantic import BaseModel, Field
 from spectrial.analysis.catalogue import figure
 from spectrial.analysis.figures import NO_SPREAD, NOT_DISTINGUISHABLE, TOO_FEW, pick_baseline, positive
 from spectrial.analysis.validity import is_invalid, problems
+from spectrial.readers.points import load_of, load_order
 from spectrial.record.store import as_manifest
 from spectrial.schema import ArmRecord, DecideRecord, Manifest, PointRecord
+from spectrial.sweep.params import Load
 
 # column labels as the figure catalogue declares them (spectrial.analysis.catalogue)
 TOK_S, SPEEDUP, ACCEPT, BREAK_EVEN, TTFT, ITL = (figure(n).label for n in (
@@ -626,18 +628,18 @@ def sweep_headlines(source: Manifest | Any) -> list[Headline]:
     left = not_measured(m) if partial else []
     stopped_by = m.budget.stopped_by if m.budget is not None else None
     out = []
-    levels = sorted({p.concurrency for p in m.points})
+    levels = sorted({load_of(p) for p in m.points}, key=load_order)
     scenarios = list(dict.fromkeys(p.scenario for p in m.points if p.method != "none"))
     for sc in scenarios:
         for c in levels:
             mine = [x for x in left if x.synthetic_accept == sc]
             names = {x.setting for x in mine}
-            pts = [p for p in m.points if p.concurrency == c and (p.method == "none" or p.scenario == sc)
+            pts = [p for p in m.points if load_of(p) == c and (p.method == "none" or p.scenario == sc)
                    and (p.status != "not measured" or p.setting in names)]
             if not any(p.method != "none" and p.status != "not measured" for p in pts):
                 continue
             h = headline(None, arms=pts)
-            where = f"concurrency {c}" + (f", forced acceptance {sc:g}" if sc is not None else "")
+            where = c.text() + (f", forced acceptance {sc:g}" if sc is not None else "")
             title, note = f"{where}: {h.title}", h.partial
             if partial:
                 title += f" (partial sweep: {len(mine)} setting(s) not measured)" if mine else " (partial sweep)"
@@ -648,11 +650,15 @@ def sweep_headlines(source: Manifest | Any) -> list[Headline]:
     return out
 
 
-def _not_measured_here(left: Sequence[Any], level: int) -> str:
-    """The settings a partial sweep did not measure at one concurrency `level`, each named once: first those that
-    could be faster than the best measured there, then those predicted not to beat it ("" when none)."""
-    could = [x.setting for x in left if level in x.could_beat_at]
-    rest = [x.setting for x in left if level not in x.could_beat_at]
+def _not_measured_here(left: Sequence[Any], level: Load) -> str:
+    """The settings a partial sweep did not measure at one load `level`, each named once: first those that could be
+    faster than the best measured there (at a request rate, where the model predicts nothing, every one), then those
+    predicted not to beat it ("" when none)."""
+    def can(x: Any) -> bool:
+        return level.rate is not None or level.concurrency in x.could_beat_at
+
+    could = [x.setting for x in left if can(x)]
+    rest = [x.setting for x in left if not can(x)]
     text = ""
     if could:
         text += ("; not measured here and could be faster than the best measured (so the best here is not "

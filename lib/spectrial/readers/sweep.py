@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from spectrial.readers.crossover import crossovers, policy_lines
-from spectrial.readers.points import baseline_points, scenario_label, spec_points
+from spectrial.readers.points import baseline_points, load_of, scenario_label, spec_points
 from spectrial.schema import Manifest
 from spectrial.sweep.result import partial_reason
 
@@ -26,10 +26,11 @@ def verdict(manifest: Manifest) -> str:
     partial = partial_reason(manifest)
     if partial:
         parts.insert(0, f"**Partial sweep**: {partial}.")
-    for c, base in sorted(baseline_points(manifest).items()):
-        parts.append(f"At concurrency {c} the baseline decoded {fmt(base.tok_s)} tok/s per stream.")
+    for x, base in baseline_points(manifest).items():
+        parts.append(f"At {x.text()} the baseline decoded {fmt(base.tok_s)} tok/s per stream.")
     for row in manifest.best:
-        where = f"{scenario_label(row.scenario)}, concurrency {row.concurrency}"
+        where = f"{scenario_label(row.scenario)}, " + (f"concurrency {row.concurrency}" if row.offered_rate is None
+                                                       else f"{row.offered_rate:g} req/s")
         if not row.best:
             parts.append(f"{where}: no setting measured.")
             continue
@@ -41,7 +42,8 @@ def verdict(manifest: Manifest) -> str:
             s += (f" (ratio to {row.runner_up} {fmt(row.ratio_to_runner_up, 3)} "
                   f"[{fmt(row.ratio_ci_low, 3)}, {fmt(row.ratio_ci_high, 3)}])")
         parts.append(s + ".")
-    if len({p.concurrency for p in spec_points(manifest)}) > 1:  # where each setting stops paying under load
+    loads = {load_of(p) for p in spec_points(manifest)}
+    if len(loads) > 1:  # where each setting stops paying under load (concurrency levels; request rates)
         parts += [c.text() + "." for c in crossovers(manifest)]
     parts += [x + "." for x in policy_lines(manifest)]  # the engines' own policies against the best static depth
     err = manifest.model.in_sample_rel_error if manifest.model else None

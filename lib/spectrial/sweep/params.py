@@ -6,9 +6,11 @@ The settings are the product of `grid:`'s lists, or, when the file lists specula
 params file used as it is), exactly those arms' settings (one method and draft; the baseline is always added).
 Overrides are dotted as for trials (`-p grid.steps=[1,2,4]`, `-p repeats=2`, `-p engine_config.threads=1`).
 
-Grid points are `Setting`s (steps, topk, draft tokens, synthetic acceptance) times concurrency levels.
-What needs a server restart: every field of a `Setting`. What does not: the concurrency level, which is
-only how many requests the client sends at once, so one server start measures every level in turn.
+Grid points are `Setting`s (steps, topk, draft tokens, synthetic acceptance) times load levels: concurrency levels
+(a closed loop: `c` requests in flight, the next sent as one ends) and request-rate levels (`grid.request_rate`: an
+open loop, each request sent at its seeded exponential arrival time, at most `grid.max_inflight` in flight).
+What needs a server restart: every field of a `Setting`. What does not: the load level, which is only how the
+client sends its requests, so one server start measures every level in turn.
 llama.cpp's per-request `speculative.n_max` would let one start serve several depths, but this build
 (commit 0c1e570, `tools/server/server-schema.cpp`) compiles those request fields out (`#if 0`) and
 ignores them (tests/sweep/test_sweep.py checks this against the real server), so each depth is its own start.
@@ -52,6 +54,14 @@ class SweepGrid(BaseModel):
                           "the only value with topk 1.")
     concurrency: list[int] | None = Field(None, description="Concurrent request streams (batch sizes); all "
                                                             "levels are measured on each server start.")
+    request_rate: list[float] | None = Field(
+        None, description="Offered request rates, req/s: open-loop levels (seeded exponential arrivals, as `vllm "
+                          "bench serve --request-rate`), measured on each server start after the concurrency levels, "
+                          "at most `max_inflight` requests in flight.")
+    max_inflight: int | None = Field(None, ge=2, description="Most requests in flight at a request-rate level (the "
+                                                             "client's cap, as `vllm bench serve --max-concurrency`; "
+                                                             "the engine's slots follow it). Default: the highest "
+                                                             "concurrency level.")
     synthetic_accept: list[float | None] | None = Field(
         None, description="Per-token synthetic acceptance rates a (llama.cpp --spec-synth-rates a, a^2, ...; "
                           "SGLang SGLANG_SIMULATE_ACC_LEN; vLLM rejection_sample_method synthetic); "
@@ -62,6 +72,13 @@ class SweepGrid(BaseModel):
     def _positive(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and (not v or any(x < 1 for x in v)):
             raise ValueError("give a non-empty list of integers >= 1")
+        return sorted(set(v)) if v is not None else None
+
+    @field_validator("request_rate")
+    @classmethod
+    def _rates_positive(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (not v or any(not 0 < x < 1e6 for x in v)):
+            raise ValueError("give a non-empty list of request rates > 0, in requests per second (e.g. [1, 2, 4, 8])")
         return sorted(set(v)) if v is not None else None
 
     @field_validator("draft_tokens")
@@ -142,7 +159,7 @@ class SweepParams(BaseModel):
         spec = [a for a in self.trial.arms if a.speculative]
         if not spec:
             return self
-        if self.grid.model_dump(exclude_none=True, exclude={"concurrency"}):
+        if self.grid.model_dump(exclude_none=True, exclude={"concurrency", "request_rate", "max_inflight"}):
             raise ValueError("arms and grid: give the settings either as a grid (grid.steps, ...) or as a list of "
                              "speculative arms, not both")
         methods = sorted({a.method for a in spec})
@@ -157,6 +174,14 @@ class SweepParams(BaseModel):
         if "method" in self.model_fields_set and self.method != methods[0]:
             raise ValueError(f"method: {self.method!r} but the arms use {methods[0]!r}")
         self.method = methods[0]  # type: ignore[assignment]
+        return self
+
+    @model_validator(mode="after")
+    def _rates_have_a_cap(self) -> SweepParams:
+        if self.grid.request_rate and self.inflight_cap() < 2:
+            raise ValueError(f"grid.request_rate: at most {self.inflight_cap()} request in flight is not an open loop "
+                             "(each arrival would wait for the one before): set grid.max_inflight (e.g. 16; the "
+                             "engine's slots follow it) or give grid.concurrency levels above 1")
         return self
 
     @model_validator(mode="after")
@@ -203,6 +228,23 @@ class SweepParams(BaseModel):
     def concurrency_levels(self) -> list[int]:
         return self.grid.concurrency or [self.trial.concurrency]
 
+    def rate_levels(self) -> list[float]:
+        """The offered request rates (req/s) of the open-loop levels; [] when none."""
+        return list(self.grid.request_rate or [])
+
+    def inflight_cap(self) -> int:
+        """Most requests in flight at a request-rate level: grid.max_inflight, else the highest concurrency level."""
+        return self.grid.max_inflight or max(self.concurrency_levels())
+
+    def loads(self) -> list[Load]:
+        """Every load level a server start measures, in order: the concurrency levels, then the request rates."""
+        return [*(Load(c) for c in self.concurrency_levels()),
+                *(Load(self.inflight_cap(), r) for r in self.rate_levels())]
+
+    def server_slots(self) -> int:
+        """The most requests the client ever has in flight: the server slots the sweep needs."""
+        return max([*self.concurrency_levels(), *([self.inflight_cap()] if self.rate_levels() else [])])
+
     def scenarios(self) -> list[float | None]:
         """Acceptance scenarios: each synthetic rate (None = the draft's real acceptance)."""
         return list(dict.fromkeys(s.synthetic_accept for s in self.settings()))
@@ -221,10 +263,27 @@ class SweepParams(BaseModel):
         data["arms"] = [a.model_dump(mode="json") for a in (arms or [Arm(name="baseline"),
                                                                      *map(self.arm, self.settings()),
                                                                      *self.policy_arms()])]
-        # enough server slots for the highest concurrency, where the engine needs them said (llama.cpp: -np)
+        # enough server slots for the most requests in flight, where the engine needs them said (llama.cpp: -np)
         data["engine_config"] = engine_class(self.trial.engine).with_slots(data.get("engine_config") or {},
-                                                                          max(self.concurrency_levels()))
+                                                                          self.server_slots())
         return validate_trial(data, "sweep params (trial part)")
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load level: `concurrency` requests in flight (a closed loop), or with `rate` an open loop offering `rate`
+    requests per second with at most `concurrency` in flight."""
+
+    concurrency: int
+    rate: float | None = None
+
+    @property
+    def id(self) -> str:
+        """The level in a point id: "c4" (concurrency 4), "r2.5" (2.5 req/s)."""
+        return f"c{self.concurrency}" if self.rate is None else f"r{self.rate:g}"
+
+    def text(self) -> str:
+        return f"concurrency {self.concurrency}" if self.rate is None else f"{self.rate:g} req/s"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from spectrial.params import Arm
 from spectrial.protocol.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
 from spectrial.record.store import RunRecord, load_record, opened, read_table, trial_params
 from spectrial.schema import Manifest, RequestRecord, StartRecord, WindowRecord
-from spectrial.sweep.params import Setting, load_sweep_params
+from spectrial.sweep.params import Load, Setting, load_sweep_params
 from spectrial.sweep.result import SweepResult
 from spectrial.sweep.run import Sweep, execute, new_record
 
@@ -50,12 +50,13 @@ class ReplaySource(OfflineSource):
                             status="ok", fingerprint_key=self.fp_key, replayed_from=src.order, ready_s=src.ready_s,
                             elapsed_s=src.elapsed_s)
         self.record.manifest.starts.append(entry)
-        levels = {w.concurrency: w for w in windows}
+        levels = {Load(w.concurrency, w.rate): w for w in windows}
         out = []
         for w in src.windows:
-            if w.concurrency not in levels:
+            load = Load(w.concurrency, w.offered_rate)
+            if load not in levels:
                 continue
-            pid = f"{arm.name}@c{w.concurrency}"
+            pid = f"{arm.name}@{load.id}"
             rows = self.requests[(self.requests["point"] == pid) & (self.requests["start"] == src.order)]
             rows = rows.astype(object).where(rows.notna(), None)  # NaN cells: fields not set
             reqs = [RequestRecord.model_validate(r) for r in rows.to_dict("records")]
@@ -63,7 +64,7 @@ class ReplaySource(OfflineSource):
                 r.restart, r.start = restart, entry.order
             record = WindowRecord.model_validate(w.model_dump())
             entry.windows.append(record)
-            out.append(MeasuredWindow(levels[w.concurrency], record, reqs, w.stats()))
+            out.append(MeasuredWindow(levels[load], record, reqs, w.stats()))
         self.clock += float(src.elapsed_s or 0.0)
         return MeasuredStart(entry, out)
 
@@ -164,14 +165,16 @@ def judge(grid: Manifest, other: Manifest) -> list[Judgement]:
     record, against the grid's best: the gap, and whether it lies within the grid-best's CI (at or above its
     lower bound: the issue's yardstick). Both manifests must be of the same measurements (a replay)."""
     rows = []
-    gb = {(b.scenario, b.concurrency): b for b in grid.best if b.best}
+    gb = {(b.scenario, b.concurrency): b for b in grid.best if b.best and b.offered_rate is None}
     for ob in other.best:
+        if ob.offered_rate is not None:  # request-rate levels: the search does not steer by them
+            continue
         key = (ob.scenario, ob.concurrency)
         g = gb.get(key)
         if g is None or g.best is None or g.tok_s is None or not ob.best:
             continue
         same = next((p for p in grid.points if p.setting == ob.best and p.concurrency == key[1]
-                     and p.status == "ok"), None)
+                     and p.offered_rate is None and p.status == "ok"), None)
         in_grid = same.tok_s if same else None
         rows.append(Judgement(scenario=key[0], c=key[1], grid_best=g.best, grid_tok_s=g.tok_s,
                               grid_ci=(g.tok_s_ci_low, g.tok_s_ci_high), found=ob.best, found_own_tok_s=ob.tok_s,

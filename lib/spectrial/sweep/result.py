@@ -12,9 +12,10 @@ from __future__ import annotations
 import pandas as pd
 
 from spectrial.record.store import RunResult
-from spectrial.schema import Manifest, PredictedLevel, SweepBudget, UnmeasuredSetting
+from spectrial.schema import Manifest, PredictedLevel, SweepBudget, UnmeasuredSetting, WindowRecord
 
-POINT_COLUMNS = ["point", "setting", "scenario", "steps", "topk", "draft_tokens", "concurrency", "status", "phase",
+POINT_COLUMNS = ["point", "setting", "scenario", "steps", "topk", "draft_tokens", "concurrency", "offered_rate", "status",
+                 "phase",
                  "tok_s", "tok_s_ci_low", "tok_s_ci_high", "speedup", "speedup_ci_low", "speedup_ci_high",
                  "verdict", "accept_len", "cycle_ms", "draft_ms_per_cycle", "break_even_accept_len",
                  "predicted_tok_s", "prediction_error", "final_predicted_tok_s", "starts"]
@@ -35,7 +36,7 @@ class SweepResult(RunResult):
         """Server starts in launch order: phase, arm, status, readiness, windows."""
         rows = [{"order": s.order, "phase": s.phase, "arm": s.arm, "restart": s.restart, "status": s.status,
                  "ready_s": s.ready_s, "seconds": s.elapsed_s,
-                 "windows": ", ".join(f"c{w.concurrency}: {w.tok_s:.1f}" if w.tok_s else f"c{w.concurrency}: -"
+                 "windows": ", ".join(f"{_load(w)}: {w.tok_s:.1f}" if w.tok_s else f"{_load(w)}: -"
                                       for w in s.windows),
                  "reason": s.reason} for s in self.manifest.starts]
         return pd.DataFrame(rows)
@@ -65,6 +66,10 @@ def points_table(manifest: Manifest) -> pd.DataFrame:
 _BUDGET_STOPS = ("restart budget", "time budget")
 
 
+def _load(w: WindowRecord) -> str:
+    return f"c{w.concurrency}" if w.offered_rate is None else f"{w.offered_rate:g} req/s"
+
+
 def sweep_status(manifest: Manifest) -> str:
     """The sweep's status: as recorded, but `partial` for a record written before that status existed whose
     budget stopped it (`ok` then, with `budget.stopped_by` naming the budget)."""
@@ -83,7 +88,7 @@ def not_measured(manifest: Manifest) -> list[UnmeasuredSetting]:
         return list(b.not_measured)
     out: dict[str, UnmeasuredSetting] = {}
     for p in manifest.points:
-        if p.status != "not measured" or p.method == "none":
+        if p.status != "not measured" or p.method == "none" or p.offered_rate is not None:
             continue
         x = out.setdefault(p.setting or p.id, UnmeasuredSetting(
             setting=p.setting or p.id, steps=p.steps, topk=p.topk, draft_tokens=p.draft_tokens,

@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from spectrial import interrupts
 from spectrial.analysis import validity
 from spectrial.analysis.figures import add_comparisons, arm_figures, compare_requests, merge_stats
 from spectrial.errors import (
@@ -51,6 +52,7 @@ from spectrial.protocol.session import (
     Session,
     StartSource,
     WindowPlan,
+    level_windows,
     lost_requests,
     schedule,
 )
@@ -86,7 +88,7 @@ from spectrial.sweep.model import (
     relative_errors,
     setting_error,
 )
-from spectrial.sweep.params import Setting, SweepParams, flat_params, load_sweep_params
+from spectrial.sweep.params import Load, Setting, SweepParams, flat_params, load_sweep_params
 from spectrial.sweep.result import SweepResult, budget_text, prediction_text
 
 
@@ -98,6 +100,7 @@ class _Point:
     arm: Arm
     setting: Setting | None
     concurrency: int
+    rate: float | None = None  # a request-rate level's offered req/s (concurrency: its cap in flight)
     requests: list[RequestRecord] = field(default_factory=list)
     stats: list[WindowStats] = field(default_factory=list)
     start_orders: list[int] = field(default_factory=list)
@@ -111,16 +114,13 @@ class _Point:
     def measured(self) -> bool:
         return bool(self.figures.tok_s)
 
+    @property
+    def load(self) -> Load:
+        return Load(self.concurrency, self.rate)
 
-def _point_id(arm: Arm, c: int) -> str:
-    return f"{arm.name}@c{c}"
 
-
-def level_windows(params: TrialParams, levels: list[int], restart: int = 0) -> list[WindowPlan]:
-    """A sweep start's windows: one per concurrency level, each a multiple of its level with at least `repeats`
-    requests."""
-    p = params
-    return [WindowPlan(c, c * math.ceil(p.repeats / c), p.seed + 100 * restart + c) for c in levels]
+def _point_id(arm: Arm, load: Load) -> str:
+    return f"{arm.name}@{load.id}"
 
 
 class Sweep:
@@ -129,20 +129,25 @@ class Sweep:
     def __init__(self, sweep: SweepParams, record: RunRecord, source: StartSource) -> None:
         self.sweep, self.record, self.source = sweep, record, source
         self.params: TrialParams = sweep.trial_params()
-        self.levels = sweep.concurrency_levels()
+        self.levels = sweep.concurrency_levels()  # the closed-loop levels: what the cycle model and the search read
+        self.loads = sweep.loads()  # every level a start measures (the request rates after the concurrency levels)
         self.settings = sweep.settings()
         self.policies = sweep.policy_arms()  # the engines' own run-time depth control: measured after the settings
         self.arms: dict[str, Arm] = {a.name: a for a in self.params.arms}
         self.setting_of: dict[str, Setting] = {sweep.arm(s).name: s for s in self.settings}
         self.points: dict[str, _Point] = {}
         for arm in self.params.arms:
-            for c in self.levels:
-                self.points[_point_id(arm, c)] = _Point(_point_id(arm, c), arm, self.setting_of.get(arm.name), c)
+            self._add_points(arm)
         self.baselines: dict[str, str] = {}  # fingerprint key -> baseline arm name
         self.decisions: list[SweepDecision] = []
         self.durations: list[float] = []
         self.stopped_by: str | None = None
         self.failures: list[str] = []
+
+    def _add_points(self, arm: Arm) -> None:
+        for x in self.loads:
+            self.points[_point_id(arm, x)] = _Point(_point_id(arm, x), arm, self.setting_of.get(arm.name),
+                                                    x.concurrency, x.rate)
 
     def abandon(self, exc: BaseException) -> None:
         """Stopped on `exc` before `execute` took over: the record says failed and why (see records.opened)."""
@@ -218,23 +223,22 @@ class Sweep:
         if name not in self.arms:
             arm = Arm(name=name)
             self.arms[name] = arm
-            for c in self.levels:
-                self.points[_point_id(arm, c)] = _Point(_point_id(arm, c), arm, None, c)
+            self._add_points(arm)
         self.baselines[self.fp_key] = name
         self.decisions.append(SweepDecision(phase=phase, setting=name, reason=f"baseline of host fingerprint "
                                                                              f"{self.fp_key}"))
         return self.measure([self.arms[name]], phase)
 
     def windows(self, restart: int) -> list[WindowPlan]:
-        """One window per concurrency level (`level_windows`)."""
-        return level_windows(self.params, self.levels, restart)
+        """One window per load level (`level_windows`)."""
+        return level_windows(self.params, self.loads, restart)
 
     def _one_start(self, arm: Arm, restart: int, phase: str) -> None:
         try:
             m = self.source.start(arm, restart, self.windows(restart), phase)
             if m is None:
-                for c in self.levels:
-                    self.points[_point_id(arm, c)].failed = "unavailable"
+                for x in self.loads:
+                    self.points[_point_id(arm, x)].failed = "unavailable"
                 return
             if m.record.status != "ok":
                 self.failures.append(f"{arm.name} start {restart + 1}: {m.record.reason}")
@@ -245,8 +249,8 @@ class Sweep:
             raise
         except SpectrialError as exc:
             self.failures.append(f"{arm.name} start {restart + 1}: {exc}")
-            for c in self.levels:
-                pt = self.points[_point_id(arm, c)]
+            for x in self.loads:
+                pt = self.points[_point_id(arm, x)]
                 if not pt.requests:
                     pt.failed = str(exc).splitlines()[0][:300]
             start = self.record.manifest.starts[-1] if self.record.manifest.starts else None
@@ -264,7 +268,7 @@ class Sweep:
         """File a start's windows under their points."""
         m.record.phase = m.record.phase or None
         for w in m.windows:
-            pt = self.points[_point_id(arm, w.plan.concurrency)]
+            pt = self.points[_point_id(arm, Load(w.plan.concurrency, w.plan.rate))]
             for r in w.requests:
                 r.point = pt.id
             pt.requests += w.requests
@@ -272,8 +276,8 @@ class Sweep:
             pt.start_orders.append(m.record.order)
             pt.phase = pt.phase or m.record.phase
             pt.fingerprint_key = pt.fingerprint_key or m.record.fingerprint_key
-        for c in self.levels:
-            self._refresh(self.points[_point_id(arm, c)])
+        for x in self.loads:
+            self._refresh(self.points[_point_id(arm, x)])
 
     def _refresh(self, pt: _Point) -> None:
         if not pt.requests:
@@ -281,7 +285,7 @@ class Sweep:
         figs = arm_figures(pt.requests, merge_stats(pt.stats), pt.arm.speculative, self.params.confidence,
                            self.params.seed, k=self.params.arm_steps(pt.arm) if pt.arm.speculative else None,
                            synthetic=pt.arm.synthetic_accept, concurrency=pt.concurrency, slo=self.params.slo.limits(),
-                           setting=self.source.setting(pt.concurrency))
+                           setting=self.source.setting(pt.concurrency, pt.rate))
         starts = {s.order: s for s in self.record.manifest.starts}
         checks = [starts[o].config_check for o in pt.start_orders if o in starts and starts[o].config_check]
         cfg = configcheck.over_starts(checks)
@@ -296,7 +300,7 @@ class Sweep:
         """The speculative points measured so far, as the model and the search read them (grid order)."""
         out = []
         for pt in self.points.values():
-            if pt.setting is None or not pt.measured:
+            if pt.setting is None or not pt.measured or pt.rate is not None:  # the model is of closed loops
                 continue
             f, s = pt.figures, pt.setting
             out.append(MeasuredPoint(steps=s.steps, topk=s.topk, k=s.k, scenario=s.synthetic_accept,
@@ -316,11 +320,11 @@ class Sweep:
                          baseline_cycle_ms=base_cycle, n_starts=self.n_starts, model=fit_sweep_model(measured))
 
     def point(self, arm: Arm, c: int) -> _Point:
-        return self.points[_point_id(arm, c)]
+        return self.points[_point_id(arm, Load(c))]
 
     def best_measured(self, scenario: float | None, c: int) -> _Point | None:
         pts = [pt for pt in self.points.values() if pt.setting is not None and pt.measured
-               and pt.setting.synthetic_accept == scenario and pt.concurrency == c]
+               and pt.setting.synthetic_accept == scenario and pt.concurrency == c and pt.rate is None]
         return max(pts, key=lambda pt: pt.figures.tok_s) if pts else None
 
     def tried(self, s: Setting) -> bool:
@@ -380,7 +384,7 @@ class Sweep:
         for pt in self.points.values():
             s = pt.setting
             d = PointRecord(id=pt.id, name=pt.id, arm=pt.arm.name, setting=pt.arm.name, method=pt.arm.method,
-                            concurrency=pt.concurrency, scenario=s.synthetic_accept if s else None,
+                            concurrency=pt.concurrency, offered_rate=pt.rate, scenario=s.synthetic_accept if s else None,
                             steps=s.steps if s else None, topk=s.topk if s else None,
                             draft_tokens=s.draft_tokens if s else None,
                             synthetic_accept=s.synthetic_accept if s else None,
@@ -396,9 +400,10 @@ class Sweep:
                 d = d.model_copy(update={**dict(pt.figures), "status": "failed",
                                          "reason": pt.failed or "no successful request"})
             else:
-                why, pred = left.get((pt.arm.name, pt.concurrency), (self._why_unmeasured(), None))
+                why, pred = left.get((pt.arm.name, pt.concurrency) if pt.rate is None else (pt.arm.name, -1),
+                                     (self._why_unmeasured(), None))
                 d.status, d.reason = "not measured", why + (f"; {prediction_text(pred)}" if pred else "")
-            if s is not None:
+            if s is not None and pt.rate is None:
                 d.final_prediction = model.predict(s.steps, s.topk, s.k, s.synthetic_accept, pt.concurrency)
                 if pt.prediction and d.tok_s:
                     d.prediction_error = pt.prediction.tok_s / d.tok_s - 1.0
@@ -471,17 +476,18 @@ class Sweep:
 
     def _compare_with_baselines(self, points: list[PointRecord]) -> None:
         by_id = {d.id: d for d in points}
-        for c in self.levels:
+        for x in self.loads:
             for key, base_name in self.baselines.items():
-                base = by_id.get(_point_id(self.arms[base_name], c))
-                mine = [d for d in points if d.concurrency == c and d.status == "ok" and d.method != "none"
+                base = by_id.get(_point_id(self.arms[base_name], x))
+                mine = [d for d in points if (d.concurrency, d.offered_rate) == (x.concurrency, x.rate)
+                        and d.status == "ok" and d.method != "none"
                         and (d.fingerprint_key == key or len(self.baselines) == 1)]
                 if base is None or base.status != "ok":
                     continue
                 reqs = [r for pt in (base, *mine) for r in self.points[pt.id].requests]
                 group = [base, *mine]
                 add_comparisons(group, reqs, self.params.confidence, self.params.seed, base=base, key="point",
-                                greedy=self.params.sampling.greedy, setting=self.source.setting(c))
+                                greedy=self.params.sampling.greedy, setting=self.source.setting(x.concurrency, x.rate))
                 for d in group[1:]:
                     d.baseline = base.id
                 for d in group:
@@ -501,7 +507,8 @@ class Sweep:
                 d.vs_best_static = StaticComparison(verdict=f"invalid measurement ({', '.join(own_failed(d))})")
                 continue
             static = sorted((x for x in points if x.method != "none" and x.policy is None and x.status == "ok"
-                             and x.scenario is None and x.concurrency == d.concurrency and not own_failed(x)),
+                             and x.scenario is None and x.concurrency == d.concurrency
+                             and x.offered_rate == d.offered_rate and not own_failed(x)),
                             key=lambda x: -(x.tok_s or 0))
             if not static:
                 d.vs_best_static = StaticComparison(verdict="no valid static setting measured at this level")
@@ -521,17 +528,23 @@ class Sweep:
         otherwise the verdict names the settings that could."""
         out = []
         for scenario in self.sweep.scenarios():
-            for c in self.levels:
+            for x in self.loads:
+                c = x.concurrency
                 mine = sorted((d for d in points if d.method != "none" and d.status == "ok" and d.policy is None
-                               and d.scenario == scenario and d.concurrency == c), key=lambda d: -(d.tok_s or 0))
+                               and d.scenario == scenario and d.concurrency == c and d.offered_rate == x.rate),
+                              key=lambda d: -(d.tok_s or 0))
+                # a setting never started could beat the best: where the model predicts it (a concurrency level), at
+                # the top of its range; at a request rate (the model is of closed loops), any
+                threats = [(u, next((p for p in u.predicted if p.concurrency == c), None) if x.rate is None else None)
+                           for u in skipped if u.synthetic_accept == scenario
+                           and (c in u.could_beat_at if x.rate is None else True)]
                 if not mine:
-                    out.append(BestRecord(scenario=scenario, concurrency=c, verdict="no setting measured",
-                                          confirmed=False,
-                                          could_beat=[x.setting for x in skipped if x.synthetic_accept == scenario
-                                                      and c in x.could_beat_at]))
+                    out.append(BestRecord(scenario=scenario, concurrency=c, offered_rate=x.rate,
+                                          verdict="no setting measured", confirmed=False,
+                                          could_beat=[u.setting for u, _ in threats]))
                     continue
                 b = mine[0]
-                row = BestRecord(scenario=scenario, concurrency=c, best=b.setting, steps=b.steps,
+                row = BestRecord(scenario=scenario, concurrency=c, offered_rate=x.rate, best=b.setting, steps=b.steps,
                                  topk=b.topk, draft_tokens=b.draft_tokens, tok_s=b.tok_s,
                                  tok_s_ci_low=b.tok_s_ci_low, tok_s_ci_high=b.tok_s_ci_high,
                                  speedup=b.speedup, speedup_ci_low=b.speedup_ci_low,
@@ -550,16 +563,18 @@ class Sweep:
                     else:
                         row.verdict = "too few requests to compare with the runner-up"
                 else:
-                    row.verdict = "only setting measured at this concurrency"
-                threats = [(x, next(p for p in x.predicted if p.concurrency == c)) for x in skipped
-                           if x.synthetic_accept == scenario and c in x.could_beat_at]
-                row.could_beat = [x.setting for x, _ in threats]
+                    row.verdict = "only setting measured at this concurrency" if x.rate is None else \
+                        "only setting measured at this request rate"
+                row.could_beat = [u.setting for u, _ in threats]
                 row.confirmed = row.verdict.startswith("confirmed") and not threats
                 if threats:
                     against = {"faster": f"faster than the runner-up {row.runner_up}"}.get(
                         row.vs_runner_up or "", row.verdict.replace("only setting measured at this concurrency",
-                                                                    "the only one measured"))
-                    named = "; ".join(f"{x.setting} ({prediction_text(p, best=False)})" for x, p in threats[:4])
+                                                                    "the only one measured").replace(
+                            "only setting measured at this request rate", "the only one measured"))
+                    unpredicted = "not predicted: the cycle model is of concurrency levels"
+                    named = "; ".join(f"{u.setting} ({prediction_text(p, best=False) if p is not None else unpredicted})"
+                                      for u, p in threats[:4])
                     more = f"; and {len(threats) - 4} more" if len(threats) > 4 else ""
                     row.verdict = (f"best of the measured settings ({against}), not confirmed: not measured "
                                    f"({_short_why(threats[0][0].why)}) and could be faster: {named}{more}")
@@ -610,8 +625,10 @@ def new_record(params: SweepParams, run_id: str | None = None, kind: str = "swee
     m.grid = SweepGridRecord(
         settings=[GridSetting(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens,
                               synthetic_accept=s.synthetic_accept, arm=params.arm(s).name) for s in params.settings()],
-        concurrency=params.concurrency_levels(), scenarios=params.scenarios(),
-        restart_fields=["steps", "topk", "draft_tokens", "synthetic_accept"], per_request_fields=["concurrency"])
+        concurrency=params.concurrency_levels(), request_rate=params.rate_levels(),
+        max_inflight=params.inflight_cap() if params.rate_levels() else None, scenarios=params.scenarios(),
+        restart_fields=["steps", "topk", "draft_tokens", "synthetic_accept"],
+        per_request_fields=["concurrency", "request_rate"])
     record.add_secrets(secret_values(params.trial.env))
     record.save()
     return record
@@ -637,7 +654,7 @@ def execute(sw: Sweep, raise_on_failure: bool = True, drift: bool = True) -> Swe
                 record.manifest.drift = check_drift(record.manifest, params.trial.drift_dir or params.trial.output_dir,
                                                     params.trial.drift_tolerance)
     except BaseException as exc:
-        sw.failures.append(f"{type(exc).__name__}: {exc}")
+        sw.failures.append(interrupts.describe(exc))  # "interrupted by Ctrl-C", as a trial's record says
         try:
             sw.summarise()
         except Exception as inner:  # noqa: BLE001 - the original error is the one to report

@@ -114,6 +114,8 @@ class WorldSource(OfflineSource):
         seconds = w.start_s
         out = []
         for plan in windows:
+            if plan.rate is not None:  # the world models closed loops (a cycle time per batch size), not arrivals
+                continue
             c, n = plan.concurrency, plan.requests
             rates = w.tok_s(s, c) * factor * np.exp(self.rng.normal(0.0, w.request_sigma, n))
             reqs = [RequestRecord(index=i, tokens=p.max_tokens, server_predicted_n=p.max_tokens,

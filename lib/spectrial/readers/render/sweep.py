@@ -8,7 +8,15 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spectrial.readers.points import baseline_points, scenario_label, setting_label, spec_points
+from spectrial.readers.points import (
+    baseline_points,
+    load_of,
+    load_order,
+    load_short,
+    scenario_label,
+    setting_label,
+    spec_points,
+)
 from spectrial.readers.sweep import fmt
 from spectrial.schema import Manifest, PointRecord
 
@@ -31,7 +39,7 @@ def heatmap_figure(manifest: Manifest, value: str = "tok_s",
     `value`: a numeric field of the points (tok_s, accept_len, cycle_ms, speedup, ...)."""
     spec = spec_points(manifest)
     scenarios = list(dict.fromkeys(p.scenario for p in spec))
-    levels = sorted({p.concurrency for p in spec})
+    levels = sorted({load_of(p) for p in spec}, key=load_order)
     fig = make_subplots(rows=max(len(scenarios), 1), cols=1, subplot_titles=[scenario_label(s) for s in scenarios],
                         vertical_spacing=0.18 if len(scenarios) > 1 else 0.1)
     for i, sc in enumerate(scenarios, 1):
@@ -41,13 +49,13 @@ def heatmap_figure(manifest: Manifest, value: str = "tok_s",
         for c in levels:
             row_z, row_t = [], []
             for x in xs:
-                p = next((q for q in mine if q.concurrency == c and setting_label(q) == x), None)
+                p = next((q for q in mine if load_of(q) == c and setting_label(q) == x), None)
                 v = getattr(p, value, None) if p is not None and p.status == "ok" else None
                 row_z.append(v if v is not None else math.nan)
                 row_t.append(_cell_text(p, v, value))
             z.append(row_z)
             text.append(row_t)
-        fig.add_trace(go.Heatmap(z=z, x=xs, y=[f"c={c}" for c in levels], text=text, texttemplate="%{text}",
+        fig.add_trace(go.Heatmap(z=z, x=xs, y=[load_short(c) for c in levels], text=text, texttemplate="%{text}",
                                  colorscale="Viridis", showscale=i == 1, colorbar={"title": value},
                                  hovertemplate="%{x} %{y}: %{text}<extra></extra>"), row=i, col=1)
     fig.update_layout(title=title, template="plotly_white", height=260 + 200 * max(len(scenarios), 1))
@@ -66,28 +74,28 @@ def curves_figure(manifest: Manifest, title: str = "tok/s against draft depth") 
     one colour per concurrency level, the baseline as a dashed line of the same colour."""
     spec = spec_points(manifest)
     scenarios = list(dict.fromkeys(p.scenario for p in spec))
-    levels = sorted({p.concurrency for p in spec})
+    levels = sorted({load_of(p) for p in spec}, key=load_order)
     base = baseline_points(manifest)
     fig = make_subplots(rows=1, cols=max(len(scenarios), 1), subplot_titles=[scenario_label(s) for s in scenarios],
                         shared_yaxes=True)
     for i, sc in enumerate(scenarios, 1):
-        for j, c in enumerate(levels):
-            color = _COLORS[j % len(_COLORS)]
-            mine = sorted((p for p in spec if p.scenario == sc and p.concurrency == c),
+        for j, x in enumerate(levels):
+            color, c = _COLORS[j % len(_COLORS)], load_short(x)
+            mine = sorted((p for p in spec if p.scenario == sc and load_of(p) == x),
                           key=lambda p: (p.k, p.steps))
             ok = [p for p in mine if p.status == "ok"]
             fig.add_scatter(x=[p.steps for p in ok], y=[p.tok_s for p in ok], mode="markers+lines",
-                            name=f"measured c={c}", legendgroup=f"c{c}", showlegend=i == 1,
+                            name=f"measured {c}", legendgroup=x.id, showlegend=i == 1,
                             marker={"color": color, "size": 9}, line={"color": color, "width": 1},
                             error_y=_ci_bars(ok), row=1, col=i)
             pred = [(p.steps, p.final_prediction) for p in mine if p.final_prediction]
             if pred:
                 fig.add_scatter(x=[s for s, _ in pred], y=[f.tok_s for _, f in pred if f],
-                                mode="lines", name=f"model c={c}", legendgroup=f"c{c}", showlegend=i == 1,
+                                mode="lines", name=f"model {c}", legendgroup=x.id, showlegend=i == 1,
                                 line={"color": color, "dash": "dot"}, row=1, col=i)
-            if c in base:
-                fig.add_hline(y=base[c].tok_s, line_dash="dash", line_color=color, row=1, col=i,
-                              annotation_text=f"baseline c={c}" if i == 1 else None)
+            if x in base:
+                fig.add_hline(y=base[x].tok_s, line_dash="dash", line_color=color, row=1, col=i,
+                              annotation_text=f"baseline {c}" if i == 1 else None)
         fig.update_xaxes(title_text="draft depth (steps)", row=1, col=i)
     fig.update_yaxes(title_text="tok/s per stream (median, CI)", row=1, col=1)
     fig.update_layout(title=title, template="plotly_white", height=460)
@@ -98,13 +106,13 @@ def components_figure(manifest: Manifest, title: str = "Accept length and cycle 
                       ) -> go.Figure:
     """Left: accept length measured (markers) and modelled (dotted); right: cycle time, same encoding."""
     spec = spec_points(manifest)
-    levels = sorted({p.concurrency for p in spec})
+    levels = sorted({load_of(p) for p in spec}, key=load_order)
     scenarios = list(dict.fromkeys(p.scenario for p in spec))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("accept length (tokens / cycle)", "cycle time (ms)"))
-    for j, (sc, c) in enumerate((s, c) for s in scenarios for c in levels):
+    for j, (sc, x) in enumerate((s, x) for s in scenarios for x in levels):
         color = _COLORS[j % len(_COLORS)]
-        name = f"{scenario_label(sc)}, c={c}"
-        mine = sorted((p for p in spec if p.scenario == sc and p.concurrency == c), key=lambda p: p.steps or 0)
+        name = f"{scenario_label(sc)}, {load_short(x)}"
+        mine = sorted((p for p in spec if p.scenario == sc and load_of(p) == x), key=lambda p: p.steps or 0)
         ok = [p for p in mine if p.status == "ok"]
         pred = [(p.steps, p.final_prediction) for p in mine if p.final_prediction]
         for col, measured, modelled in ((1, [p.accept_len for p in ok], [f.accept_len for _, f in pred if f]),
@@ -139,7 +147,7 @@ def prediction_figure(manifest: Manifest, title: str = "Predicted before measuri
         lo, hi = min(xs + ys) * 0.9, max(xs + ys) * 1.1
         fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dot", "color": "#7f7f7f"},
                         name="prediction = measurement")
-        fig.add_scatter(x=xs, y=ys, mode="markers+text", text=[f"{setting_label(p)} c={p.concurrency}"
+        fig.add_scatter(x=xs, y=ys, mode="markers+text", text=[f"{setting_label(p)} {load_short(load_of(p))}"
                                                                for p, _ in pts],
                         # labels alternate above and below in x order, so neighbours do not overlap
                         textposition=_alternating([f.tok_s for _, f in pts if f]),
@@ -160,23 +168,31 @@ def pareto_figure(manifest: Manifest, title: str = "tok/s per user against total
     """The serving view (issue 40): each setting (and the baseline) as a line over the concurrency levels, total
     output tok/s of the window (all streams) on x, decode tok/s per request (per user) on y; the hover adds the
     speed-up with its interval and the goodput under `slo:` where set (`spectrial.readers.crossover`)."""
-    from spectrial.readers.crossover import crossovers
+    from spectrial.readers.crossover import Level, crossovers
 
     fig = go.Figure()
-    base = sorted(baseline_points(manifest).values(), key=lambda p: p.concurrency)
-    if base:
-        fig.add_scatter(x=[p.serving.output_tok_s if p.serving else None for p in base], y=[p.tok_s for p in base],
-                        mode="markers+lines", name="baseline", line={"color": "black", "dash": "dash"},
-                        text=[f"c={p.concurrency}" for p in base], textposition="top center",
-                        hovertemplate="baseline c=%{text}<br>%{x:.1f} tok/s all streams<br>%{y:.1f} tok/s per user"
-                                      "<extra></extra>")
+    bases = baseline_points(manifest)
+    for rates in (False, True):  # the concurrency levels' baseline line, and the request rates' (dotted)
+        base = [p for x, p in bases.items() if (x.rate is not None) == rates]
+        if base:
+            fig.add_scatter(x=[p.serving.output_tok_s if p.serving else None for p in base], y=[p.tok_s for p in base],
+                            mode="markers+lines", name="baseline" + (" (request rates)" if rates else ""),
+                            line={"color": "black", "dash": "dot" if rates else "dash"},
+                            text=[load_short(load_of(p)) for p in base], textposition="top center",
+                            hovertemplate="baseline %{text}<br>%{x:.1f} tok/s all streams<br>%{y:.1f} tok/s per user"
+                                          "<extra></extra>")
     for i, c in enumerate(crossovers(manifest)):
-        hover = [f"c={lv.concurrency}: {lv.speedup:.2f}x" + (f" [{lv.ci[0]:.2f}, {lv.ci[1]:.2f}]" if lv.ci else "")
+        def where(lv: Level) -> str:
+            return f"c={lv.concurrency}" if lv.offered_rate is None else f"{lv.offered_rate:g} req/s"
+
+        hover = [f"{where(lv)}: {lv.speedup:.2f}x" + (f" [{lv.ci[0]:.2f}, {lv.ci[1]:.2f}]" if lv.ci else "")
                  + (f", goodput {lv.goodput:.2f} req/s" if lv.goodput is not None else "")
                  + (" (invalid measurement)" if lv.invalid else "") if lv.speedup is not None
-                 else f"c={lv.concurrency}" for lv in c.levels]
+                 else where(lv) for lv in c.levels]
+        axis = "" if c.axis == "concurrency" else ", request rates"
         fig.add_scatter(x=[lv.output_tok_s for lv in c.levels], y=[lv.tok_s for lv in c.levels],
-                        mode="markers+lines", name=f"{c.setting} ({scenario_label(c.scenario)})",
+                        mode="markers+lines", name=f"{c.setting} ({scenario_label(c.scenario)}{axis})",
+                        line={"dash": "dot" if c.axis != "concurrency" else "solid"},
                         marker={"color": _COLORS[i % len(_COLORS)], "size": 9,
                                 "symbol": ["x" if lv.invalid else "circle" for lv in c.levels]},
                         hovertext=hover, hoverinfo="text+name")

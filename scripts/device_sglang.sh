@@ -51,7 +51,7 @@ WORK=${WORK:-/tmp/spectrial-device}
 TARBALL=${TARBALL:-.device/sglang-0.5.17.tar.xz}
 WHEEL_DIRS=${WHEEL_DIRS:-.whl-sglang/cli .whl-sglang/nb}
 COUNTING=${COUNTING:-params/h200-sglang-counting.yaml}
-SWEEP=params/sweep-h200-sglang-8b.yaml
+SWEEP=${SWEEP:-params/sweep-h200-sglang-8b.yaml}  # another sweep: SWEEP=FILE
 LLAMACPP_SWEEP=outputs/examples/h200-llamacpp-8b/20261129-151623-h200-8b-sweep
 # the bundle FIRST: its transformers/tokenizers shadow the image's (REAL_ENGINES.md)
 # $SHIM: placeholders for what the bundle does not carry but SGLang imports unconditionally (phase_setup)
@@ -191,6 +191,7 @@ phase_trial() {  # the counting pair through the CLI, as notebook 02 runs it (2 
 phase_sweep() {  # the depth x forced-acceptance grid on the 8B set, stopped by its own time budget
   local rid b
   rid=h200-sglang-8b-sweep-$(date +%H%M%S)
+  [ "$SWEEP" = params/sweep-h200-sglang-8b.yaml ] || rid=$(basename "$SWEEP" .yaml)-$(date +%H%M%S)  # named as its file
   echo "$rid" > "$WORK/sweep-run-id"
   b=$(( $(remaining) - 90 ))
   if [ "$b" -lt 60 ]; then say "only $(remaining) s left: sweep not started"; return 124; fi

@@ -60,6 +60,7 @@ VERDICT_083946 = (
 # example folders written after the typed records, each checked by its own test
 LATER = {"llamacpp-load-crossover": "tests/sweep/test_load_crossover.py",
          "llamacpp-rate-crossover": "tests/sweep/test_request_rates.py",
+         "h100-sglang-rate-crossover": "tests/sweep/test_request_rates.py",
          "vllm-cpu-load-policy": "tests/sweep/test_load_crossover.py"}
 
 

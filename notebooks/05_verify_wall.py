@@ -58,7 +58,8 @@ from spectrial.schema import Manifest
 
 def depths(m: Manifest) -> int:
     """Distinct depths among the completed speculative arms at this concurrency (a sweep has two or more)."""
-    return len({a.steps for a in m.arms if a.measured and a.speculative and a.get("concurrency", 1) == concurrency})
+    return len({a.steps for a in m.arms if a.measured and a.speculative and a.get("concurrency", 1) == concurrency
+                and a.get("offered_rate") is None})
 
 
 def find_record(path: str) -> Path | None:
@@ -102,7 +103,8 @@ def roofline_of(record: Path, m: Manifest) -> RooflineInputs:
 analyses = []
 for record in records:
     m = load_record(record)
-    at_c = m.model_copy(update={"arms": [a for a in m.arms if a.get("concurrency", 1) == concurrency]})
+    at_c = m.model_copy(update={"arms": [a for a in m.arms if a.get("concurrency", 1) == concurrency
+                                         and a.get("offered_rate") is None]})  # a sweep's request rates apart
     roof = roofline_of(record, m)
     ex = explain(at_c, roofline=roof)
     analyses.append((record, m, roof, ex))

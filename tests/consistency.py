@@ -369,8 +369,11 @@ def check_explain_output(m: Manifest, label: str) -> None:
     the one that reaches its break-even."""
     from spectrial.analysis import formulas
 
-    for group in dict.fromkeys((a.session, a.get("concurrency")) for a in m.arms):  # as notebook 05 reads a sweep
-        sub = m.model_copy(update={"arms": [a for a in m.arms if (a.session, a.get("concurrency")) == group],
+    def level(a: ArmRecord) -> tuple[object, object, object]:  # as notebook 05 reads a sweep: one load level at a time
+        return a.session, a.get("concurrency"), a.get("offered_rate")
+
+    for group in dict.fromkeys(level(a) for a in m.arms):
+        sub = m.model_copy(update={"arms": [a for a in m.arms if level(a) == group],
                                    "points": []})
         by = {a.name: a for a in _spec(sub)}
         ex = explain(sub)
@@ -588,10 +591,12 @@ def check_sweep_output(m: Manifest, label: str) -> None:
     text = verdict(m)
     by = {p.id: p for p in m.points}
     for row in m.best:
-        p = by.get(f"{row.best}@c{row.concurrency}") if row.best else None
+        at = f"c{row.concurrency}" if row.offered_rate is None else f"r{row.offered_rate:g}"
+        p = by.get(f"{row.best}@{at}") if row.best else None
         if p is None or p.speedup is None:
             continue
-        where = f"{scenario_label(row.scenario)}, concurrency {row.concurrency}: best **{row.best}**"
+        load = f"concurrency {row.concurrency}" if row.offered_rate is None else f"{row.offered_rate:g} req/s"
+        where = f"{scenario_label(row.scenario)}, {load}: best **{row.best}**"
         hit = re.search(rf"{re.escape(where)} at [^;]*?, {NUM}x the baseline", text)
         assert hit, f"{label}: the sweep's verdict has no speed-up for {where}"
         said(hit.group(1), p.speedup, f"{label}: sweep verdict, {p.id}")

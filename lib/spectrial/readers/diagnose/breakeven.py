@@ -21,10 +21,10 @@ _filled = figures.filled  # hand-made records carry verify time and share instea
 
 
 def _groups(arms: Sequence[tuple[str, ArmRecord]]) -> list[list[tuple[str, ArmRecord]]]:
-    """Arms that share one baseline: the same session and concurrency."""
-    out: dict[tuple[Any, Any], list[tuple[str, ArmRecord]]] = {}
+    """Arms that share one baseline: the same session and load level (concurrency, and a sweep's request rate)."""
+    out: dict[tuple[Any, Any, Any], list[tuple[str, ArmRecord]]] = {}
     for p, a in arms:
-        out.setdefault((a.session, a.get("concurrency")), []).append((p, a))
+        out.setdefault((a.session, a.get("concurrency"), a.get("offered_rate")), []).append((p, a))
     return list(out.values())
 
 

@@ -38,7 +38,8 @@ def baseline_of(ctx: Context, arm: ArmRecord) -> ArmRecord | None:
         if hit is not None:
             return hit
     same = [a for a in arms if a.status == "ok" and figures.is_baseline(a) and figures.positive(a.tok_s)
-            and a.session == arm.session and a.get("concurrency") == arm.get("concurrency")]
+            and a.session == arm.session and a.get("concurrency") == arm.get("concurrency")
+            and a.get("offered_rate") == arm.get("offered_rate")]
     return same[0] if same else None
 
 

@@ -109,7 +109,7 @@ def _sessions(ctx: Context) -> Iterator[Finding]:
 
 # ------------------------------------------------------------------ results that cannot be compared
 def _config(a: ArmRecord) -> tuple[Any, ...]:
-    return (a.method, a.steps, a.topk, a.draft_tokens, a.synthetic_accept, a.get("concurrency"))
+    return (a.method, a.steps, a.topk, a.draft_tokens, a.synthetic_accept, a.get("concurrency"), a.get("offered_rate"))
 
 
 def _pair_evidence(path: str, a: ArmRecord) -> list[Evidence]:

@@ -361,7 +361,8 @@ def _arms_table_cell(manifest: Manifest) -> Any:
 
 
 def analysis_cells(manifest: Manifest, target_tok_s: float | None = None, heading: bool = True) -> list[Any]:
-    """The explain sections of a record (one analysis per session of a hand-made record that has several)."""
+    """The explain sections of a record (one analysis per load level of a sweep, per session of a hand-made record
+    that has several)."""
     import nbformat.v4 as nbf
 
     from spectrial.analysis.figures import filled
@@ -371,6 +372,15 @@ def analysis_cells(manifest: Manifest, target_tok_s: float | None = None, headin
     arms = [filled(a) for a in manifest.arms]
     sessions = list(dict.fromkeys(a.session for a in arms if a.session is not None))
     cells: list[Any] = []
+    levels = list(dict.fromkeys((a.get("concurrency"), a.get("offered_rate")) for a in arms)) if manifest.points \
+        else []
+    if len(levels) > 1:  # a sweep: each load level against its own baseline (one analysis per level)
+        for c, rate in levels:
+            cells.append(nbf.new_markdown_cell(f"## Analysis: {f'concurrency {c}' if rate is None else f'{rate:g} req/s'}"))
+            cells += explanation_cells(explain(manifest.model_copy(update={"arms": [
+                a for a in arms if (a.get("concurrency"), a.get("offered_rate")) == (c, rate)]}),
+                target_tok_s=target_tok_s))
+        return cells
     if len(sessions) > 1:
         for session in sessions:
             cells.append(nbf.new_markdown_cell(f"## Analysis: session {session}"))

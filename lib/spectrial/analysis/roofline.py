@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from spectrial import house
 from spectrial.analysis._checks import check_nonneg, check_positive
 from spectrial.errors import ConfigError
 
@@ -27,7 +28,7 @@ __all__ = [
     "weight_bytes",
 ]
 
-DEFAULT_HARDWARE_PATH = Path(__file__).resolve().parents[3] / "params" / "hardware.yaml"
+DEFAULT_HARDWARE_PATH = house.find("params/hardware.yaml")  # the checkout's, or the installed package's copy
 
 
 class GpuSpec(BaseModel):

@@ -15,6 +15,7 @@ if __name__ == "__main__" or sys.argv and sys.argv[0].endswith("spectrial"):  # 
     interrupts.as_command()  # before anything slow: a signal while starting up exits 130 / 143 / 129
 
 import json  # noqa: E402
+import shlex  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Annotated, Any  # noqa: E402
 
@@ -266,6 +267,29 @@ def observe(url: Annotated[str, typer.Argument(help="Base URL of the running ser
         return
     print_headline(result.manifest)
     typer.echo(f"run record: {result.run_dir / 'manifest.json'}")
+
+
+@app.command()
+def init(directory: Annotated[Path, typer.Argument(help="The investigation folder to lay out (new or empty).")]
+         = Path(".")) -> None:
+    """Lay out an investigation folder from the installed spectrial: notebooks/ (each with its jupytext pair),
+    params/ (the embedded default local.yaml, the hardware table, templates for SGLang TP8, vLLM and llama.cpp),
+    outputs/, environment.yml and README.md. Never overwrites a file (exit 2, naming them)."""
+    from spectrial import house
+
+    try:
+        written = house.init(directory)
+    except SpectrialError as exc:
+        _fail(exc)
+        return
+    out = directory.expanduser()
+    nbs = sorted(p.name for p in written if p.suffix == ".ipynb")
+    typer.echo(f"laid out {out.resolve()}: {len(written)} files from {house.source()}")
+    typer.echo(f"  notebooks/   {', '.join(nbs)}")
+    typer.echo("  params/      local.yaml (the embedded default), hardware.yaml, templates/ "
+               f"({', '.join(sorted(p.name for p in written if p.parent.name == 'templates'))})")
+    typer.echo("  outputs/     run records")
+    typer.echo(f"next: cd {shlex.quote(str(out))} && spectrial trial      # the embedded default, then README.md")
 
 
 @app.command()

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from spectrial import house
 from spectrial.errors import ConfigError
 from spectrial.params.cluster import ClusterParams
 
@@ -788,9 +789,10 @@ def find_params_file(path: str | os.PathLike[str]) -> Path:
 
 
 def repo_root() -> Path:
-    """The spectrial checkout this package runs from (editable install), else the cwd."""
-    here = Path(__file__).resolve().parents[3]
-    return here if (here / "pyproject.toml").is_file() else Path.cwd()
+    """Where relative names are looked up after the cwd: the spectrial checkout this package runs from (editable
+    install), else the cwd when it is an investigation folder (`spectrial init`), else the installed package's copy
+    of the notebooks and params (`spectrial.house.root`)."""
+    return house.root()
 
 
 def read_params_yaml(path: str | os.PathLike[str]) -> tuple[dict[str, JsonValue], str]:

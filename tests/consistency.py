@@ -40,7 +40,7 @@ from spectrial.readers.explain import explain
 from spectrial.readers.headline import headlines
 from spectrial.readers.history import record_rows
 from spectrial.record.store import load_record
-from spectrial.schema import ArmRecord, Manifest
+from spectrial.schema import ArmRecord, Load, Manifest
 
 REL = 1e-9
 
@@ -591,12 +591,11 @@ def check_sweep_output(m: Manifest, label: str) -> None:
     text = verdict(m)
     by = {p.id: p for p in m.points}
     for row in m.best:
-        at = f"c{row.concurrency}" if row.offered_rate is None else f"r{row.offered_rate:g}"
-        p = by.get(f"{row.best}@{at}") if row.best else None
+        load = Load(row.concurrency, row.offered_rate)
+        p = by.get(f"{row.best}@{load.id}") if row.best else None
         if p is None or p.speedup is None:
             continue
-        load = f"concurrency {row.concurrency}" if row.offered_rate is None else f"{row.offered_rate:g} req/s"
-        where = f"{scenario_label(row.scenario)}, {load}: best **{row.best}**"
+        where = f"{scenario_label(row.scenario)}, {load.text()}: best **{row.best}**"
         hit = re.search(rf"{re.escape(where)} at [^;]*?, {NUM}x the baseline", text)
         assert hit, f"{label}: the sweep's verdict has no speed-up for {where}"
         said(hit.group(1), p.speedup, f"{label}: sweep verdict, {p.id}")

@@ -14,6 +14,7 @@ SCHEMA_VERSION, and refuses a newer one (RecordDamaged, naming both versions).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import re
 from collections.abc import Mapping
@@ -96,6 +97,24 @@ class ServerRequestStats(BaseModel):
     def fields(self) -> dict[str, float]:
         """The figures the engine reported (the record's `server_*` fields to set)."""
         return self.model_dump(exclude_none=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """One load level: `concurrency` requests in flight (a closed loop), or with `rate` an open loop offering `rate`
+    requests per second with at most `concurrency` in flight."""
+
+    concurrency: int
+    rate: float | None = None
+
+    @property
+    def id(self) -> str:
+        """The level in a point id: "c4" (concurrency 4), "r2.5" (2.5 req/s)."""
+        return f"c{self.concurrency}" if self.rate is None else f"r{self.rate:g}"
+
+    def text(self) -> str:
+        return f"concurrency {self.concurrency}" if self.rate is None else f"{self.rate:g} req/s"
+
 
 
 class RequestRecord(Record, ServerRequestStats):

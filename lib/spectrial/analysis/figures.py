@@ -53,6 +53,7 @@ from spectrial.schema import (
     CategoryRecord,
     Comparison,
     CrossCheck,
+    Load,
     Manifest,
     Pays,
     PointRecord,
@@ -681,8 +682,7 @@ def rederive(m: Manifest) -> Manifest:
         arms = [by_id.get(getattr(a, "id", ""), a) for a in arms]
     best = []
     for row in m.best:
-        level = f"c{row.concurrency}" if row.offered_rate is None else f"r{row.offered_rate:g}"  # sweep.params.Load.id
-        p = by_id.get(f"{row.best}@{level}") if row.best and points else None
+        p = by_id.get(f"{row.best}@{Load(row.concurrency, row.offered_rate).id}") if row.best and points else None
         if p is not None:
             row = row.model_copy(update={"speedup": p.speedup, "speedup_ci_low": p.speedup_ci_low,
                                          "speedup_ci_high": p.speedup_ci_high, "vs_baseline": p.verdict})

@@ -7,7 +7,7 @@ import statistics
 
 from spectrial.readers.crossover import crossovers, policy_lines
 from spectrial.readers.points import baseline_points, load_of, scenario_label, spec_points
-from spectrial.schema import Manifest
+from spectrial.schema import Load, Manifest
 from spectrial.sweep.result import partial_reason
 
 
@@ -29,8 +29,7 @@ def verdict(manifest: Manifest) -> str:
     for x, base in baseline_points(manifest).items():
         parts.append(f"At {x.text()} the baseline decoded {fmt(base.tok_s)} tok/s per stream.")
     for row in manifest.best:
-        where = f"{scenario_label(row.scenario)}, " + (f"concurrency {row.concurrency}" if row.offered_rate is None
-                                                       else f"{row.offered_rate:g} req/s")
+        where = f"{scenario_label(row.scenario)}, {Load(row.concurrency, row.offered_rate).text()}"
         if not row.best:
             parts.append(f"{where}: no setting measured.")
             continue

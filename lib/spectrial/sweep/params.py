@@ -37,6 +37,7 @@ from spectrial.params import (
     read_params_yaml,
 )
 from spectrial.params import validate as validate_trial
+from spectrial.schema import Load
 
 Strategy = Literal["grid", "guided"]
 
@@ -267,23 +268,6 @@ class SweepParams(BaseModel):
         data["engine_config"] = engine_class(self.trial.engine).with_slots(data.get("engine_config") or {},
                                                                           self.server_slots())
         return validate_trial(data, "sweep params (trial part)")
-
-
-@dataclass(frozen=True)
-class Load:
-    """One load level: `concurrency` requests in flight (a closed loop), or with `rate` an open loop offering `rate`
-    requests per second with at most `concurrency` in flight."""
-
-    concurrency: int
-    rate: float | None = None
-
-    @property
-    def id(self) -> str:
-        """The level in a point id: "c4" (concurrency 4), "r2.5" (2.5 req/s)."""
-        return f"c{self.concurrency}" if self.rate is None else f"r{self.rate:g}"
-
-    def text(self) -> str:
-        return f"concurrency {self.concurrency}" if self.rate is None else f"{self.rate:g} req/s"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from spectrial.record.store import RunResult
-from spectrial.schema import Manifest, PredictedLevel, SweepBudget, UnmeasuredSetting, WindowRecord
+from spectrial.schema import Load, Manifest, PredictedLevel, SweepBudget, UnmeasuredSetting
 
 POINT_COLUMNS = ["point", "setting", "scenario", "steps", "topk", "draft_tokens", "concurrency", "offered_rate", "status",
                  "phase",
@@ -36,8 +36,8 @@ class SweepResult(RunResult):
         """Server starts in launch order: phase, arm, status, readiness, windows."""
         rows = [{"order": s.order, "phase": s.phase, "arm": s.arm, "restart": s.restart, "status": s.status,
                  "ready_s": s.ready_s, "seconds": s.elapsed_s,
-                 "windows": ", ".join(f"{_load(w)}: {w.tok_s:.1f}" if w.tok_s else f"{_load(w)}: -"
-                                      for w in s.windows),
+                 "windows": ", ".join(f"{Load(w.concurrency, w.offered_rate).id}: "
+                                      + (f"{w.tok_s:.1f}" if w.tok_s else "-") for w in s.windows),
                  "reason": s.reason} for s in self.manifest.starts]
         return pd.DataFrame(rows)
 
@@ -65,9 +65,6 @@ def points_table(manifest: Manifest) -> pd.DataFrame:
 
 _BUDGET_STOPS = ("restart budget", "time budget")
 
-
-def _load(w: WindowRecord) -> str:
-    return f"c{w.concurrency}" if w.offered_rate is None else f"{w.offered_rate:g} req/s"
 
 
 def sweep_status(manifest: Manifest) -> str:

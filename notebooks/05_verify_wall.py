@@ -31,12 +31,14 @@
 # 4. the **acceptance needed** per depth, and the baseline against the **HBM roofline**.
 #
 # With several records (`run_dir` a list: e.g. llama.cpp and SGLang on the same GPU), each gets its sections
-# and one figure puts their cycle costs side by side.
+# and one figure per GPU kind puts their cycle costs side by side: a record is drawn only beside records of the
+# same GPU kind (an H100's cycle beside an H200's says nothing of the engines). Each record's roofline is its own
+# GPU's, as it recorded it (`host.gpu_key`, else the GPU name matched in params/hardware.yaml).
 
 # %% tags=["parameters"]
 run_dir = "outputs/examples/h200-llamacpp-8b"  # a run record or a folder of records; or a list of them
 out_dir = None  # where verify_wall.csv / verify_wall.json go (None: nowhere)
-hardware = "h200_sxm"  # key of params/hardware.yaml for the roofline
+hardware = None  # key of params/hardware.yaml for the roofline; None: the GPU each record ran on
 shape = "llama3-8b"  # model shape when the record has no models.json (spectrial.models.SHAPES)
 vocab_size = 128256  # vocabulary when the record has no models.json
 bits_per_weight = 16  # f16 weights
@@ -50,7 +52,8 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from spectrial import analysis
-from spectrial.readers.explain import RooflineInputs, explain
+from spectrial.errors import ConfigError
+from spectrial.readers.explain import RooflineInputs, explain, recorded_gpu
 from spectrial.readers.render.figures import cycle_lines_figure, show_explanation, show_figure
 from spectrial.record.store import list_runs, load_record
 from spectrial.schema import Manifest
@@ -76,9 +79,22 @@ if not records:
                      "`outputs/examples/`, or pass `run_dir`. The cells below are skipped."))
 
 
+def gpu_of(record: Path, m: Manifest) -> str:
+    """The record's GPU as params/hardware.yaml keys it (`hardware` when given); a clear error when the record
+    names none or one the table does not know."""
+    if hardware:
+        return hardware
+    key, _n, name = recorded_gpu(m)
+    if key is None:
+        raise ConfigError(f"{record.name} ran on {name or 'no recorded GPU'!r}, which params/hardware.yaml does not "
+                          "know: add it there (name, aliases as nvidia-smi prints it, bandwidth_gb_s) or pass "
+                          "-p hardware=KEY")
+    return key
+
+
 def roofline_of(record: Path, m: Manifest) -> RooflineInputs:
-    """The roofline's inputs: the model's shape from the record's models.json (else `shape`), the KV cache read
-    at the mean context of its requests."""
+    """The roofline's inputs: the record's GPU, the model's shape from the record's models.json (else `shape`), the
+    KV cache read at the mean context of its requests."""
     from spectrial.models import SHAPES
 
     models_json = record / "models.json"
@@ -97,7 +113,7 @@ def roofline_of(record: Path, m: Manifest) -> RooflineInputs:
     kv = analysis.kv_cache_bytes(sh["n_layer"], sh["n_head_kv"], sh["n_embd"] // sh["n_head"], context)
     p_b = analysis.streamed_params_b(sh["n_layer"], sh["n_embd"], sh["n_ff"], sh["n_head"], sh["n_head_kv"],
                                      n_vocab)
-    return RooflineInputs(gpu=hardware, params_b=p_b, bits_per_weight=bits_per_weight, kv_bytes_per_token=kv)
+    return RooflineInputs(gpu=gpu_of(record, m), params_b=p_b, bits_per_weight=bits_per_weight, kv_bytes_per_token=kv)
 
 
 analyses = []
@@ -117,14 +133,20 @@ for record in records:
     show_explanation(ex)
 
 # %% [markdown]
-# ## Side by side: cycle cost per drafted token
+# ## Side by side: cycle cost per drafted token, per GPU kind
 # The fitted cycle line of each record and method (synthetic acceptance, where the engine offers it, since a
 # real draft's acceptance varies), with its measured points: where two engines run the same model on the same
-# GPU, the gap between their lines is the engine's own overhead per cycle.
+# GPU, the gap between their lines is the engine's own overhead per cycle. Records of another GPU kind get a
+# figure of their own.
 
 # %%
-if analyses:
-    labelled = [(f"{m.engine.name} ({record.name})", ex) for record, m, _roof, ex in analyses]
+by_gpu: dict[str, list] = {}
+for record, m, roof, ex in analyses:
+    by_gpu.setdefault(roof.gpu, []).append((f"{m.engine.name} ({record.name})", ex))
+for gpu, labelled in by_gpu.items():
+    others = [g for g in by_gpu if g != gpu]
+    display(Markdown(f"**{gpu}**: {len(labelled)} record(s)"
+                     + (f"; not drawn beside {', '.join(others)} (another GPU kind)" if others else "")))
     show_figure(cycle_lines_figure(labelled))
 
 # %% [markdown]

@@ -32,3 +32,38 @@ call_pack() {
   tar -C "$WORK" --warning=no-file-changed -czf "$OUT/device-$CALL_ID.tar.gz" "device-$CALL_ID"
   echo "$OUT/device-$CALL_ID.tar.gz"
 }
+
+# The lent GPU (issue 41), once per call, before any server start: GPU_NAME as nvidia-smi prints it, GPU_KEY its
+# params/hardware.yaml key (spectrial.analysis.gpu_key: h100_sxm, h200_sxm, ...), GPU_SLUG the run ids' prefix
+# (h100-sxm), GPU_ARCH its compute capability without the dot (90). A GPU the table lacks stops the call (exit 2)
+# saying what to add. SPECTRIAL_GPU_NAME stands in for nvidia-smi's name (a rehearsal on a machine without one);
+# with neither, GPU_SLUG is `nogpu`. Needs $PY and a PYTHONPATH that finds spectrial; `gpu_identify soft` returns 3
+# instead when spectrial's dependencies are not importable yet (a fresh machine before its setup phase).
+gpu_identify() {
+  local name rc
+  name=${SPECTRIAL_GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}
+  GPU_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+  GPU_ARCH=${GPU_ARCH:-90}
+  if [ -z "$name" ]; then
+    GPU_NAME="" GPU_KEY="" GPU_SLUG=nogpu
+    echo "[device] no GPU found by nvidia-smi: run ids say nogpu"
+  else
+    GPU_KEY=$("$PY" -c 'import sys
+try:
+    from spectrial.analysis import gpu_key
+    from spectrial.errors import ConfigError
+except ImportError as exc:
+    print(f"[device] cannot name the GPU yet ({exc}): after the setup phase", file=sys.stderr)
+    sys.exit(3)
+try:
+    print(gpu_key(sys.argv[1]))
+except ConfigError as exc:
+    sys.exit(f"[device] {exc}")' "$name")
+    rc=$?
+    if [ "$rc" = 3 ] && [ "${1:-}" = soft ]; then return 3; fi
+    [ "$rc" = 0 ] || exit 2
+    GPU_NAME=$name GPU_SLUG=${GPU_KEY//_/-}
+    echo "[device] GPU: $GPU_NAME = $GPU_KEY (params/hardware.yaml), compute capability $GPU_ARCH; run ids start $GPU_SLUG-"
+  fi
+  export GPU_NAME GPU_KEY GPU_SLUG GPU_ARCH
+}

@@ -39,7 +39,12 @@ WHEELS=(
   prompt_toolkit==3.0.53 wcwidth==0.9.4 pexpect==4.9.0 ptyprocess==0.7.0 stack_data==0.6.3
   executing==2.3.0 asttokens==3.0.2 pure_eval==0.2.4 decorator==5.3.1 matplotlib-inline==0.2.2
   comm==0.2.3 nest-asyncio2==1.7.4 debugpy==1.8.22
+  savvi==0.3.1 py-markdown-table==2.0.0
 )
+# Requirements a carried wheel declares but the device path never imports (checked in tests/house/
+# test_device_recipe.py by importing what it uses): savvi's cvxpy serves its other models; `decide:`
+# (spectrial.analysis.sequential) imports savvi.linear_regression, which needs numpy, scipy, py-markdown-table.
+UNUSED_REQUIRES="savvi:cvxpy"
 
 # The device image's packages (KINDS.md), normalised names. `check` treats these as present.
 IMAGE_PACKAGES="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
@@ -126,7 +131,7 @@ cmd_wheels() {
 
 # --- check: wheel closure and payload size ---------------------------------------------------------------
 cmd_check() {
-  IMAGE_PACKAGES="$IMAGE_PACKAGES" "$PY" - "$WHL_DIR" <<'EOF'
+  IMAGE_PACKAGES="$IMAGE_PACKAGES" UNUSED_REQUIRES="$UNUSED_REQUIRES" "$PY" - "$WHL_DIR" <<'EOF'
 """Every wheel's Requires-Dist (markers for CPython 3.12 on Linux x86_64, no extras) must be met by the
 wheel set or the device image; one version per project; nothing pulls fabric/paramiko/cryptography."""
 import os, re, sys, zipfile
@@ -143,6 +148,7 @@ wheels = sorted(folder.glob("*.whl"))
 if not wheels:
     sys.exit(f"no wheels in {folder}: run scripts/device_prepare.sh wheels")
 image = {canonicalize_name(n) for n in os.environ["IMAGE_PACKAGES"].split()}
+unused = {tuple(canonicalize_name(x) for x in pair.split(":")) for pair in os.environ["UNUSED_REQUIRES"].split()}
 have: dict[str, str] = {}
 problems = []
 for w in wheels:
@@ -161,6 +167,8 @@ for w in wheels:
         if req.marker is not None and not req.marker.evaluate(ENV):
             continue
         n = canonicalize_name(req.name)
+        if (canonicalize_name(parse_wheel_filename(w.name)[0]), n) in unused:
+            continue
         if n in have:
             if have[n] not in req.specifier and req.specifier:
                 problems.append(f"{w.name} needs {req}, carried {n} {have[n]}")

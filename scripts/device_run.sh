@@ -61,6 +61,12 @@ MARKER="$WORK/start-$CALL-$T0"          # record folders newer than this were ma
 : > "$RECORDS"; : > "$MARKER"
 call_begin "$CALL"  # device_env.sh: $CALL_DIR holds this call's device.log and timings.tsv
 trap 'sleep 0.5' EXIT  # let tee flush the last lines into the call's output
+if [ "$CALL" = plan ]; then GPU_SLUG=plan GPU_ARCH=90; else gpu_identify; fi  # device_env.sh: GPU_KEY, GPU_SLUG; unknown: exit 2
+if [ "$GPU_ARCH" != 90 ] && [ "$CALL" != plan ]; then  # params/h200-8b.yaml's CUDA build: engine_config.cuda_arch "90"
+  echo "[device_run] GPU compute capability $GPU_ARCH: the recipe builds llama.cpp for sm_90 (params/h200-8b.yaml," \
+       "engine_config.cuda_arch) and this script's build phase; set both to $GPU_ARCH for this GPU" >&2
+  exit 2
+fi
 
 elapsed() { echo $(( $(date +%s) - T0 )); }
 remaining() { echo $(( BUDGET_S - $(elapsed) )); }
@@ -126,7 +132,7 @@ phase_src() {  # unpack the stripped llama.cpp tree once per machine
   say "unpacked $(du -sh "$SRC_DIR" | cut -f1) into $SRC_DIR"
 }
 
-phase_build() {  # llama-server + rpc-server, CUDA arch 90, ninja, all cores (spectrial.engines.llamacpp_build; cached)
+phase_build() {  # llama-server, CUDA arch 90, ninja, all cores (spectrial.engines.llamacpp_build; cached)
   "$PY" - "$SRC_DIR" "$CALL_DIR" <<'EOF'
 import os, shutil, sys, time
 from pathlib import Path
@@ -226,14 +232,14 @@ NB02_ARMS='[{"name": "baseline", "method": "none"},
 
 phase_nb02() {
   local rid
-  rid="$(date +%Y%m%d-%H%M%S)-h200-8b-nb02"
+  rid="$(date +%Y%m%d-%H%M%S)-$GPU_SLUG-8b-nb02"
   run_notebook notebooks/02_eagle3.ipynb "$rid" \
     "{\"params_file\": \"$PARAMS\", \"run_id\": \"$rid\", \"output_dir\": \"$RUNS\", \"overrides\": {\"arms\": $NB02_ARMS}}"
 }
 
 phase_sweep() {  # the grid of params/h200-8b.yaml: notebook 03 if present, else `spectrial trial`
   local rid t rc
-  rid="$(date +%Y%m%d-%H%M%S)-h200-8b-sweep"
+  rid="$(date +%Y%m%d-%H%M%S)-$GPU_SLUG-8b-sweep"
   echo "$rid" > "$WORK/sweep-run-id"
   if [ -f "$NB03" ]; then
     # the arms of a trial file are the sweep's grid ("grid" strategy); its own budget ends it cleanly

@@ -27,7 +27,7 @@ set -uo pipefail
 # shellcheck source=scripts/device_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 CALL=${1:-help}
-PHASES=" setup models warm trial sweep nb02 nb05 chaos kill hup short pack "
+PHASES=" stage setup models warm trial sweep nb02 nb05 chaos kill hup short pack "
 case "$CALL" in
   call1|call2|faults|faults2) ;;
   *)  # a list of phases: the call is named after them
@@ -48,7 +48,7 @@ SGL_SITE=${SGL_SITE:-/tmp/sglang-site}
 SITE=${SITE:-/tmp/site}
 RUNS=${RUNS:-/tmp/spectrial-runs}
 WORK=${WORK:-/tmp/spectrial-device}
-TARBALL=${TARBALL:-.device/sglang-0.5.17.tar.xz}
+TARBALL=${TARBALL:-.device/sglang-0.5.17.tar.xz}  # carried whole, or put together from its parts (phase stage)
 WHEEL_DIRS=${WHEEL_DIRS:-.whl-sglang/cli .whl-sglang/nb}
 COUNTING=${COUNTING:-params/h200-sglang-counting.yaml}
 SWEEP=${SWEEP:-params/sweep-h200-sglang-8b.yaml}  # another sweep: SWEEP=FILE
@@ -64,6 +64,10 @@ MARKER="$WORK/start-$CALL-$T0"
 : > "$MARKER"
 call_begin "$CALL"  # device_env.sh: $CALL_DIR holds this call's device.log and timings.tsv
 trap 'sleep 0.5' EXIT
+# device_env.sh: GPU_KEY, GPU_SLUG (the run ids' prefix); an unknown GPU stops here (exit 2); a fresh machine, whose
+# bundle (pydantic, ...) is not unpacked yet, names it at the end of the setup phase
+GPU_SLUG=""
+gpu_identify soft
 
 elapsed() { echo $(( $(date +%s) - T0 )); }
 remaining() { echo $(( BUDGET_S - $(elapsed) )); }
@@ -115,13 +119,45 @@ assert not deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM, "DeepGEMM placeholder taken fo
   fi
 }
 
+phase_stage() {  # the bundle's parts this call carries (.device/sglang-part*/), kept on the machine until all are here
+  local d sha name k n have
+  mkdir -p "$WORK/bundle"
+  for d in .device/sglang-part*/; do
+    [ -f "$d/PART" ] || continue
+    read -r sha name k n < "$d/PART"
+    cp -f "$d/bundle.part" "$WORK/bundle/$sha.$k-of-$n"
+    echo "$name" > "$WORK/bundle/$sha.name"
+    say "staged part $k of $n of $name"
+  done
+  for f in "$WORK"/bundle/*.name; do  # every bundle whose parts are all here: put it together, checked
+    [ -f "$f" ] || continue
+    sha=$(basename "$f" .name); name=$(cat "$f")
+    n=$(ls "$WORK/bundle/$sha".1-of-* 2>/dev/null | head -1 | sed 's/.*-of-//')
+    [ -n "$n" ] || continue
+    have=$(ls "$WORK/bundle/$sha".*-of-"$n" 2>/dev/null | wc -l)
+    if [ -f "$WORK/bundle/$name" ] && [ "$(sha256sum "$WORK/bundle/$name" | cut -d' ' -f1)" = "$sha" ]; then continue; fi
+    if [ "$have" -lt "$n" ]; then
+      say "$name: $have of $n parts on this machine; the next call carries the rest (docs/DEVICE.md, section 7)"
+      continue
+    fi
+    for k in $(seq 1 "$n"); do cat "$WORK/bundle/$sha.$k-of-$n"; done > "$WORK/bundle/$name.tmp"
+    [ "$(sha256sum "$WORK/bundle/$name.tmp" | cut -d' ' -f1)" = "$sha" ] \
+      || { say "$name: the parts do not make the bundle again (sha256 differs): carry them again"; return 1; }
+    mv "$WORK/bundle/$name.tmp" "$WORK/bundle/$name"
+    say "put $name together from its $n parts"
+  done
+  [ -f "$TARBALL" ] || [ ! -f "$WORK/bundle/$(basename "$TARBALL")" ] || TARBALL="$WORK/bundle/$(basename "$TARBALL")"
+  return 0
+}
+
 phase_setup() {  # the bundle into $SGL_SITE and the carried wheels into $SITE (once per machine), device facts
+  phase_stage || return 1
   if [ -f "$TARBALL" ] && [ "$(cat "$SGL_SITE/.sha" 2>/dev/null)" != "$(sha256sum "$TARBALL" | cut -c1-16)" ]; then
     rm -rf "$SGL_SITE" && mkdir -p "$SGL_SITE" && tar -C "$SGL_SITE" -xJf "$TARBALL" || return 1
     sha256sum "$TARBALL" | cut -c1-16 > "$SGL_SITE/.sha"
     say "unpacked the SGLang bundle: $(du -sh "$SGL_SITE" | cut -f1)"
   fi
-  [ -f "$SGL_SITE/.sha" ] || { say "no SGLang bundle on this machine (a fresh machine: start with call1)"; return 1; }
+  [ -f "$SGL_SITE/.sha" ] || { say "no SGLang bundle on this machine (a fresh machine: carry its parts, docs/DEVICE.md)"; return 1; }
   for d in $WHEEL_DIRS; do
     [ -d "$d" ] || continue
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$d"/*.whl \
@@ -131,6 +167,7 @@ phase_setup() {  # the bundle into $SGL_SITE and the carried wheels into $SITE (
   [ -f "$SGL_SITE/sglang/launch_server.py" ] || { say "no sglang in $SGL_SITE"; return 1; }
   graph_probe || return 1
   "$PY" -c 'import spectrial.protocol.session, spectrial.models.hf' || return 1
+  [ -n "$GPU_SLUG" ] || gpu_identify
   {
     echo "== date"; date -u +%FT%TZ
     echo "== nvidia-smi"; nvidia-smi
@@ -170,7 +207,7 @@ run_trial() {  # run_trial PARAMS RUN_ID [-p ...]: the CLI trial, SIGINT at the 
 
 phase_warm() {  # the counting pair's first start: SGLang's JIT builds, and whether CUDA graphs work here
   local rid
-  rid=h200-sglang-counting-cli-$(date +%H%M%S)
+  rid=$GPU_SLUG-sglang-counting-cli-$(date +%H%M%S)
   if run_trial "$COUNTING" "$rid" -p restarts=1 -p repeats=2 -p 'arms=[{"name":"baseline"}]'; then
     say "CUDA graphs: $(graphs)"; return 0
   fi
@@ -185,13 +222,13 @@ phase_warm() {  # the counting pair's first start: SGLang's JIT builds, and whet
 }
 
 phase_trial() {  # the counting pair through the CLI, as notebook 02 runs it (2 starts per arm)
-  run_trial "$COUNTING" "h200-sglang-counting-$(date +%H%M%S)"
+  run_trial "$COUNTING" "$GPU_SLUG-sglang-counting-$(date +%H%M%S)"
 }
 
 phase_sweep() {  # the depth x forced-acceptance grid on the 8B set, stopped by its own time budget
   local rid b
-  rid=h200-sglang-8b-sweep-$(date +%H%M%S)
-  [ "$SWEEP" = params/sweep-h200-sglang-8b.yaml ] || rid=$(basename "$SWEEP" .yaml)-$(date +%H%M%S)  # named as its file
+  rid=$GPU_SLUG-sglang-8b-sweep-$(date +%H%M%S)
+  [ "$SWEEP" = params/sweep-h200-sglang-8b.yaml ] || rid=$GPU_SLUG-$(basename "$SWEEP" .yaml)-$(date +%H%M%S)  # named as its file
   echo "$rid" > "$WORK/sweep-run-id"
   b=$(( $(remaining) - 90 ))
   if [ "$b" -lt 60 ]; then say "only $(remaining) s left: sweep not started"; return 124; fi
@@ -210,7 +247,7 @@ run_notebook() {  # run_notebook NB OUT_NB PARAMS_JSON
 
 phase_nb02() {  # notebook 02 on the counting pair, into its own record
   local rid over
-  rid=h200-sglang-counting-nb02-$(date +%H%M%S)
+  rid=$GPU_SLUG-sglang-counting-nb02-$(date +%H%M%S)
   mkdir -p "$RUNS/$rid"
   over='{}'
   [ "$(graphs)" = off ] && over='{"engine_config.extra_args": ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-cuda-graph"]}'
@@ -218,7 +255,8 @@ phase_nb02() {  # notebook 02 on the counting pair, into its own record
     "{\"params_file\": \"$COUNTING\", \"run_id\": \"$rid\", \"output_dir\": \"$RUNS\", \"overrides\": $over}"
 }
 
-phase_nb05() {  # notebook 05: the SGLang sweep beside the committed llama.cpp sweep (same shapes, same GPU kind)
+phase_nb05() {  # notebook 05: the SGLang sweep, and the committed llama.cpp sweep (same shapes) drawn beside it
+  # only where it ran on the same GPU kind (notebook 05 groups records by their GPU)
   local rid
   rid=$(cat "$WORK/sweep-run-id" 2>/dev/null)
   if [ -z "$rid" ] || [ ! -f "$RUNS/$rid/manifest.json" ]; then say "no sweep record on this machine: skipped"; return 1; fi
@@ -284,17 +322,17 @@ PY
 }
 
 phase_kill() {  # issue 26: SIGKILL to spectrial 2 s into the EAGLE-3 benchmark
-  fault_run "h200-sglang-chaos-kill-$(date +%H%M%S)" KILL "benchmark:eagle3" pid -p 'arms=[{"name":"eagle3","method":"eagle3"}]'
+  fault_run "$GPU_SLUG-sglang-chaos-kill-$(date +%H%M%S)" KILL "benchmark:eagle3" pid -p 'arms=[{"name":"eagle3","method":"eagle3"}]'
 }
 
 phase_hup() {  # issue 26: SIGHUP to spectrial's group 2 s into the baseline's benchmark
-  fault_run "h200-sglang-chaos-hup-$(date +%H%M%S)" HUP "benchmark:baseline" group -p 'arms=[{"name":"baseline"}]'
+  fault_run "$GPU_SLUG-sglang-chaos-hup-$(date +%H%M%S)" HUP "benchmark:baseline" group -p 'arms=[{"name":"baseline"}]'
 }
 
 phase_chaos() { phase_kill; phase_hup; }
 
 phase_short() {  # the counting pair once per arm, few requests: the serving figures from SGLang's own token counts
-  run_trial "$COUNTING" "h200-sglang-counting-serving-$(date +%H%M%S)" -p repeats=4
+  run_trial "$COUNTING" "$GPU_SLUG-sglang-counting-serving-$(date +%H%M%S)" -p repeats=4
 }
 
 phase_pack() {  # one tar.gz per record made or touched in this call (each under 16 MiB), one of the logs

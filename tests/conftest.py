@@ -29,10 +29,12 @@ def _ctrl_c_is_delivered() -> Any:
 
 @pytest.fixture(scope="session")
 def llama_server() -> Path:
-    """spectrial's cached llama-server (built once per machine by `make llama-server`)."""
-    from spectrial.provisioning.llamacpp import ensure_llama_server
+    """spectrial's cached llama-server (built once per machine by `make llama-server`), with the rpc-server beside
+    it that the multi-host tests find there (built on demand since issue 41: a trial builds only what it runs)."""
+    from spectrial.engines.llamacpp_build import ensure_binary
 
-    return ensure_llama_server()
+    ensure_binary("rpc-server")
+    return ensure_binary("llama-server")
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from spectrial.errors import ConfigError, RecordDamaged
 from spectrial.readers.diagnose import DETECTORS, Diagnosis, diagnose
 from spectrial.readers.diagnose.registry import Detector
 from spectrial.readers.diff import comparability, diff_runs, format_findings
-from spectrial.record.store import as_manifest
+from spectrial.record.store import as_manifest, read_record_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "diagnose"
@@ -251,7 +251,7 @@ def test_committed_h200_trial_finds_only_the_random_draft() -> None:
     d = diagnose(H200)
     assert summary(d) == [("accept_pinned", "critical", "eagle3-random-k3")]
     ev = d.findings[0].evidence
-    assert any(e.where.startswith("logs/llama-server-eagle3-random-k3.log:") and "0 accepted" in e.text for e in ev)
+    assert any(e.where.startswith("logs/llama-server-eagle3-random-k3.log.gz:") and "0 accepted" in e.text for e in ev)
     assert len(d.read) == 9  # manifest, 4 logs, 4 GPU sample files
 
 
@@ -277,8 +277,8 @@ def test_a_finding_repeated_across_arms_is_said_once_and_logs_as_a_count(tmp_pat
     assert same.arm is None and [e.where for e in same.evidence][-1] == "arms[1].validity.checks[0].value"
     assert other.arm == "eagle3-synthetic" and other.title.startswith("eagle3-synthetic: steady_state check failed: 2")
     assert d.text().count("3 measured request(s)") == 1
-    assert d.read == ["manifest.json", *(f"logs/llama-server-{a}.log" for a in ("baseline", "draft-simple",
-                                                                                  "eagle3-synthetic"))]
+    assert d.read == ["manifest.json", *(f"logs/llama-server-{a}.log.gz" for a in ("baseline", "draft-simple",
+                                                                                     "eagle3-synthetic"))]
     assert d.text().splitlines()[-1] == "read: manifest.json, 3 server logs in logs/"
     # any detector's repeats merge too: the same words about several arms become one finding with the count
     from spectrial.readers.diagnose import Finding, merge_repeats
@@ -309,10 +309,10 @@ def test_committed_sglang_records() -> None:
     raw = d.of("raw_prompts")[0]
     assert "spectrial's default" in raw.title and "request_format=chat" in raw.fix
     logs = [e for e in raw.evidence if e.kind == "log"]
-    assert [e.where.split(":")[0] for e in logs] == ["logs/sglang-eagle3-1.log"] * 2, raw.evidence
+    assert [e.where.split(":")[0] for e in logs] == ["logs/sglang-eagle3-1.log.gz"] * 2, raw.evidence
     texts = [e.text for e in logs]
     assert '"POST /generate HTTP/1.1" 200' in texts[0] and "accept len: 1.30" in texts[1], texts
-    assert b"\r" in (sg / "h200-sglang-counting-091935" / "logs" / "sglang-eagle3-1.log").read_bytes()
+    assert b"\r" in read_record_bytes(sg / "h200-sglang-counting-091935" / "logs" / "sglang-eagle3-1.log")
 
 
 def test_committed_vllm_cpu_records_know_the_cpu_build() -> None:

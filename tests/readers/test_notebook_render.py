@@ -9,6 +9,7 @@ executed copy exported by `jupyter nbconvert --to html`, opened offline in headl
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import subprocess
@@ -19,9 +20,11 @@ import nbformat
 import nbformat.v4 as nbf
 import plotly.graph_objects as go
 import pytest
+from rich.console import Console
 
 from spectrial import progress
 from spectrial.readers.explain import explain
+from spectrial.readers.headline import headlines
 from spectrial.readers.render import figures, plots
 from spectrial.record.store import load_record
 
@@ -195,6 +198,13 @@ def test_notebook_02_nbconvert_html_draws_every_chart(tiny_params, write_params,
                  "[spectrial] waiting for llama-server-baseline: ready after", "cells executed"):
         assert line in err, err[-3000:]
     executed = next(out.glob("*/02_eagle3.ipynb"))
+    # the run ends with its answer (`make demo` runs this command): the record's headline, after the paths
+    buf = io.StringIO()
+    for h in headlines(load_record(executed.parent)):
+        h.print(Console(file=buf, width=80))
+    said = res.stdout.replace("\r", "")
+    assert buf.getvalue().strip() and buf.getvalue().strip() in said, said[-3000:]
+    assert said.index(buf.getvalue().strip()) > said.index("report: "), said[-3000:]
     nb = nbformat.read(executed, as_version=4)
     n_fig = sum(figures.PLOTLY_MIME in (o.get("data") or {}) for c in nb.cells for o in c.get("outputs", []))
     assert n_fig >= 4

@@ -44,7 +44,15 @@ from spectrial.errors import ConfigError, RecordDamaged, SpectrialError
 from spectrial.logs import parse, parse_tables, registry, summary
 from spectrial.logs.api import ServerLog
 from spectrial.params import TrialParams, load_params, parse_overrides
-from spectrial.record.store import load_record, read_manifest, read_requests, read_table, settle_record
+from spectrial.record.store import (
+    load_record,
+    read_manifest,
+    read_record_bytes,
+    read_requests,
+    read_table,
+    record_file_exists,
+    settle_record,
+)
 from spectrial.schema import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +68,8 @@ RECORD_FILES = sorted([*REPO.glob("outputs/examples/**/manifest.json"), REPO / "
 RECORDS = {p.relative_to(REPO).as_posix(): p.read_bytes() for p in RECORD_FILES}
 SMALL_RECORDS = [k for k, v in RECORDS.items() if len(v) < 100_000]  # the type-change mutations re-dump the JSON
 RUN_DIRS = sorted({p.parent for p in REPO.glob("outputs/examples/**/requests.csv")})
-TABLES = {(d.relative_to(REPO).as_posix(), name): (d / name).read_bytes()
-          for d in RUN_DIRS for name in ("requests.csv", "stream.csv") if (d / name).is_file()}
+TABLES = {(d.relative_to(REPO).as_posix(), name): read_record_bytes(d / name)  # as written (compacted: inflated)
+          for d in RUN_DIRS for name in ("requests.csv", "stream.csv") if record_file_exists(d / name)}
 PARAMS_FILES = sorted([*REPO.glob("params/*.yaml"), *REPO.glob("params/examples/*.yaml")])
 PARAMS = {p.name: p.read_text() for p in PARAMS_FILES}
 LOG_FILES = sorted((REPO / "tests" / "fixtures" / "logs").glob("*.log"))
@@ -411,6 +419,29 @@ def test_table_loader_arbitrary_bytes(requests: bytes, stream: bytes | None) -> 
     load_tables({"requests.csv": requests, **({"stream.csv": stream} if stream is not None else {})})
 
 
+COMPACTED = {d.relative_to(REPO).as_posix(): (d / "stream.csv.gz").read_bytes()
+             for d in RUN_DIRS if (d / "stream.csv.gz").is_file() and (d / "requests.csv").is_file()}
+
+
+@SETTINGS
+@given(st.sampled_from(sorted(COMPACTED) or [""]), st.sampled_from(["cut", "flip", "bytes", "tail"]), st.data())
+def test_compacted_table_mutations(run: str, how: str, data: st.DataObject) -> None:
+    """A compacted token-event table (`spectrial compact`) cut, flipped, replaced or given a tail: read as before,
+    or RecordDamaged naming stream.csv.gz, never another error."""
+    if not run:
+        pytest.skip("no compacted record committed")
+    raw = COMPACTED[run]
+    if how == "cut":
+        raw = raw[:data.draw(cut_points(len(raw)))]
+    elif how == "flip":
+        raw = data.draw(flipped(raw))
+    elif how == "bytes":
+        raw = data.draw(st.binary(max_size=2048))
+    else:
+        raw = raw + data.draw(st.binary(min_size=1, max_size=64))
+    load_tables({"requests.csv": TABLES[(run, "requests.csv")], "stream.csv.gz": raw})
+
+
 def test_real_tables_all_load() -> None:
     for run in RUN_DIRS:
         assert read_requests(run), run
@@ -591,5 +622,5 @@ def test_log_tables_parse_every_fixture() -> None:
 def test_every_target_is_fuzzed() -> None:
     """The seeds exist: records, tables, params files, log fixtures."""
     assert len(RECORDS) >= 10 and len(TABLES) >= 10 and len(PARAMS) >= 10 and len(LOGS) >= 30
-    assert {"requests.csv", "stream.csv"} <= {n for _, n in TABLES}
+    assert {"requests.csv", "stream.csv"} <= {n for _, n in TABLES} and len(COMPACTED) >= 5
     assert read_manifest(RECORD_FILES[0]).run_id

@@ -24,6 +24,7 @@ __all__ = [
     "decode_roofline_tok_s",
     "kv_cache_bytes",
     "load_hardware",
+    "gpu_key",
     "match_gpu",
     "weight_bytes",
 ]
@@ -84,6 +85,18 @@ def match_gpu(name: str, table: dict[str, GpuSpec]) -> str | None:
     hits = [(len(spec.name), key) for key, spec in table.items()
             if spec.name.lower().startswith(low) or low.startswith(spec.name.lower())]
     return max(hits)[1] if hits else None
+
+
+def gpu_key(name: str, table: dict[str, GpuSpec] | None = None) -> str:
+    """`match_gpu` that refuses: the table key of the GPU nvidia-smi calls `name`, or a ConfigError naming it and
+    what to add (the device scripts call this before any server start, so an unknown GPU costs no start)."""
+    table = load_hardware() if table is None else table
+    key = match_gpu(name, table) if name.strip() else None
+    if key is None:
+        raise ConfigError(f"GPU {name.strip() or '(none found by nvidia-smi)'!r} is not in params/hardware.yaml "
+                          f"(known: {', '.join(sorted(table))}): add an entry for it there (name, aliases as "
+                          "nvidia-smi prints the name, bandwidth_gb_s from its datasheet) and run again")
+    return key
 
 
 def weight_bytes(params_b: float, bits_per_weight: float, active_params_b: float | None = None) -> float:

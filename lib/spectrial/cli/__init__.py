@@ -308,10 +308,41 @@ def notebook(name: Annotated[str, typer.Argument(help="Notebook path or number p
         return
     typer.echo(f"executed notebook: {out.notebook}")
     if out.run_dir is not None:
+        from rich.console import Console
+
+        from spectrial.readers.headline import headlines
         from spectrial.readers.render.report import write_report
+        from spectrial.record.store import load_record
 
         typer.echo(f"run record: {out.run_dir / 'manifest.json'}")
         typer.echo(f"report: {write_report(out.run_dir)}")
+        console = Console()
+        for h in headlines(load_record(out.run_dir)):  # the answer last, where the eye is when the run ends
+            h.print(console)
+
+
+@app.command()
+def compact(run_dirs: Annotated[list[Path], typer.Argument(help="Finished run folders (outputs/<run-id>), or folders "
+                                                                "of them")]) -> None:
+    """Gzip finished records' server logs and token events in place (`<name>.gz`, deterministic bytes), for
+    committing or shipping them: a tenth of the bytes, and every spectrial reader reads them as before."""
+    from spectrial.record.store import compact_record, list_runs
+
+    runs = [r for d in run_dirs for r in ([d] if (d / "manifest.json").is_file() else list_runs(d))]
+    if not runs:
+        _fail(FileNotFoundError(f"no run record under {', '.join(map(str, run_dirs))} (give run folders, e.g. "
+                                "outputs/<run-id>, or a folder of them)"))
+    before = after = 0
+    try:
+        for run in runs:
+            done = compact_record(run)
+            before, after = before + done.before, after + done.after
+            typer.echo(f"{run}: {len(done.files)} file(s) gzipped"
+                       + (f", {done.before / 1e6:.2f} -> {done.after / 1e6:.2f} MB" if done.files else ""))
+    except SpectrialError as exc:
+        _fail(exc)
+        return
+    typer.echo(f"{len(runs)} record(s): {before / 1e6:.2f} MB of logs and token events now {after / 1e6:.2f} MB")
 
 
 @app.command()

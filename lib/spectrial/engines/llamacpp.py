@@ -245,9 +245,9 @@ class LlamaCpp(Engine):
 
     def engine_binary(self, host: Host, name: str = "llama-server") -> str:
         """Path of spectrial's build of `name` (llama-server or rpc-server) on `host`, built/uploaded as needed."""
-        from spectrial.engines.llamacpp_build import ensure_llama_server
+        from spectrial.engines.llamacpp_build import ensure_binary
 
-        local = ensure_llama_server(cuda=self.config.cuda, cuda_arch=self.config.cuda_arch).parent / name
+        local = ensure_binary(name, cuda=self.config.cuda, cuda_arch=self.config.cuda_arch)
         if not local.is_file():
             raise ConfigError(f"engine_bin: {local} is missing from spectrial's build; rebuild it "
                               f"(remove {local.parent} and run `spectrial provision llama-server`)")

@@ -1,8 +1,10 @@
 """Provision `llama-server` (and `rpc-server`): build from the pinned llama-cpp-python sdist, cache it.
 
 The sdist is downloaded from the package index (`pip download`), only `vendor/llama.cpp` is unpacked,
-and only the two server targets are built. Builds are cached under `<cache>/llama.cpp/bin/<key>/`,
-keyed by the sdist version and the build flags, so each machine builds once per configuration.
+and only the target a trial asks for is built: `llama-server` (what every trial runs), `rpc-server` the first
+time a multi-host trial needs it (in the same build folder, so it compiles only its own two files then). Builds
+are cached under `<cache>/llama.cpp/bin/<key>/`, keyed by the sdist version and the build flags, so each machine
+builds once per configuration.
 `<cache>` is `$SPECTRIAL_CACHE` or `~/.cache/spectrial`.
 """
 
@@ -27,8 +29,7 @@ _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]")
 _MAKE_RE = re.compile(r"^\[\s*(\d+)%\]")
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-TARGETS = ("llama-server", "ggml-rpc-server")  # the RPC worker binary is installed as `rpc-server`
-INSTALLED = {"llama-server": "llama-server", "ggml-rpc-server": "rpc-server"}
+TARGETS = {"llama-server": "llama-server", "rpc-server": "ggml-rpc-server"}  # installed name -> CMake target
 BASE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
@@ -107,26 +108,37 @@ def source_dir() -> Path:
 def ensure_llama_server(cuda: bool = False, cuda_arch: str = "90", jobs: int | None = None,
                         src: Path | None = None) -> Path:
     """Path of a cached `llama-server` built for this configuration; builds it the first time."""
-    binary = binary_path("llama-server", cuda, cuda_arch)
+    return ensure_binary("llama-server", cuda, cuda_arch, jobs, src)
+
+
+def ensure_binary(name: str, cuda: bool = False, cuda_arch: str = "90", jobs: int | None = None,
+                  src: Path | None = None) -> Path:
+    """Path of a cached `name` (a key of `TARGETS`) built for this configuration; builds its target the first time,
+    in the configuration's one build folder (a second binary reuses what the first compiled)."""
+    if name not in TARGETS:
+        raise ValueError(f"no llama.cpp target for {name!r}; known: {', '.join(TARGETS)}")
+    binary = binary_path(name, cuda, cuda_arch)
     if binary.is_file() and os.access(binary, os.X_OK):
         return binary
     key = build_key(cuda, cuda_arch)
-    with locked(binary.parent.with_suffix(".lock"), "llama-server"):
+    with locked(binary.parent.with_suffix(".lock"), name):
         if binary.is_file():
             return binary
         src = src or source_dir()
         build = cache_root() / "llama.cpp" / "build" / key
         jobs = jobs or os.cpu_count() or 2
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-        eta_s, basis = build_estimate(jobs, cuda)
-        _say(f"building {', '.join(TARGETS)} ({key}) with {jobs} jobs; first time only: "
+        first = not (build / "CMakeCache.txt").is_file()
+        eta_s, basis = build_estimate(jobs, cuda) if first else (None, "reusing the objects already built")
+        _say(f"building {name} ({key}) with {jobs} jobs; first time only: "
              f"{'about ' + _clock(eta_s) if eta_s else 'no estimate'} ({basis}) ...")
         t0 = time.monotonic()
         log = build.parent / f"{key}.log"
         build.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as fh:
-            for cmd in (["cmake", "-S", str(src), "-B", str(build), *generator, *build_flags(cuda, cuda_arch)],
-                        ["cmake", "--build", str(build), "--target", *TARGETS, f"-j{jobs}"]):
+        steps = ([["cmake", "-S", str(src), "-B", str(build), *generator, *build_flags(cuda, cuda_arch)]] if first
+                 else []) + [["cmake", "--build", str(build), "--target", TARGETS[name], f"-j{jobs}"]]
+        with log.open("a") as fh:
+            for cmd in steps:
                 fh.write(f"$ {' '.join(cmd)}\n")
                 fh.flush()
                 code = _run_with_progress(cmd, fh, "compiling" if "--build" in cmd else "configuring", eta_s)
@@ -134,9 +146,8 @@ def ensure_llama_server(cuda: bool = False, cuda_arch: str = "90", jobs: int | N
                     tail = "\n".join(log.read_text().splitlines()[-30:])
                     raise HostError("local", " ".join(cmd), code, tail, "", f"full build log: {log}")
         binary.parent.mkdir(parents=True, exist_ok=True)
-        for target, name in INSTALLED.items():
-            shutil.copy2(build / "bin" / target, binary.parent / f".{name}.tmp")
-            os.replace(binary.parent / f".{name}.tmp", binary.parent / name)
+        shutil.copy2(build / "bin" / TARGETS[name], binary.parent / f".{name}.tmp")
+        os.replace(binary.parent / f".{name}.tmp", binary)
         _say(f"built in {time.monotonic() - t0:.0f} s -> {binary}")
     return binary
 

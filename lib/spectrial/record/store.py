@@ -347,10 +347,91 @@ def record_cap() -> int:
     return cap
 
 
+def compacted(path: str | Path) -> Path:
+    """Where a record file's compacted copy lies (`compact_record`): the same name plus `.gz`."""
+    p = Path(path)
+    return p.with_name(p.name + ".gz")
+
+
+def record_file_exists(path: str | Path) -> bool:
+    """Whether a record holds the file, as written or compacted."""
+    return Path(path).exists() or compacted(path).exists()
+
+
 def read_record_bytes(path: str | Path) -> bytes:
     """The bytes of one file of a run record, read at most up to the cap (`record_cap`). A missing file, a folder,
-    a device or a pipe (opened without blocking, never read), an unreadable one or one over the cap is RecordDamaged."""
+    a device or a pipe (opened without blocking, never read), an unreadable one or one over the cap is RecordDamaged.
+    A file that `compact_record` gzipped is read from `<name>.gz`, its text held to the same cap as it is inflated
+    (a gzip bomb stops at the cap; a damaged stream is RecordDamaged)."""
     p = Path(path)
+    if not p.exists() and compacted(p).exists():
+        return _inflate(compacted(p))
+    return _read_capped(p)
+
+
+def _inflate(gz: Path) -> bytes:
+    """The text of a compacted record file, inflated up to the cap."""
+    import zlib
+
+    data, cap = _read_capped(gz), record_cap()
+    inflater = zlib.decompressobj(wbits=31)  # gzip framing
+    try:
+        out = inflater.decompress(data, cap + 1)
+    except zlib.error as exc:
+        raise RecordDamaged(str(gz), f"not a readable gzip file: {exc}", hint=_HINT_REPLACE) from None
+    if len(out) > cap:
+        raise RecordDamaged(str(gz), f"inflates to more than the cap of {cap} bytes",
+                            hint=f"if it is a genuine record of a giant run, raise the cap: {MAX_RECORD_BYTES_ENV}; "
+                                 f"else {_HINT_REPLACE}")
+    if not inflater.eof:
+        raise RecordDamaged(str(gz), f"a gzip stream cut short ({len(data)} bytes read)", hint=_HINT_REPLACE)
+    return out
+
+
+COMPACT_PATTERNS = ("logs/*.log", "logs/**/*.log", "stream.csv")
+"""What `compact_record` gzips: the server logs and the token events, three quarters of a committed record's bytes
+(the doctor and `read_requests` read them compacted as written)."""
+
+
+@dataclass
+class Compacted:
+    """What `compact_record` did to one record: the files gzipped and the bytes before and after."""
+
+    run_dir: Path
+    files: list[str]
+    before: int
+    after: int
+
+
+def compact_record(run_dir: str | Path) -> Compacted:
+    """Gzip a finished record's bulky text (`COMPACT_PATTERNS`) in place, for committing or shipping: each file
+    becomes `<name>.gz` (deterministic bytes: no name or time in the header), the manifest's file list follows, and
+    every reader of spectrial reads the record as before. A record still being written (its owner alive) is refused;
+    a compacted record is left as it is."""
+    import gzip
+
+    run = Path(run_dir)
+    data = read_manifest_mapping(run / "manifest.json")  # RecordDamaged when it is not a record
+    if data.get("status") == "running":
+        raise ConfigError(f"{run}: the record is {data.get('status')}; compact it once its run has finished")
+    names = sorted({q.relative_to(run).as_posix() for pat in COMPACT_PATTERNS for q in run.glob(pat) if q.is_file()})
+    before = after = 0
+    for name in names:
+        src = run / name
+        raw = src.read_bytes()
+        packed = gzip.compress(raw, compresslevel=9, mtime=0)
+        tmp = compacted(src).with_name(compacted(src).name + ".tmp")
+        tmp.write_bytes(packed)
+        os.replace(tmp, compacted(src))
+        src.unlink()
+        before, after = before + len(raw), after + len(packed)
+    if names and isinstance(data.get("files"), list):
+        data["files"] = [f + ".gz" if f in names else f for f in data["files"]]
+        dump_json(run / "manifest.json", data)
+    return Compacted(run, names, before, after)
+
+
+def _read_capped(p: Path) -> bytes:
     unreadable = "check the file's permissions and its disk"
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # a pipe named like a record file would block a plain open
@@ -612,7 +693,8 @@ def read_requests(run_dir: str | Path, key: str = "arm") -> dict[str, list[Reque
         return {}
     reqs = read_table(path, columns=("arm",))
     events_path = run / "stream.csv"
-    events = read_table(events_path, columns=("event", "t_ms", "tokens")) if events_path.exists() else None
+    events = (read_table(events_path, columns=("event", "t_ms", "tokens")) if record_file_exists(events_path)
+              else None)
     try:
         records = from_frames(reqs, events)
     except ValidationError as exc:

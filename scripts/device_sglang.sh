@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Issue 15, ON THE DEVICE (`nvidia-h200`), from the repository root, with $OUT set: real SGLang 0.5.17 (the
 # trimmed bundle of scripts/sglang_bundle.py) driven by spectrial. Prepared here by
-# scripts/device_sglang_prepare.sh. Two calls on one machine kept warm (the second within 30 s of the first):
+# scripts/device_sglang_prepare.sh. Calls on one machine kept warm (each within 30 s of the one before); every
+# documented call carries under 48 MiB (tests/house/test_device_payload.py), so the bundle travels in two parts:
 #
-#   call1  carry .device/sglang-0.5.17.tar.xz, .whl-sglang/cli: unpack; the 8B-shaped random set written in the
-#          background; the counting pair's baseline through `spectrial trial` (its start is SGLang's JIT warm-up,
-#          and the CUDA-graph probe: graphs on, else off for every later run); the depth x forced-acceptance
-#          sweep on the 8B set, stopped by its time budget                                       (~9.5 min)
+#   stage  carry .device/sglang-part1: the bundle's first half, kept on the machine (seconds)
+#   call1  carry .device/sglang-part2, .whl-sglang/cli: the bundle put together (sha256 checked) and unpacked; the
+#          8B-shaped random set written in the background; the counting pair's baseline through `spectrial trial`
+#          (its start is SGLang's JIT warm-up, and the CUDA-graph probe: graphs on, else off for every later run);
+#          the depth x forced-acceptance sweep on the 8B set, stopped by its time budget          (~9.5 min)
 #   call2  carry .whl-sglang/nb: notebook 02 on the counting pair (2 starts per arm), notebook 05 (the SGLang
-#          sweep beside the committed llama.cpp sweep)                                           (~4-5 min)
-#   faults carry .device/sglang-0.5.17.tar.xz, .whl-sglang/cli: issue 26's faults on real SGLang (SIGKILL 2 s into
+#          sweep, and the committed llama.cpp sweep beside it where it ran on the same GPU kind)  (~4-5 min)
+#   faults carry .device/sglang-part2, .whl-sglang/cli (after a stage call): issue 26's faults on real SGLang (SIGKILL 2 s into
 #          the EAGLE-3 benchmark, SIGHUP to the group 2 s into the baseline's), process lists and GPU memory
 #          after each fault and after the next trial's kill step                                   (~5-6 min)
-#   PHASE...  any of: setup models warm trial sweep nb02 nb05 chaos kill hup short pack (the call is named
+#   PHASE...  any of: stage setup models warm trial sweep nb02 nb05 chaos kill hup short pack (the call is named
 #          after them: `setup sweep pack` is the call `setup-sweep-pack`)
 #
 # Records go to $RUNS; `pack` puts one $OUT/<run-id>.tar.gz per record made in the call and one
@@ -22,6 +24,8 @@
 # servers stops at BUDGET_S (555 s) after the script started: the sweep by its own time budget, the trial and
 # the notebooks by SIGINT (spectrial stops its server and writes the record). EXTRA_P adds `-p NAME=VALUE`
 # options to the CLI runs (a rehearsal here with the SGLang double: EXTRA_P="-p require_gpu=false ...").
+# Run ids start with the lent GPU's params/hardware.yaml key (h100-sxm-..., h200-sxm-...; device_env.sh's
+# gpu_identify): a GPU the table lacks stops the call before any start.
 set -uo pipefail
 
 # shellcheck source=scripts/device_env.sh
@@ -32,9 +36,9 @@ case "$CALL" in
   call1|call2|faults|faults2) ;;
   *)  # a list of phases: the call is named after them
     for p in "$@"; do
-      [[ "$PHASES" == *" $p "* ]] || { sed -n '2,20p' "$0" >&2; [ "$p" = help ] || echo "unknown phase: $p" >&2; exit 2; }
+      [[ "$PHASES" == *" $p "* ]] || { sed -n '2,28p' "$0" >&2; [ "$p" = help ] || echo "unknown phase: $p" >&2; exit 2; }
     done
-    [ $# -gt 0 ] || { sed -n '2,20p' "$0" >&2; exit 2; }
+    [ $# -gt 0 ] || { sed -n '2,28p' "$0" >&2; exit 2; }
     CALL=$(IFS=-; echo "$*")
     ;;
 esac

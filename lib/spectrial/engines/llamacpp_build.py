@@ -29,6 +29,11 @@ _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]")
 _MAKE_RE = re.compile(r"^\[\s*(\d+)%\]")
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+# the sdist on PyPI's file host (a content-addressed path: PyPI's simple index links it), with its sha256
+SDIST_URL = ("https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/"
+             "llama_cpp_python-0.3.36.tar.gz")
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_MAX_BYTES = 200 << 20
 TARGETS = {"llama-server": "llama-server", "rpc-server": "ggml-rpc-server"}  # installed name -> CMake target
 BASE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
@@ -38,7 +43,7 @@ BASE_FLAGS = (
 
 
 T = TypeVar("T")
-REFERENCE_BUILD = (2, 1061.0)  # (jobs, seconds): llama-server + rpc-server on a fresh, quiet 2-core machine
+REFERENCE_BUILD = (2, 299.0)  # (jobs, seconds): llama-server alone, a fresh 2-core machine (cold_demo.sh)
 CONFIGURE_S = 15.0  # cmake's configure step before compiling
 
 
@@ -62,20 +67,65 @@ def binary_path(name: str = "llama-server", cuda: bool = False, cuda_arch: str =
 
 
 def sdist(dest: Path | None = None) -> Path:
-    """The pinned llama-cpp-python sdist, downloaded once into the cache."""
+    """The pinned llama-cpp-python sdist, downloaded once into the cache and checked against its sha256: straight
+    from PyPI's file host (under a second), else through `pip download` (which prepares the sdist's metadata first:
+    ~55 s on a fresh 2-core machine; the way in when only a mirror that pip is told of can be reached)."""
     dest = dest or cache_root() / "llama.cpp" / "sdist"
     path = dest / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
     if path.is_file():
         return path
     dest.mkdir(parents=True, exist_ok=True)
     _say(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist (~76 MB) ...")
+    why = _fetch_sdist(path)
+    if why is None:
+        return path
+    _say(f"the direct download failed ({why}): trying pip download")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(dest)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0 or not path.is_file():
         raise HostError("local", " ".join(cmd), res.returncode, res.stdout, res.stderr,
                                "the package index must be reachable; or set engine_bin to your own llama-server")
+    if (got := _sha256(path)) != SDIST_SHA256:
+        path.unlink()
+        raise HostError("local", " ".join(cmd), 0, "", f"sha256 {got}, expected {SDIST_SHA256}",
+                        "the index served another file under the pinned version: check the index pip uses")
     return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fetch_sdist(path: Path, timeout_s: float = 300.0) -> str | None:
+    """The pinned sdist from SDIST_URL into `path` (bounded: a deadline, SDIST_MAX_BYTES, the pinned sha256);
+    None when it is there, else why not."""
+    import httpx
+
+    tmp = path.with_name(path.name + f".{os.getpid()}.part")
+    h, size, t_end = hashlib.sha256(), 0, time.monotonic() + timeout_s
+    try:
+        with httpx.stream("GET", SDIST_URL, timeout=30.0, follow_redirects=True) as resp, tmp.open("wb") as fh:
+            if resp.status_code != 200:
+                return f"HTTP {resp.status_code} from {SDIST_URL}"
+            for chunk in resp.iter_bytes(1 << 20):
+                size += len(chunk)
+                if size > SDIST_MAX_BYTES or time.monotonic() > t_end:
+                    return f"over {SDIST_MAX_BYTES} bytes or {timeout_s:.0f} s"
+                h.update(chunk)
+                fh.write(chunk)
+        if h.hexdigest() != SDIST_SHA256:
+            return f"sha256 {h.hexdigest()}, expected {SDIST_SHA256}"
+        os.replace(tmp, path)
+        return None
+    except (httpx.HTTPError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def source_dir() -> Path:

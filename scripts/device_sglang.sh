@@ -9,8 +9,10 @@
 #          8B-shaped random set written in the background; the counting pair's baseline through `spectrial trial`
 #          (its start is SGLang's JIT warm-up, and the CUDA-graph probe: graphs on, else off for every later run);
 #          the depth x forced-acceptance sweep on the 8B set, stopped by its time budget          (~9.5 min)
-#   call2  carry .whl-sglang/nb: notebook 02 on the counting pair (2 starts per arm), notebook 05 (the SGLang
-#          sweep, and the committed llama.cpp sweep beside it where it ran on the same GPU kind)  (~4-5 min)
+#   call2  carry .whl-sglang/nb: the rest of the sweep (call1's record resumed: its measured starts taken over,
+#          only the others started; nothing when it is complete), notebook 05 (the SGLang sweep, and the committed
+#          llama.cpp sweep beside it where it ran on the same GPU kind), then notebook 02 on the counting pair as
+#          far as the call's time allows                                                         (~9 min)
 #   faults carry .device/sglang-part2, .whl-sglang/cli (after a stage call): issue 26's faults on real SGLang (SIGKILL 2 s into
 #          the EAGLE-3 benchmark, SIGHUP to the group 2 s into the baseline's), process lists and GPU memory
 #          after each fault and after the next trial's kill step                                   (~5-6 min)
@@ -171,6 +173,9 @@ phase_setup() {  # the bundle into $SGL_SITE and the carried wheels into $SITE (
   [ -f "$SGL_SITE/sglang/launch_server.py" ] || { say "no sglang in $SGL_SITE"; return 1; }
   graph_probe || return 1
   "$PY" -c 'import spectrial.protocol.session, spectrial.models.hf' || return 1
+  # decide: (spectrial.analysis.sequential) needs savvi, carried in .whl-sglang/cli: its model is built, not just found
+  "$PY" -c 'from spectrial.analysis.sequential import _savvi_model; _savvi_model(0.95, 1.0); print("savvi: ok")' \
+    || say "savvi does not load: decide: trials would be refused on this machine"
   [ -n "$GPU_SLUG" ] || gpu_identify
   {
     echo "== date"; date -u +%FT%TZ
@@ -229,17 +234,29 @@ phase_trial() {  # the counting pair through the CLI, as notebook 02 runs it (2 
   run_trial "$COUNTING" "$GPU_SLUG-sglang-counting-$(date +%H%M%S)"
 }
 
-phase_sweep() {  # the depth x forced-acceptance grid on the 8B set, stopped by its own time budget
-  local rid b
+phase_sweep() {  # the depth x forced-acceptance grid on the 8B set, stopped by its own time budget; a sweep of the
+  # same file that an earlier call's budget stopped is resumed (its measured starts taken over, only the rest
+  # started: `spectrial sweep --resume`); a complete one is not run again. SWEEP_RESUME=no: always a new sweep.
+  local rid b prev status resume=()
+  prev=$(cat "$WORK/sweep-run-id" 2>/dev/null)
+  if [ -n "$prev" ] && [ -f "$RUNS/$prev/manifest.json" ] && [ "${SWEEP_RESUME:-auto}" != no ] \
+      && [ "$(cat "$WORK/sweep-file" 2>/dev/null)" = "$SWEEP" ]; then
+    status=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["status"])' "$RUNS/$prev/manifest.json")
+    case "$status" in
+      ok) say "the sweep of $SWEEP is complete ($prev): not run again"; return 0 ;;
+      partial|failed) resume=(--resume "$RUNS/$prev"); say "resuming $prev ($status): what it measured is taken over" ;;
+    esac
+  fi
   rid=$GPU_SLUG-sglang-8b-sweep-$(date +%H%M%S)
   [ "$SWEEP" = params/sweep-h200-sglang-8b.yaml ] || rid=$GPU_SLUG-$(basename "$SWEEP" .yaml)-$(date +%H%M%S)  # named as its file
   echo "$rid" > "$WORK/sweep-run-id"
+  echo "$SWEEP" > "$WORK/sweep-file"
   b=$(( $(remaining) - 90 ))
   if [ "$b" -lt 60 ]; then say "only $(remaining) s left: sweep not started"; return 124; fi
   say "sweep $rid, budget $b s, CUDA graphs $(graphs)"
   # shellcheck disable=SC2046
   timeout -s INT -k 40 $(( b + 60 )) "$PY" -m spectrial.cli sweep "$SWEEP" -p "output_dir=$RUNS" -p "budget_s=$b" \
-    --run-id "$rid" --quiet $(graph_args) ${EXTRA_P:-}
+    --run-id "$rid" --quiet "${resume[@]}" $(graph_args) ${EXTRA_P:-}
 }
 
 run_notebook() {  # run_notebook NB OUT_NB PARAMS_JSON
@@ -380,9 +397,10 @@ case "${1:-help}" in
     phase pack
     ;;
   call2)
-    phase setup || abort "setup failed (no bundle: this is a fresh machine, start again with call1)"
-    phase nb02
+    phase setup || abort "setup failed (no bundle: this is a fresh machine, start again with stage and call1)"
+    phase sweep  # what call1's budget left of the sweep (resumed), or nothing when it is complete
     phase nb05
+    phase nb02
     phase pack
     ;;
   *)  # a list of phases (checked above)

@@ -2045,6 +2045,8 @@ class Manifest(Record):
     notebook: str | None = Field(None, description="The notebook that made the run")
     # sweeps
     strategy: str | None = Field(None, description="A sweep's search strategy (grid, guided)")
+    resumed_from: str | None = Field(None, description="A resumed sweep: the run id of the earlier record whose "
+                                                       "measured starts it took over (`spectrial sweep --resume`)")
     grid: SweepGridRecord | None = Field(None, description="A sweep's grid")
     points: list[PointRecord] = Field(default_factory=list, description="A sweep's grid points")
     best: list[BestRecord] = Field(default_factory=list, description="A sweep's best setting per scenario and "

@@ -23,7 +23,11 @@ def sweep_command(
                                                                 "basis) and the launches; touch nothing.")] = False,
         require_complete: Annotated[bool, typer.Option(
             "--require-complete", help="Exit 3 when the budget stopped the sweep (status partial) instead of 0.")
-        ] = False) -> None:
+        ] = False,
+        resume: Annotated[Path | None, typer.Option(
+            "--resume", help="The record of this sweep that its budget stopped (outputs/<run-id>): its measured "
+                             "starts are taken over into the new record, only the rest start a server.")
+        ] = None) -> None:
     """Sweep speculative settings (grid or model-guided) and write the run record with the best per concurrency.
 
     Exit 0: the sweep finished (status ok), or its budget (budget_s, budget_restarts) stopped it before its plan
@@ -46,14 +50,26 @@ def sweep_command(
             from spectrial.protocol.plan import sweep_plan
 
             typer.echo(sweep_plan(params).text())
+            if resume is not None:  # what the resume saves: the starts it takes over are not started again
+                from spectrial.sweep.resume import load_resumable
+
+                m, _ = load_resumable(resume, params)
+                taken = sum(1 for x in m.starts if x.status == "ok" and not x.superseded)
+                typer.echo(f"resuming {m.run_id} ({m.status}): {taken} of the plan's server starts are taken over "
+                           "from its record, not started again; the estimate above counts every start")
             return
         if params.trial.cluster is not None:
+            if resume is not None:
+                from spectrial.errors import ConfigError
+
+                raise ConfigError("--resume: a cluster sweep is not resumed (each unit is its own sweep); "
+                                  "drop --resume or the cluster: section")
             from spectrial.cli.cluster import cluster_command
 
             cluster_command("sweep", params, run_id, quiet, require_complete)
             return
         with interruptible():
-            result = run_sweep(params, run_id=run_id, progress=not quiet)
+            result = run_sweep(params, run_id=run_id, progress=not quiet, resume=resume)
     except RunFailed as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None
@@ -89,7 +105,10 @@ def sweep_command(
     b = result.manifest.budget or SweepBudget()
     est = b.start_estimate
     typer.echo("")
-    console.print(paragraph(f"{b.restarts} server starts (grid: {b.grid_restarts}), {b.wall_s:.0f} s"
+    m = result.manifest
+    taken = sum(1 for x in m.starts if x.replayed_from is not None) if m.resumed_from else 0
+    console.print(paragraph(f"{b.restarts} server starts (grid: {b.grid_restarts}"
+                            + (f"; {taken} taken over from {m.resumed_from}" if taken else "") + f"), {b.wall_s:.0f} s"
                             + (f"; a start takes ~{est.start_s:.0f} s ({est.how})" if est is not None and est.how
                                else "") + f"; stopped by: {b.stopped_by or 'plan done'}"))
     typer.echo(f"run record: {result.run_dir / 'manifest.json'}")

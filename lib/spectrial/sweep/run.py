@@ -188,8 +188,10 @@ class Sweep:
     def budget_stop(self, n: int = 1) -> str | None:
         """Why `n` more server starts may not begin (None when they may)."""
         b = self.sweep
-        if b.budget_restarts is not None and self.n_starts + n > b.budget_restarts:
-            return f"restart budget: {self.n_starts} of {b.budget_restarts} server starts used"
+        used = self.n_starts if self.record.manifest.resumed_from is None else sum(  # a resume's taken-over
+            1 for x in self.record.manifest.starts if x.replayed_from is None)      # starts cost no start
+        if b.budget_restarts is not None and used + n > b.budget_restarts:
+            return f"restart budget: {used} of {b.budget_restarts} server starts used"
         est = self.start_estimate()
         if b.budget_s is not None and est is not None and self.elapsed_s() + est.start_s * n > b.budget_s:
             kind = "a warm start" if est.warm_start_s else "a start (the cold first one; no warm start yet)"
@@ -591,25 +593,47 @@ def _short_why(why: str) -> str:
 
 
 def run_sweep(params: SweepParams | str | Path, overrides: dict[str, Any] | None = None, *,
-              run_id: str | None = None, progress: bool = True, raise_on_failure: bool = True) -> SweepResult:
-    """Run a sweep (`params`: SweepParams or a YAML path plus dotted overrides) on its host; write its record."""
+              run_id: str | None = None, progress: bool = True, raise_on_failure: bool = True,
+              resume: str | Path | None = None) -> SweepResult:
+    """Run a sweep (`params`: SweepParams or a YAML path plus dotted overrides) on its host; write its record.
+    `resume`: the record of the same sweep that its budget stopped; its measured starts are taken over, not
+    started again (`spectrial.sweep.resume`)."""
     if not isinstance(params, SweepParams):
         params = load_sweep_params(params, overrides)
     elif overrides:
         params = load_sweep_params(data=params.model_dump(mode="json"), overrides=overrides)
     from spectrial.protocol.plan import sweep_plan
 
+    earlier = None
+    if resume is not None:
+        from spectrial.sweep.resume import load_resumable
+
+        earlier = load_resumable(resume, params)
     plan = sweep_plan(params, launches=False)
     if progress:
         from spectrial.progress import note
 
         for line in plan.lines():
             note(line)
+        if earlier is not None:
+            taken = sum(1 for s in earlier[0].starts if s.status == "ok" and not s.superseded)
+            note(f"resuming {earlier[0].run_id}: its {taken} measured start(s) are taken over, not started again")
 
     def make() -> Sweep:
         record = new_record(params, run_id)
         record.manifest.plan = plan.record
-        return Sweep(params, record, Session(params.trial_params(), record, progress))
+        live = Session(params.trial_params(), record, progress)
+        if earlier is None:
+            return Sweep(params, record, live)
+        from spectrial.sweep.resume import ResumeSource
+
+        m, requests = earlier
+        source = ResumeSource(live, record, m, requests, Path(resume))  # type: ignore[arg-type]
+        sw = Sweep(params, record, source)
+        sw.decisions.append(SweepDecision(
+            phase="resume", reason=f"resumed {m.run_id} ({m.status}): its {len(source.done)} measured start(s) "
+                                   "taken over from its record, the others started here"))
+        return sw
 
     with opened(make) as sw:
         return execute(sw, raise_on_failure)

@@ -86,19 +86,11 @@ def sdist(dest: Path | None = None) -> Path:
     if res.returncode != 0 or not path.is_file():
         raise HostError("local", " ".join(cmd), res.returncode, res.stdout, res.stderr,
                                "the package index must be reachable; or set engine_bin to your own llama-server")
-    if (got := _sha256(path)) != SDIST_SHA256:
+    if (got := hashlib.sha256(path.read_bytes()).hexdigest()) != SDIST_SHA256:
         path.unlink()
         raise HostError("local", " ".join(cmd), 0, "", f"sha256 {got}, expected {SDIST_SHA256}",
                         "the index served another file under the pinned version: check the index pip uses")
     return path
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fetch_sdist(path: Path, timeout_s: float = 300.0) -> str | None:

@@ -18,16 +18,16 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
-from spectrial.protocol.session import MeasuredStart, MeasuredWindow, Session, WindowPlan
+from spectrial.protocol.session import MeasuredStart, Session, WindowPlan
 from spectrial.record.store import RunRecord, compacted, load_record, read_table, record_file_exists
-from spectrial.schema import Manifest, RequestRecord, StartRecord, WindowRecord
-from spectrial.sweep.params import Load, Setting, SweepParams, flat_params
+from spectrial.schema import Manifest, StartRecord
+from spectrial.sweep.params import Setting, SweepParams, flat_params
+from spectrial.sweep.replayer import windows_from
 
 RESUME_MAX_AGE_S = 3600.0
 """An earlier record that finished longer ago than this is not resumed (its baseline would be stale)."""
@@ -102,10 +102,9 @@ class ResumeSource:
                 m.record.fingerprint_changes = [f"resumed on another host state than {self.earlier.run_id}'s "
                                                 f"({self.fp_key or 'none'} -> {self.live.fp_key})"]
             return m
-        return self._take(src, arm, restart, windows, phase)
+        return self._take(src, windows, phase)
 
-    def _take(self, src: StartRecord, arm: Arm, restart: int, windows: list[WindowPlan], phase: str | None
-              ) -> MeasuredStart:
+    def _take(self, src: StartRecord, windows: list[WindowPlan], phase: str | None) -> MeasuredStart:
         """The earlier record's start, as this record's next start: windows, requests and files copied."""
         order = len(self.record.manifest.starts)
         entry = src.model_copy(deep=True, update={"order": order, "phase": phase, "replayed_from": src.order,
@@ -114,21 +113,7 @@ class ResumeSource:
                                      "again"]
         self.record.manifest.starts.append(entry)
         self._copy_files(src)
-        levels = {Load(w.concurrency, w.rate): w for w in windows}
-        out = []
-        for w in src.windows:
-            load = Load(w.concurrency, w.offered_rate)
-            if load not in levels:
-                continue
-            rows = self.requests[(self.requests["point"] == f"{arm.name}@{load.id}")
-                                 & (self.requests["start"] == src.order)]
-            rows = rows.astype(object).where(rows.notna(), None)
-            reqs = [RequestRecord.model_validate(r) for r in rows.to_dict("records")]
-            for r in reqs:
-                r.restart, r.start = restart, order
-            record = WindowRecord.model_validate(w.model_dump())
-            entry.windows.append(record)
-            out.append(MeasuredWindow(levels[load], record, reqs, w.stats()))
+        out = windows_from(src, entry, windows, self.requests)
         self.fp_key = src.fingerprint_key or self.fp_key
         self.taken += 1
         self.record.save()
@@ -174,11 +159,4 @@ class ResumeSource:
         self.live.close()
 
 
-def resume_note(earlier: Manifest, source: ResumeSource) -> dict[str, Any]:
-    """What the decisions list says of the resume (the phase, the earlier record, the starts taken over)."""
-    return {"phase": "resume", "reason": f"resumed {earlier.run_id} ({earlier.status}: {earlier.reason or ''}"
-                                         f"): {source.taken} start(s) taken over from its record, the rest "
-                                         "measured here".replace(": )", ")")}
-
-
-__all__ = ["MAY_DIFFER", "RESUME_MAX_AGE_S", "ResumeSource", "load_resumable", "resume_note"]
+__all__ = ["MAY_DIFFER", "RESUME_MAX_AGE_S", "ResumeSource", "load_resumable"]

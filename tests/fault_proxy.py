@@ -95,6 +95,7 @@ class FaultProxy:
         self.loop = asyncio.new_event_loop()
         self.thread: threading.Thread | None = None
         self.served: dict[str, int] = {}
+        self.paths: dict[str, int] = {}  # requests per path (query left out), faulted or not
 
     def fault_of(self, path: str) -> str | None:
         return next((m for p, m in self.faults.items() if path.startswith(p)), None)
@@ -108,6 +109,8 @@ class FaultProxy:
             request, path = got
             mode = self.fault_of(path)
             self.served[mode or "pass"] = self.served.get(mode or "pass", 0) + 1
+            bare = path.split("?", 1)[0]
+            self.paths[bare] = self.paths.get(bare, 0) + 1
             await getattr(self, f"_{mode or 'pass'}")(request, writer)
         except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass

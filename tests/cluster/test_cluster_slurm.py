@@ -64,6 +64,22 @@ def wait_running(cluster, n: int = 1, timeout: float = 60) -> list[str]:
     raise AssertionError(f"fewer than {n} jobs running after {timeout} s: {cluster.run('squeue').stdout}")
 
 
+def wait_units_started(out: Path, n: int, timeout: float = 120) -> None:
+    """Until `n` units' records show a server start begun (a fixed sleep after RUNNING was not enough on a loaded
+    machine: a unit's Python had not written its record yet when the fault came, so there was no record to fail)."""
+    deadline = time.monotonic() + timeout
+    begun = 0
+    while time.monotonic() < deadline:
+        begun = 0
+        for f in out.glob("*/units/*/manifest.json"):
+            with contextlib.suppress(OSError, ValueError):  # a record being written: read it next time
+                begun += bool(json.loads(f.read_text()).get("starts"))
+        if begun >= n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{begun} of {n} units began a server start within {timeout} s")
+
+
 def test_a_trial_runs_as_two_parallel_units_each_with_its_own_baseline(slurm, tiny_params, write_params, tmp_path):
     path = write_params(cluster_params(tiny_params))
     proc = start(path, slurm)
@@ -161,7 +177,8 @@ def test_scancel_of_a_unit_leaves_its_record_failed_and_the_merge_naming_what_is
     path = write_params(cluster_params({**tiny_params, "repeats": 30, "max_tokens": 48}))
     proc = start(path, slurm)
     first = wait_running(slurm, 2)[0]
-    time.sleep(3)  # inside the unit's run (its servers up)
+    wait_units_started(tmp_path / "outputs", 2)  # inside the unit's run (its servers up)
+    time.sleep(1)
     slurm.run("scancel", first, check=True)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out + err  # a trial with an arm missing did not answer its question
@@ -256,7 +273,8 @@ def test_ctrl_c_of_the_controller_cancels_every_unit(slurm, tiny_params, write_p
     path = write_params(cluster_params({**tiny_params, "repeats": 30, "max_tokens": 48}))
     proc = start(path, slurm)
     wait_running(slurm, 2)
-    time.sleep(3)
+    wait_units_started(tmp_path / "outputs", 2)
+    time.sleep(1)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
@@ -274,7 +292,8 @@ def test_a_node_that_fails_mid_unit_fails_the_unit_and_nothing_is_left_once_it_r
     p = cluster_params({**tiny_params, "repeats": 300, "max_tokens": 48}, units=1, max_parallel=1)
     proc = start(write_params(p), slurm)
     wait_running(slurm, 1)
-    time.sleep(3)
+    wait_units_started(tmp_path / "outputs", 1)
+    time.sleep(1)
     slurm.stop_slurmd()  # the node stops answering; its processes go on for now (linuxproc, no slurmd)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1, out + err

@@ -156,10 +156,14 @@ def test_watch_refuses_a_hostile_metrics_endpoint_at_once(real_server, tmp_path,
 @pytest.mark.parametrize("fault", ["bomb", "trickle", "silence", "reset"])
 def test_watch_keeps_its_schedule_when_the_server_turns_hostile(real_server, tmp_path, fault):
     """The fault starts after the watch attached: each bad scrape is a gap, the schedule goes on, the watch ends
-    within one interval of --duration."""
+    within one interval of --duration. The fault turns on after the watch attached (its 3 scrapes: the probe, the
+    snapshot, the first sample) and took its first interval's, not after a fixed time: on a loaded machine the CLI's
+    start alone took over 4 s, and a watch that meets a hostile endpoint at attach refuses it at once (above)."""
     with FaultProxy(real_server[0], {}) as proxy:
         def turn() -> None:
-            time.sleep(4)
+            deadline = time.monotonic() + 40
+            while proxy.paths.get("/metrics", 0) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
             proxy.faults["/metrics"] = fault
 
         threading.Thread(target=turn, daemon=True).start()

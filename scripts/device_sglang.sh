@@ -128,7 +128,7 @@ assert not deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM, "DeepGEMM placeholder taken fo
 phase_stage() {  # the bundle's parts this call carries (.device/sglang-part*/), kept on the machine until all are here
   local d sha name k n have
   mkdir -p "$WORK/bundle"
-  for d in .device/sglang-part*/; do
+  for d in ${PARTS_GLOB:-.device/sglang-part*/}; do  # PARTS_GLOB: other part folders (a rehearsal here)
     [ -f "$d/PART" ] || continue
     read -r sha name k n < "$d/PART"
     cp -f "$d/bundle.part" "$WORK/bundle/$sha.$k-of-$n"

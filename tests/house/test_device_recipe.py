@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -259,6 +260,39 @@ def test_the_gpu_comes_from_the_device(tmp_path: Path, script: Path) -> None:
     rids = [ln for ln in script.read_text().splitlines()
             if re.search(r"\$\(date \+(%Y%m%d-)?%H%M%S\)", ln) and not ln.lstrip().startswith("#")]
     assert len(rids) >= 2 and all("$GPU_SLUG" in ln and "h200" not in re.sub(r"params/\S+", "", ln) for ln in rids), rids
+
+
+def test_the_bundle_travels_in_parts_and_is_put_together_checked(tmp_path: Path) -> None:
+    """Issue 41: `stage` keeps each carried part on the machine; the call that brings the last one puts the tarball
+    together and checks its sha256 (what device_sglang_prepare.sh `parts` wrote in PART); a damaged part is refused."""
+    import hashlib
+
+    tarball = os.urandom(5000)
+    sha = hashlib.sha256(tarball).hexdigest()
+    for k, chunk in ((1, tarball[:2500]), (2, tarball[2500:])):
+        (tmp_path / f"p{k}").mkdir()
+        (tmp_path / f"p{k}" / "bundle.part").write_bytes(chunk)
+        (tmp_path / f"p{k}" / "PART").write_text(f"{sha} sglang-0.5.17.tar.xz {k} 2\n")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "RUNS": str(tmp_path / "runs"),
+           "PY": sys.executable, "SPECTRIAL_GPU_NAME": "NVIDIA H200"}
+
+    def stage(parts: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(SGLANG), "stage"], capture_output=True, text=True, cwd=REPO, timeout=60,
+                              env={**env, "PARTS_GLOB": parts})
+
+    first = stage(f"{tmp_path}/p1/")
+    assert first.returncode == 0 and "staged part 1 of 2" in first.stdout, first.stdout + first.stderr
+    assert "1 of 2 parts on this machine; the next call carries the rest" in first.stdout
+    assert not (tmp_path / "work" / "bundle" / "sglang-0.5.17.tar.xz").exists()
+    second = stage(f"{tmp_path}/p2/")  # the next call, on the same (warm) machine
+    assert second.returncode == 0 and "put sglang-0.5.17.tar.xz together from its 2 parts" in second.stdout, second.stdout
+    assert (tmp_path / "work" / "bundle" / "sglang-0.5.17.tar.xz").read_bytes() == tarball
+    (tmp_path / "p2" / "bundle.part").write_bytes(b"x" + tarball[2501:])  # a damaged half, on a fresh machine
+    shutil.rmtree(tmp_path / "work")
+    stage(f"{tmp_path}/p1/")
+    bad = stage(f"{tmp_path}/p2/")
+    assert bad.returncode != 0 and "the parts do not make the bundle again (sha256 differs)" in bad.stdout, bad.stdout
+    assert not (tmp_path / "work" / "bundle" / "sglang-0.5.17.tar.xz").exists()
 
 
 def test_device_run_plan(tmp_path: Path) -> None:

@@ -18,10 +18,11 @@ import pandas as pd
 
 from spectrial.errors import ConfigError
 from spectrial.params import Arm
-from spectrial.protocol.session import MeasuredStart, MeasuredWindow, OfflineSource, WindowPlan
+from spectrial.protocol.session import MeasuredStart, OfflineSource, WindowPlan
 from spectrial.record.store import RunRecord, load_record, opened, read_table, trial_params
-from spectrial.schema import Manifest, RequestRecord, StartRecord, WindowRecord
-from spectrial.sweep.params import Load, Setting, load_sweep_params
+from spectrial.schema import Manifest, StartRecord
+from spectrial.sweep.params import Setting, load_sweep_params
+from spectrial.sweep.recorded import windows_from
 from spectrial.sweep.result import SweepResult
 from spectrial.sweep.run import Sweep, execute, new_record
 
@@ -53,28 +54,6 @@ class ReplaySource(OfflineSource):
         out = windows_from(src, entry, windows, self.requests)
         self.clock += float(src.elapsed_s or 0.0)
         return MeasuredStart(entry, out)
-
-
-def windows_from(src: StartRecord, entry: StartRecord, windows: list[WindowPlan], requests: pd.DataFrame
-                 ) -> list[MeasuredWindow]:
-    """The windows of a recorded start `src` that `windows` plans, as start `entry` of another record measured them:
-    each window's record (appended to `entry.windows`), its requests from `requests` (rows naming the point and
-    `src`'s order, renumbered to `entry`) and its statistics."""
-    levels = {Load(w.concurrency, w.rate): w for w in windows}
-    out = []
-    for w in src.windows:
-        load = Load(w.concurrency, w.offered_rate)
-        if load not in levels:
-            continue
-        rows = requests[(requests["point"] == f"{entry.arm}@{load.id}") & (requests["start"] == src.order)]
-        rows = rows.astype(object).where(rows.notna(), None)  # NaN cells: fields not set
-        reqs = [RequestRecord.model_validate(r) for r in rows.to_dict("records")]
-        for r in reqs:
-            r.restart, r.start = entry.restart, entry.order
-        record = WindowRecord.model_validate(w.model_dump())
-        entry.windows.append(record)
-        out.append(MeasuredWindow(levels[load], record, reqs, w.stats()))
-    return out
 
 
 def _from_trial(src: Manifest, requests: pd.DataFrame) -> tuple[dict[str, Any], Manifest, pd.DataFrame]:
@@ -192,4 +171,4 @@ def judge(grid: Manifest, other: Manifest) -> list[Judgement]:
     return rows
 
 
-__all__ = ["Judgement", "ReplaySource", "judge", "replay", "windows_from"]
+__all__ = ["Judgement", "ReplaySource", "judge", "replay"]

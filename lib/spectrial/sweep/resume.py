@@ -27,7 +27,7 @@ from spectrial.protocol.session import MeasuredStart, Session, WindowPlan
 from spectrial.record.store import RunRecord, compacted, load_record, read_table, record_file_exists
 from spectrial.schema import Manifest, StartRecord
 from spectrial.sweep.params import Setting, SweepParams, flat_params
-from spectrial.sweep.replayer import windows_from
+from spectrial.sweep.recorded import windows_from
 
 RESUME_MAX_AGE_S = 3600.0
 """An earlier record that finished longer ago than this is not resumed (its baseline would be stale)."""

@@ -57,6 +57,8 @@ WORK=${WORK:-/tmp/spectrial-device}
 TARBALL=${TARBALL:-.device/sglang-0.5.17.tar.xz}  # carried whole, or put together from its parts (phase stage)
 WHEEL_DIRS=${WHEEL_DIRS:-.whl-sglang/cli .whl-sglang/nb}
 COUNTING=${COUNTING:-params/h200-sglang-counting.yaml}
+# notebook 02 starts SGLang twice (baseline, EAGLE-3): 172 s on a warm H100 (2026-12-06); not begun with less left
+NB02_NEED_S=${NB02_NEED_S:-180}
 SWEEP=${SWEEP:-params/sweep-h200-sglang-8b.yaml}  # another sweep: SWEEP=FILE
 LLAMACPP_SWEEP=outputs/examples/h200-llamacpp-8b/20261129-151623-h200-8b-sweep
 # the bundle FIRST: its transformers/tokenizers shadow the image's (REAL_ENGINES.md)
@@ -259,10 +261,14 @@ phase_sweep() {  # the depth x forced-acceptance grid on the 8B set, stopped by 
     --run-id "$rid" --quiet "${resume[@]}" $(graph_args) ${EXTRA_P:-}
 }
 
-run_notebook() {  # run_notebook NB OUT_NB PARAMS_JSON
-  local nb=$1 out=$2 params=$3 t
+run_notebook() {  # run_notebook NB OUT_NB PARAMS_JSON NEED: not started with less than NEED s left (a notebook cut
+  # by the call's deadline is a failed record and no answer); the next call2 runs it
+  local nb=$1 out=$2 params=$3 need=${4:-60} t
   t=$(( $(remaining) - 30 ))
-  if [ "$t" -lt 30 ]; then say "only $(remaining) s left: $nb not started"; return 124; fi
+  if [ "$t" -lt "$need" ]; then
+    say "only $(remaining) s left and $nb needs ~$need s: not started; the next call2 runs it (a complete sweep is not run again)"
+    return 124
+  fi
   "$PY" -m papermill "$nb" "$out" --cwd . --no-progress-bar --execution-timeout "$t" -y "$params"
 }
 
@@ -273,7 +279,8 @@ phase_nb02() {  # notebook 02 on the counting pair, into its own record
   over='{}'
   [ "$(graphs)" = off ] && over='{"engine_config.extra_args": ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-cuda-graph"]}'
   run_notebook notebooks/02_eagle3.ipynb "$RUNS/$rid/02_eagle3.ipynb" \
-    "{\"params_file\": \"$COUNTING\", \"run_id\": \"$rid\", \"output_dir\": \"$RUNS\", \"overrides\": $over}"
+    "{\"params_file\": \"$COUNTING\", \"run_id\": \"$rid\", \"output_dir\": \"$RUNS\", \"overrides\": $over}" \
+    "$NB02_NEED_S"
 }
 
 phase_nb05() {  # notebook 05: the SGLang sweep, and the committed llama.cpp sweep (same shapes) drawn beside it
@@ -283,7 +290,7 @@ phase_nb05() {  # notebook 05: the SGLang sweep, and the committed llama.cpp swe
   if [ -z "$rid" ] || [ ! -f "$RUNS/$rid/manifest.json" ]; then say "no sweep record on this machine: skipped"; return 1; fi
   touch "$RUNS/$rid"  # packed by this call
   run_notebook notebooks/05_verify_wall.ipynb "$RUNS/$rid/05_verify_wall.ipynb" \
-    "{\"run_dir\": [\"$RUNS/$rid\", \"$LLAMACPP_SWEEP\"], \"out_dir\": \"$RUNS/$rid\"}"
+    "{\"run_dir\": [\"$RUNS/$rid\", \"$LLAMACPP_SWEEP\"], \"out_dir\": \"$RUNS/$rid\"}" 30
 }
 
 procs() {  # what runs of SGLang, spectrial and its GPU sampler, and the GPU's memory

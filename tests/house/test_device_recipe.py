@@ -262,6 +262,20 @@ def test_the_gpu_comes_from_the_device(tmp_path: Path, script: Path) -> None:
     assert len(rids) >= 2 and all("$GPU_SLUG" in ln and "h200" not in re.sub(r"params/\S+", "", ln) for ln in rids), rids
 
 
+def test_a_notebook_is_not_begun_without_the_time_it_needs(tmp_path: Path) -> None:
+    """Issue 41, seen on the H100 (2026-12-06): call2's sweep left notebook 02 51 s, papermill cut its first start
+    and the call failed. Now a notebook is not begun with less than it needs, and the call says the next call2
+    runs it."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "RUNS": str(tmp_path / "runs"),
+           "PY": sys.executable, "SPECTRIAL_GPU_NAME": "NVIDIA H100 80GB HBM3", "BUDGET_S": "150"}
+    res = subprocess.run(["bash", str(SGLANG), "nb02", "pack"], capture_output=True, text=True, cwd=REPO, timeout=60,
+                         env=env)
+    assert res.returncode != 0, res.stdout[-2000:]
+    assert re.search(r"only 1[45]\d s left and notebooks/02_eagle3.ipynb needs ~180 s: not started; the next call2 "
+                     r"runs it", res.stdout), res.stdout[-2000:]
+    assert "papermill" not in res.stdout + res.stderr and not list((tmp_path / "runs").rglob("*.ipynb"))
+
+
 def test_the_bundle_travels_in_parts_and_is_put_together_checked(tmp_path: Path) -> None:
     """Issue 41: `stage` keeps each carried part on the machine; the call that brings the last one puts the tarball
     together and checks its sha256 (what device_sglang_prepare.sh `parts` wrote in PART); a damaged part is refused."""

@@ -16,6 +16,7 @@ from spectrial.errors import RecordDamaged
 from spectrial.readers.diagnose import diagnose
 from spectrial.record.store import (
     COMPACT_PATTERNS,
+    PLOTLYJS_CLASS,
     compact_record,
     list_runs,
     read_record_bytes,
@@ -62,6 +63,36 @@ def test_compact_reads_back_the_same(tmp_path: Path) -> None:
         gzip.decompress((run / "stream.csv.gz").read_bytes()), compresslevel=9, mtime=0)
 
 
+def test_compact_leaves_plotlyjs_out_of_executed_notebooks(tmp_path: Path) -> None:
+    """A notebook executed on a device embeds plotly.js (~4.8 MB) with its first figure; compacting keeps the
+    figures (their JSON and their drawing code) and puts a placeholder where plotly.js was."""
+    import json
+
+    import nbformat
+    import plotly.graph_objects as go
+
+    from spectrial.readers.render.figures import figure_bundle
+
+    run = _plain(tmp_path)
+    fig = go.Figure(go.Scatter(x=[1, 2, 3], y=[4, 5, 6]))
+    first, second = figure_bundle(fig, "f1", plotlyjs=True), figure_bundle(fig, "f2")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("show()", outputs=[
+        nbformat.v4.new_output("display_data", data=b) for b in (first, second)])])
+    nbformat.write(nb, run / "02_eagle3.ipynb")
+    size = (run / "02_eagle3.ipynb").stat().st_size
+    assert size > 3_000_000
+    done = compact_record(run)
+    assert "02_eagle3.ipynb (plotly.js left out)" in done.files
+    after = nbformat.read(run / "02_eagle3.ipynb", as_version=4)  # still a valid notebook
+    (o1, o2) = after.cells[0].outputs
+    html = "".join(o1.data["text/html"])
+    assert (run / "02_eagle3.ipynb").stat().st_size < size / 20 and "plotly.js left out by spectrial compact" in html
+    assert html.count(f'class="{PLOTLYJS_CLASS}"') == 1 and html.endswith(first["text/html"].split("</script>\n", 1)[1])
+    assert json.loads(json.dumps(o1.data["application/vnd.plotly.v1+json"])) == first["application/vnd.plotly.v1+json"]
+    assert o2.data == second  # a figure without plotly.js is untouched
+    assert compact_record(run).files == []  # and a compacted notebook is left as it is
+
+
 def test_compact_refuses_a_running_record(tmp_path: Path) -> None:
     run = _plain(tmp_path)
     m = (run / "manifest.json").read_text().replace('"status": "ok"', '"status": "running"', 1)
@@ -86,7 +117,7 @@ def test_the_cli_compacts_a_folder_of_records(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "spectrial.cli", "compact", str(tmp_path / "runs")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert f"{run}: 4 file(s) gzipped" in res.stdout and "1 record(s):" in res.stdout
+    assert f"{run}: 4 file(s) compacted" in res.stdout and "1 record(s):" in res.stdout
     res = subprocess.run([sys.executable, "-m", "spectrial.cli", "compact", str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "no run record under" in res.stderr
@@ -98,3 +129,5 @@ def test_committed_examples_are_compact() -> None:
     loose = [p.relative_to(REPO).as_posix() for run in list_runs(EXAMPLES) for pat in COMPACT_PATTERNS
              for p in run.glob(pat) if p.is_file()]
     assert not loose, f"run `spectrial compact outputs/examples` before committing: {loose[:5]}"
+    heavy = [p.relative_to(REPO).as_posix() for p in EXAMPLES.rglob("*.ipynb") if p.stat().st_size > 2_000_000]
+    assert not heavy, f"notebooks with plotly.js embedded: run `spectrial compact outputs/examples`: {heavy}"

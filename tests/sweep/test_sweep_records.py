@@ -61,7 +61,8 @@ VERDICT_083946 = (
 LATER = {"llamacpp-load-crossover": "tests/sweep/test_load_crossover.py",
          "llamacpp-rate-crossover": "tests/sweep/test_request_rates.py",
          "h100-sglang-rate-crossover": "tests/sweep/test_request_rates.py",
-         "vllm-cpu-load-policy": "tests/sweep/test_load_crossover.py"}
+         "vllm-cpu-load-policy": "tests/sweep/test_load_crossover.py",
+         "h100-sglang": "tests/sweep/test_sweep_resume.py"}
 
 
 def committed_sweeps(later: bool = False) -> list[Path]:

@@ -123,3 +123,32 @@ def test_a_stale_or_foreign_record_is_not_resumed(tiny_params, tmp_path: Path) -
         load_resumable(src, params, now=soon)
     with pytest.raises(ConfigError, match=r"finished 2\.0 h ago; its baseline would be stale"):
         load_resumable(src, params, now=soon + dt.timedelta(minutes=115))
+
+
+H100 = Path(__file__).resolve().parents[2] / "outputs" / "examples" / "h100-sglang" / "h100-sxm-sglang-8b-sweep-174223"
+
+
+def test_the_h100_sweep_finished_across_device_calls() -> None:
+    """The committed record of real SGLang on a lent H100 (2026-12-06): the depth sweep measured over three device
+    calls, each resuming what the last left (the record of the third holds the whole sweep: 5 starts taken over,
+    the 2 deepest settings started live); the GPU named from the device; the figures docs/DEVICE.md gives."""
+    from spectrial.record.store import load_record
+
+    m = load_record(H100, settle=False)
+    assert m.status == "ok" and m.resumed_from == "h100-sxm-sglang-8b-sweep-173241"
+    assert [(s.arm, s.replayed_from) for s in m.starts] == [
+        ("baseline", 0), ("eagle3-s1-a0.6", 1), ("eagle3-s1-a0.9", 2), ("eagle3-s3-a0.6", 3), ("eagle3-s3-a0.9", 4),
+        ("eagle3-s6-a0.6", None), ("eagle3-s6-a0.9", None)]
+    assert {g.name for g in m.host.gpus.gpus} == {"NVIDIA H100 80GB HBM3"}
+    assert m.budget.settings_measured == m.budget.settings == 6 and not m.budget.partial and m.budget.stopped_by is None
+    base = next(p for p in m.points if p.method == "none")
+    speedup = {p.setting: round(p.tok_s / base.tok_s, 2) for p in m.points if p.method != "none"}
+    assert round(base.tok_s, 1) == 164.9
+    assert speedup == {"eagle3-s1-a0.6": 1.32, "eagle3-s3-a0.6": 1.66, "eagle3-s6-a0.6": 1.64,
+                       "eagle3-s1-a0.9": 1.61, "eagle3-s3-a0.9": 2.63, "eagle3-s6-a0.9": 3.51}
+    assert [(b.scenario, b.best, b.verdict) for b in m.best] == [
+        (0.6, "eagle3-s3-a0.6", "confirmed: faster than the runner-up"),
+        (0.9, "eagle3-s6-a0.9", "confirmed: faster than the runner-up")]
+    roof = json.loads((H100 / "verify_wall.json").read_text())["roofline"]  # notebook 05, on the device
+    assert roof["gpu"] == "h100_sxm" and round(roof["roofline_tok_s"], 1) == 222.9
+    assert round(roof["baseline_share_of_roofline"] * 100, 1) == 74.0

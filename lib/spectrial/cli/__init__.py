@@ -337,12 +337,12 @@ def compact(run_dirs: Annotated[list[Path], typer.Argument(help="Finished run fo
         for run in runs:
             done = compact_record(run)
             before, after = before + done.before, after + done.after
-            typer.echo(f"{run}: {len(done.files)} file(s) gzipped"
+            typer.echo(f"{run}: {len(done.files)} file(s) compacted"
                        + (f", {done.before / 1e6:.2f} -> {done.after / 1e6:.2f} MB" if done.files else ""))
     except SpectrialError as exc:
         _fail(exc)
         return
-    typer.echo(f"{len(runs)} record(s): {before / 1e6:.2f} MB of logs and token events now {after / 1e6:.2f} MB")
+    typer.echo(f"{len(runs)} record(s): {before / 1e6:.2f} MB of logs, token events and notebooks now {after / 1e6:.2f} MB")
 
 
 @app.command()

@@ -392,6 +392,43 @@ COMPACT_PATTERNS = ("logs/*.log", "logs/**/*.log", "stream.csv")
 """What `compact_record` gzips: the server logs and the token events, three quarters of a committed record's bytes
 (the doctor and `read_requests` read them compacted as written)."""
 
+PLOTLYJS_CLASS = "spectrial-plotlyjs"
+"""The class of the one ``<script>`` holding plotly.js in an executed notebook's outputs (the figures embed it with
+a kernel's first figure; nbval's sanitiser and `compact_record` find it by this class)."""
+_PLOTLYJS_RE = re.compile(r'<script type="text/javascript" class="' + PLOTLYJS_CLASS
+                          + r'">(?!/\* plotly\.js left out).*?</script>',
+                          re.DOTALL)
+_PLOTLYJS_LEFT_OUT = (f'<script type="text/javascript" class="{PLOTLYJS_CLASS}">/* plotly.js left out by spectrial '
+                      'compact: JupyterLab draws the figures from their JSON, `spectrial report` with its own '
+                      'plotly.js */</script>')
+
+
+def _strip_plotlyjs(nb_path: Path) -> tuple[int, int] | None:
+    """The embedded plotly.js (~4.8 MB) of an executed notebook replaced by a placeholder script, in place; the
+    bytes before and after, or None when it holds none."""
+    raw = nb_path.read_bytes()
+    if PLOTLYJS_CLASS.encode() not in raw:
+        return None
+    nb = json.loads(raw)
+    hits = 0
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []) or []:
+            html = (out.get("data") or {}).get("text/html")
+            if html is None:
+                continue
+            text = "".join(html) if isinstance(html, list) else html
+            new, n = _PLOTLYJS_RE.subn(_PLOTLYJS_LEFT_OUT, text)
+            if n:
+                hits += n
+                out["data"]["text/html"] = new.splitlines(keepends=True) if isinstance(html, list) else new
+    if not hits:
+        return None
+    packed = (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode()
+    tmp = nb_path.with_name(nb_path.name + ".tmp")
+    tmp.write_bytes(packed)
+    os.replace(tmp, nb_path)
+    return len(raw), len(packed)
+
 
 @dataclass
 class Compacted:
@@ -406,8 +443,9 @@ class Compacted:
 def compact_record(run_dir: str | Path) -> Compacted:
     """Gzip a finished record's bulky text (`COMPACT_PATTERNS`) in place, for committing or shipping: each file
     becomes `<name>.gz` (deterministic bytes: no name or time in the header), the manifest's file list follows, and
-    every reader of spectrial reads the record as before. A record still being written (its owner alive) is refused;
-    a compacted record is left as it is."""
+    every reader of spectrial reads the record as before; its executed notebooks lose their embedded plotly.js
+    (a placeholder script says so; their figures' JSON stays). A record still being written (its owner alive) is
+    refused; a compacted record is left as it is."""
     import gzip
 
     run = Path(run_dir)
@@ -425,6 +463,10 @@ def compact_record(run_dir: str | Path) -> Compacted:
         os.replace(tmp, compacted(src))
         src.unlink()
         before, after = before + len(raw), after + len(packed)
+    for nb_path in sorted(run.glob("*.ipynb")):
+        if (sizes := _strip_plotlyjs(nb_path)) is not None:
+            names.append(nb_path.name + " (plotly.js left out)")
+            before, after = before + sizes[0], after + sizes[1]
     if names and isinstance(data.get("files"), list):
         data["files"] = [f + ".gz" if f in names else f for f in data["files"]]
         dump_json(run / "manifest.json", data)

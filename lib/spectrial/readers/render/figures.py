@@ -28,6 +28,7 @@ from plotly.colors import qualitative
 
 from spectrial.readers import history
 from spectrial.readers.explain import MAX_MODEL_K, Explanation, FigureName, Section, rounded
+from spectrial.record.store import PLOTLYJS_CLASS
 
 __all__ = ["PLOTLYJS_CLASS", "baseline_figure", "cycle_lines_figure", "explanation_cells", "explanation_figures",
            "figure_bundle", "figure_html", "matrix_figure", "plotlyjs_html", "show_explanation", "show_figure",
@@ -35,7 +36,6 @@ __all__ = ["PLOTLYJS_CLASS", "baseline_figure", "cycle_lines_figure", "explanati
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PLOTLYJS_ENV = "SPECTRIAL_PLOTLYJS"  # "omit": show_figure leaves plotly.js out (notebooks whose outputs are committed)
-PLOTLYJS_CLASS = "spectrial-plotlyjs"  # the class of the one <script> that holds plotly.js (nbval's sanitiser uses it)
 COLOURS = qualitative.Plotly  # plotly's default colourway: one colour per arm, its lines and markers alike
 _state = {"plotlyjs_shown": False}
 _figure_numbers = itertools.count(1)

@@ -50,7 +50,13 @@ def test_a_resumed_sweep_starts_only_what_is_left(tiny_params, write_params, tmp
     assert m1["status"] == "partial" and [s["arm"] for s in m1["starts"]] == ["baseline", "eagle3-s1-a0.8"]
 
     plan = cli(str(path), "--resume", str(earlier), "--dry-run")
-    assert plan.exit_code == 0 and "2 of the plan's server starts are taken over" in " ".join(plan.output.split())
+    said = " ".join(plan.output.split())
+    assert plan.exit_code == 0 and "2 of the plan's server starts are taken over" in said
+    # the estimate counts only what will start, as the budget does (the grid is 4: the baseline and 3 settings)
+    assert f"plan: sweep (grid), resuming {m1['run_id']}: at most 2 server start(s)" in said, said
+    assert f"the grid is 4 start(s), 2 of them taken over from {m1['run_id']} (not started again): 2 to start" in said
+    fresh = " ".join(cli(str(path), "--dry-run").output.split())
+    assert "plan: sweep (grid): at most 4 server start(s)" in fresh and "taken over" not in fresh, fresh
     again = cli(str(path), "--resume", str(earlier), "--quiet")
     assert again.exit_code == 0, again.output
     resumed = next(p for p in runs_in(out) if p != earlier)

@@ -49,14 +49,15 @@ def sweep_command(
         if dry_run:
             from spectrial.protocol.plan import sweep_plan
 
-            typer.echo(sweep_plan(params).text())
+            taken, earlier_id = 0, None
             if resume is not None:  # what the resume saves: the starts it takes over are not started again
-                from spectrial.sweep.resume import load_resumable
+                from spectrial.sweep.resume import load_resumable, measured_starts
 
                 m, _ = load_resumable(resume, params)
-                taken = sum(1 for x in m.starts if x.status == "ok" and not x.superseded)
+                taken, earlier_id = len(measured_starts(m)), m.run_id
                 typer.echo(f"resuming {m.run_id} ({m.status}): {taken} of the plan's server starts are taken over "
-                           "from its record, not started again; the estimate above counts every start")
+                           "from its record, not started again; the estimate below counts only the rest")
+            typer.echo(sweep_plan(params, taken_over=taken, resumed_from=earlier_id).text())
             return
         if params.trial.cluster is not None:
             if resume is not None:

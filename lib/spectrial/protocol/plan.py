@@ -291,10 +291,11 @@ def make_plan(params: TrialParams, launches: bool = True) -> Plan:
     return out
 
 
-def sweep_plan(sweep: Any, launches: bool = True) -> Plan:
+def sweep_plan(sweep: Any, launches: bool = True, taken_over: int = 0, resumed_from: str | None = None) -> Plan:
     """The plan of a sweep (`spectrial.sweep.params.SweepParams`): the grid's starts (the baseline and every
     setting, `restarts` each; one start serves every concurrency level), what a guided search may stop at, the
-    budget's limit, and the time each costs."""
+    budget's limit, and the time each costs. `taken_over`: starts a resumed record (`resumed_from`) measured, which
+    are not started again: the estimate counts only the rest, as the sweep's budget does."""
     from spectrial.protocol.earlier import earlier as find_earlier
 
     t = sweep.trial_params()
@@ -307,16 +308,20 @@ def sweep_plan(sweep: Any, launches: bool = True) -> Plan:
     settings = sweep.settings()
     policies = getattr(sweep, "policies", [])
     grid = (1 + len(settings) + len(policies)) * t.restarts
+    taken_over = max(0, min(taken_over, grid))
+    live = grid - taken_over
     windows = level_windows(t, sweep.loads())
     # an open loop's window lasts at least its arrivals' span (mean (n - 1) / rate): added to the start's estimate
     arrivals_s = sum((w.requests - 1) / w.rate for w in windows if w.rate)
     one = st.start_s(t.warmup + sum(w.requests for w in windows)) + arrivals_s
-    most = grid
+    most = live
     if sweep.budget_restarts:
         most = min(most, sweep.budget_restarts)
     if sweep.budget_s:
         most = min(most, max(1, int(sweep.budget_s // one) + 1))
-    rec = PlanRecord(design=f"sweep ({sweep.strategy})", starts=grid if sweep.strategy == "grid" else None,
+    most = min(most, live)
+    rec = PlanRecord(design=f"sweep ({sweep.strategy})" + (f", resuming {resumed_from}" if resumed_from else ""),
+                     starts=live if sweep.strategy == "grid" else None,
                      max_starts=most, start_s=one, start_basis=st.basis, history=found.describe(),
                      wall_s=[min(3, most) * one, most * one, most * one])
     rec.notes.append(f"{len(settings)} setting(s)" + (f" and {len(policies)} engine policies" if policies else "")
@@ -325,7 +330,9 @@ def sweep_plan(sweep: Any, launches: bool = True) -> Plan:
                         f"{sweep.inflight_cap()} in flight; their arrivals take ~{arrivals_s:.0f} s of each start)"
                         if rates else "") + "; "
                      f"the grid is {grid} start(s)"
-                     + (f"; the budget allows {most}" if most < grid else "")
+                     + (f", {taken_over} of them taken over from {resumed_from or 'the resumed record'} (not "
+                        f"started again): {live} to start" if taken_over else "")
+                     + (f"; the budget allows {most}" if most < live else "")
                      + ("; a guided search measures the baseline and a few settings, then only what could beat the "
                         "best, so it usually stops sooner" if sweep.strategy == "guided" else ""))
     return Plan(record=rec, launches=dry_run(t) if launches else [])

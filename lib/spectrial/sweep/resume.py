@@ -36,6 +36,11 @@ MAY_DIFFER = frozenset({"output_dir", "budget_s", "budget_restarts", "state_dir"
 """Params a resumed sweep may change: where it writes and how long it may run, never what it measures."""
 
 
+def measured_starts(earlier: Manifest) -> dict[tuple[str, int], StartRecord]:
+    """The starts of `earlier` a resume takes over, by (arm, restart): those that measured (ok, not superseded)."""
+    return {(s.arm, s.restart): s for s in earlier.starts if s.status == "ok" and not s.superseded}
+
+
 def load_resumable(run_dir: str | Path, params: SweepParams, now: dt.datetime | None = None
                    ) -> tuple[Manifest, pd.DataFrame]:
     """The earlier record and its requests, checked: a sweep of the same plan, finished (partial or failed) within
@@ -81,7 +86,7 @@ class ResumeSource:
                  earlier_dir: Path) -> None:
         self.live, self.record, self.earlier, self.requests, self.earlier_dir = (live, record, earlier, requests,
                                                                                  earlier_dir)
-        self.done = {(s.arm, s.restart): s for s in earlier.starts if s.status == "ok" and not s.superseded}
+        self.done = measured_starts(earlier)
         self.fp_key = earlier.fingerprint_key or ""
         self.taken = 0
         self.prepare_s: float | None = None

@@ -604,19 +604,20 @@ def run_sweep(params: SweepParams | str | Path, overrides: dict[str, Any] | None
         params = load_sweep_params(data=params.model_dump(mode="json"), overrides=overrides)
     from spectrial.protocol.plan import sweep_plan
 
-    earlier = None
+    earlier, taken = None, 0
     if resume is not None:
-        from spectrial.sweep.resume import load_resumable
+        from spectrial.sweep.resume import load_resumable, measured_starts
 
         earlier = load_resumable(resume, params)
-    plan = sweep_plan(params, launches=False)
+        taken = len(measured_starts(earlier[0]))
+    plan = sweep_plan(params, launches=False, taken_over=taken,
+                      resumed_from=earlier[0].run_id if earlier is not None else None)
     if progress:
         from spectrial.progress import note
 
         for line in plan.lines():
             note(line)
         if earlier is not None:
-            taken = sum(1 for s in earlier[0].starts if s.status == "ok" and not s.superseded)
             note(f"resuming {earlier[0].run_id}: its {taken} measured start(s) are taken over, not started again")
 
     def make() -> Sweep:

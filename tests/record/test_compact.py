@@ -91,6 +91,8 @@ def test_compact_leaves_plotlyjs_out_of_executed_notebooks(tmp_path: Path) -> No
     assert json.loads(json.dumps(o1.data["application/vnd.plotly.v1+json"])) == first["application/vnd.plotly.v1+json"]
     assert o2.data == second  # a figure without plotly.js is untouched
     assert compact_record(run).files == []  # and a compacted notebook is left as it is
+    (run / "broken.ipynb").write_text('{"cells": [ <script class="spectrial-plotlyjs">')  # cut short: left alone
+    assert compact_record(run).files == [] and (run / "broken.ipynb").read_text().endswith("spectrial-plotlyjs\">")
 
 
 def test_compact_refuses_a_running_record(tmp_path: Path) -> None:

@@ -319,7 +319,6 @@ def sweep_plan(sweep: Any, launches: bool = True, taken_over: int = 0, resumed_f
         most = min(most, sweep.budget_restarts)
     if sweep.budget_s:
         most = min(most, max(1, int(sweep.budget_s // one) + 1))
-    most = min(most, live)
     rec = PlanRecord(design=f"sweep ({sweep.strategy})" + (f", resuming {resumed_from}" if resumed_from else ""),
                      starts=live if sweep.strategy == "grid" else None,
                      max_starts=most, start_s=one, start_basis=st.basis, history=found.describe(),

@@ -405,16 +405,22 @@ _PLOTLYJS_LEFT_OUT = (f'<script type="text/javascript" class="{PLOTLYJS_CLASS}">
 
 def _strip_plotlyjs(nb_path: Path) -> tuple[int, int] | None:
     """The embedded plotly.js (~4.8 MB) of an executed notebook replaced by a placeholder script, in place; the
-    bytes before and after, or None when it holds none."""
-    raw = nb_path.read_bytes()
+    bytes before and after, or None when it holds none or is not a notebook's JSON (left as it is). Read through
+    the record's capped reader: a notebook over the cap is RecordDamaged, naming the cap's switch."""
+    raw = _read_capped(nb_path)
     if PLOTLYJS_CLASS.encode() not in raw:
         return None
-    nb = json.loads(raw)
+    try:
+        nb = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        return None
     hits = 0
-    for cell in nb.get("cells", []):
-        for out in cell.get("outputs", []) or []:
-            html = (out.get("data") or {}).get("text/html")
-            if html is None:
+    for cell in nb["cells"]:
+        for out in (cell.get("outputs") or []) if isinstance(cell, dict) else []:
+            html = (out.get("data") or {}).get("text/html") if isinstance(out, dict) else None
+            if not isinstance(html, (str, list)):
                 continue
             text = "".join(html) if isinstance(html, list) else html
             new, n = _PLOTLYJS_RE.subn(_PLOTLYJS_LEFT_OUT, text)

@@ -16,6 +16,7 @@ memory (``DataFrame.memory_usage(deep=True)`` summed over the kinds, index inclu
     python benchmarks/bench_logs.py --mix server         # only a running server's own log lines
     python benchmarks/bench_logs.py --workers 1          # one process (no worker processes)
     python benchmarks/bench_logs.py --wide               # the wide frame (parse) instead of the tables
+    python benchmarks/bench_logs.py --arrow              # without the compiled line pass (arrow's kernels alone)
 
 parse reads a file of 64 MiB and more with one worker process per CPU (spectrial.logs.parallel); --workers 1
 measures one process. Wall and CPU time are both printed (the machine may be shared); CPU time is user +
@@ -39,7 +40,7 @@ from pathlib import Path
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "public_logs.jsonl"
 CHILD = r"""
 import json, os, resource, sys, time
-from spectrial.logs import driver, parse, parse_tables, parallel
+from spectrial.logs import driver, native, parse, parse_tables, parallel
 def cpu(who=resource.RUSAGE_SELF):
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime, r.ru_stime
@@ -59,7 +60,7 @@ else:
              "lines": got.lines, "unparsed_lines": got.unparsed_lines, "errors": len(got.parser_errors),
              "table_bytes": got.memory_bytes()}
 print(json.dumps({"wall_s": wall, "cpu_s": c1 - c0 + cw, "sys_s": s1 - s0 + sw, "workers_cpu_s": cw, **shape,
-                  "automaton": driver.ahocorasick_rs is not None, "log_bytes": os.path.getsize(path),
+                  "automaton": driver.ahocorasick_rs is not None, "line_pass": native.status(), "log_bytes": os.path.getsize(path),
                   "rss_after_import": rss_import, "peak_rss": peak,
                   **{f"parallel_{k}": v for k, v in stats.items()}}))
 """
@@ -129,7 +130,11 @@ def main() -> None:
     ap.add_argument("--mix", choices=["corpus", "server"], default="corpus",
                     help="corpus: every snippet (the issue's benchmark); server: only snippets that are a running "
                          "server's own log lines (SGLang/vLLM stats, NCCL, llama.cpp), no pasted tables or bench output")
+    ap.add_argument("--arrow", action="store_true",
+                    help="read with arrow's kernels alone (SPECTRIAL_LOGS_NATIVE=0: the compiled line pass off)")
     args = ap.parse_args()
+    if args.arrow:
+        os.environ["SPECTRIAL_LOGS_NATIVE"] = "0"  # the child parse inherits it
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="spectrial-bench-logs-") as tmp:
@@ -159,7 +164,8 @@ def main() -> None:
     print(f"{what} x{len(parses)}: {p['rows']:,} records in {p['tables']} table(s), {p['columns']} columns in all, "
           f"{p['unparsed_lines']:,} lines unparsed, {p['errors']} parser errors: {spread(p_walls)} wall = "
           f"{mb / p_wall:.1f} MB/s, {p_cpu:.2f} s CPU (median) of which {p['sys_s']:.2f} s system; {where} "
-          f"(marker search: {'Aho-Corasick' if p['automaton'] else 'RE2 union'})")
+          f"(marker search: {'Aho-Corasick' if p['automaton'] else 'RE2 union'}; compiled line pass "
+          f"{'on' if p['line_pass'].startswith('on') else p['line_pass']})")
     ratio, best = p_wall / g_wall, min(p_walls) / min(g_walls)
     print(f"ratio parse/grep -c: {ratio:.1f}x wall, medians ({best:.1f}x of the mins; "
           f"{'met' if ratio <= 5 else 'NOT met'}: target <= 5x, goal 3x); {p_cpu / max(g_cpu, 1e-9):.1f}x CPU")

@@ -31,7 +31,7 @@ LOOSE_MAPS = re.compile(r"(?:dict|Mapping|MutableMapping)\[str,\s*(?:Any|object|
 # it. An import may go to its own floor or one below, never up; a new file is covered by its folder. A room that
 # is on no floor is itself a finding (tests/house/test_house.py): give it one here and in docs/HOUSE.md.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("the record's types", ("errors", "schema", "secrets", "ownership", "interrupts", "progress", "house")),
+    ("the record's types", ("errors", "schema", "secrets", "ownership", "interrupts", "progress", "house", "cache")),
     ("pure numbers and text", ("analysis", "logs")),
     ("parameters", ("params",)),
     ("the run record", ("record",)),

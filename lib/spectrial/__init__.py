@@ -29,6 +29,7 @@ MOVED = {
     "httpread": "measure.httpread",
     "provision": "engines.llamacpp_build", "venvs": "engines.vllm_venv", "remote": "provisioning.remote",
     "provisioning.llamacpp": "engines.llamacpp_build", "provisioning.venvs": "engines.vllm_venv",
+    "provisioning.cache": "cache",
     "host": "hosts.local", "ssh": "hosts.ssh", "srun": "hosts.srun", "tunnel": "hosts.tunnel",
     "connect": "hosts.connect", "fingerprint": "hosts.fingerprint", "gpu": "hosts.gpu", "testing": "hosts.memory",
     "figures": "analysis.figures", "serving": "analysis.serving", "validity": "analysis.validity",

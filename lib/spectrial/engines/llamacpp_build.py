@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import TextIO, TypeVar
 
+from spectrial.cache import _say, cache_root, locked, publish  # noqa: F401 (their names here too)
 from spectrial.errors import HostError
 from spectrial.progress import Progress
-from spectrial.provisioning.cache import _say, cache_root, locked, publish  # noqa: F401 (their names here too)
 
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]")
 _MAKE_RE = re.compile(r"^\[\s*(\d+)%\]")

@@ -335,7 +335,7 @@ class VLLM(Engine):
 
     def _probe_cache(self, python: str, env: dict[str, str] | None) -> Path | None:
         """The cache entry of `python`'s probe, named by the environment's identity; None when it cannot be told."""
-        from spectrial.provisioning.cache import cache_root
+        from spectrial.cache import cache_root
 
         res = self.host.run([python, "-c", ENV_IDENTITY], check=False, timeout=60)
         ident = res.stdout.strip() if res.ok else ""

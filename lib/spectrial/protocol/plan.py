@@ -54,7 +54,7 @@ class PlannedLaunch(BaseModel):
 
 def _remote_path(local: Path, params: TrialParams) -> str:
     """`local` (a file of this machine's cache) as the host's cache holds it after the upload."""
-    from spectrial.provisioning.cache import cache_root
+    from spectrial.cache import cache_root
 
     try:
         rel = local.relative_to(cache_root())

@@ -67,7 +67,7 @@ def host_cache_root(host: Host, cache_dir: str) -> str:
 
 def mirror_path(local: Path, host_cache: str) -> str:
     """Where `local` (a file of the local cache, or any file) goes in the host's cache."""
-    from spectrial.provisioning.cache import cache_root
+    from spectrial.cache import cache_root
 
     resolved = local.resolve()
     try:

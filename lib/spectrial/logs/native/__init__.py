@@ -1,0 +1,286 @@
+"""The compiled line pass: a LineFormat's patterns and `key: value` list over a batch of lines in one C call.
+
+`linepass.c` (beside this file, shipped in the wheel) is built the first time a parse needs it, with the machine's
+C compiler against the PCRE2 that grep links (``libpcre2-8.so.0``; no header needed), into
+``<cache>/native/linepass-<hash>/`` (`$SPECTRIAL_CACHE` or ``~/.cache/spectrial``), and called through ctypes (which
+lets go of the GIL, so it overlaps the block readers as arrow's kernels did). It reads only lines of plain ASCII,
+where PCRE2 and RE2 read the patterns alike; every other line goes through the arrow kernels
+(:meth:`LineFormat.extract <spectrial.logs.formats.LineFormat.extract>`), which stay the reference: the parse
+(:mod:`spectrial.logs.driver`) asks this pass first and arrow where it declines, and the tables are the same
+either way (`tests/logs/test_logs_native.py` holds every registered format to it).
+
+Without a C compiler or libpcre2, or with ``SPECTRIAL_LOGS_NATIVE=0``, the parse reads with arrow alone;
+:func:`status` says which and why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spectrial.cache import cache_root, publish
+from spectrial.logs.columns import ARROW_TYPES, blank_to_null, convert, to_float
+
+LineFormat = Any  # spectrial.logs.formats.LineFormat (not imported: this pass stands below the formats)
+
+SOURCE = Path(__file__).with_name("linepass.c")
+PCRE2 = "libpcre2-8.so.0"
+CFLAGS = ("-O2", "-shared", "-fPIC", "-std=c11", "-Wall")
+_lock = threading.Lock()
+_state: list[tuple[Any, str]] = []  # (library or None, why), once loaded (a forked worker inherits it)
+
+
+def enabled() -> bool:
+    """Whether the compiled pass may be used (``SPECTRIAL_LOGS_NATIVE=0`` turns it off)."""
+    return os.environ.get("SPECTRIAL_LOGS_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _build(folder: Path) -> None:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise OSError("no C compiler (cc or gcc) on PATH")
+    folder.mkdir(parents=True)
+    cmd = [cc, *CFLAGS, "-o", str(folder / "linepass.so"), str(SOURCE), f"-l:{PCRE2}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise OSError(f"{cc} did not finish in 120 s") from e
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-400:]}")
+
+
+def _usable(folder: Path) -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(str(folder / "linepass.so"))
+        return lib if lib.lp_version() == 1 else None
+    except (OSError, AttributeError):
+        return None
+
+
+def _load() -> tuple[Any, str]:
+    if not enabled():
+        return None, "off: SPECTRIAL_LOGS_NATIVE=0"
+    try:
+        ctypes.CDLL(PCRE2)
+    except OSError:
+        return None, f"off: {PCRE2} (PCRE2, which grep links) is not on this machine"
+    cc = os.environ.get("CC") or "cc"
+    key = hashlib.sha256(SOURCE.read_bytes() + repr((cc, CFLAGS)).encode()).hexdigest()[:16]
+    folder = cache_root() / "native" / f"linepass-{key}"
+    try:
+        lib = publish(folder, _build, _usable)
+    except Exception as e:  # no compiler, a read-only cache, ...: arrow reads instead
+        return None, f"off: the compiled line pass could not be built ({e})"
+    _declare(lib)
+    return lib, f"on: {folder / 'linepass.so'} (PCRE2 JIT)"
+
+
+def _declare(lib: Any) -> None:
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+    lib.lp_compile.restype = p
+    lib.lp_compile.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+    lib.lp_extract.restype = ctypes.c_int
+    lib.lp_extract.argtypes = [i64, p, p, ctypes.c_int, p, p, p, p, p, i32, p, ctypes.c_int, p, p, p, ctypes.c_int,
+                               p, p]
+    lib.lp_gather.restype = None
+    lib.lp_gather.argtypes = [i64, p, p, i64, p, p, p]
+
+
+def library() -> Any:
+    """The loaded library, or None (see :func:`status`); built once per cache, loaded once per process."""
+    if not _state:
+        with _lock:
+            if not _state:
+                _state.append(_load())
+    return _state[0][0]
+
+
+def status() -> str:
+    """``on: <library>`` or ``off: <why>``."""
+    library()
+    return _state[0][1]
+
+
+@dataclass
+class Compiled:
+    """A LineFormat's patterns as PCRE2 codes, and its keys, laid out for :func:`extract`."""
+
+    codes: Any  # ctypes array of code pointers
+    lits: Any
+    litlens: np.ndarray
+    ngroups: np.ndarray
+    groups: np.ndarray
+    width: int  # groups in all
+    keydata: bytes
+    keyoffs: np.ndarray
+    keycol: np.ndarray
+    key_columns: list[str]  # column per dense key-column index
+    keep: list[Any]  # the buffers the pointers above point into
+
+
+def compiled(fmt: LineFormat) -> Compiled | None:
+    """`fmt` compiled for this process's library (once), or None where a pattern does not compile in PCRE2."""
+    lib = library()
+    if lib is None:
+        return None
+    got = fmt.__dict__.get("_native", fmt)
+    if got is fmt:  # not compiled yet (None: PCRE2 refused a pattern); a forked worker inherits the codes
+        with _lock:
+            got = fmt.__dict__.get("_native", fmt)
+            if got is fmt:
+                got = _compile(lib, fmt)
+                object.__setattr__(fmt, "_native", got)
+    return got  # type: ignore[no-any-return]
+
+
+def _compile(lib: Any, fmt: LineFormat) -> Compiled | None:
+    import re
+
+    codes, lits, litlens, ngroups, groups, keep = [], [], [], [], [], []
+    err = ctypes.create_string_buffer(256)
+    for pattern, names, literal in fmt._groups:  # type: ignore[attr-defined]
+        raw = pattern.encode()
+        code = lib.lp_compile(raw, len(raw), err, len(err))
+        if not code:
+            return None
+        index = re.compile(pattern).groupindex
+        codes.append(code)
+        lit = (literal or "").encode()
+        if not lit.isascii():
+            lit = b""
+        keep.append(lit)
+        lits.append(ctypes.cast(ctypes.c_char_p(lit), ctypes.c_void_p).value if lit else None)
+        litlens.append(len(lit))
+        ngroups.append(len(names))
+        groups.extend(index[n] for n in names)
+    key_list = list(fmt.keys)
+    key_cols = [fmt.keys[k] for k in key_list]
+    dense = list(dict.fromkeys(key_cols))
+    encoded = [k.encode() for k in key_list]
+    keyoffs = np.zeros(len(encoded) + 1, np.int32)
+    keyoffs[1:] = np.cumsum([len(k) for k in encoded]) if encoded else []
+    return Compiled(
+        codes=(ctypes.c_void_p * max(len(codes), 1))(*codes), lits=(ctypes.c_void_p * max(len(lits), 1))(*lits),
+        litlens=np.array(litlens or [0], np.int64), ngroups=np.array(ngroups or [0], np.int32),
+        groups=np.array(groups or [0], np.int32), width=len(groups), keydata=b"".join(encoded) or b"\0",
+        keyoffs=keyoffs, keycol=np.array([dense.index(c) for c in key_cols] or [0], np.int32),
+        key_columns=dense, keep=keep)
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data  # type: ignore[no-any-return]
+
+
+def extract(fmt: LineFormat, lines: pa.Array) -> dict[str, pa.Array] | None:
+    """`fmt.extract(lines)`, computed by the compiled pass (arrow for lines that are not plain ASCII); None
+    where the pass cannot read these lines (no library, a pattern PCRE2 refuses, not a plain string array)."""
+    if lines.type != pa.string() or lines.null_count or not len(lines):
+        return None
+    comp = compiled(fmt)
+    if comp is None:
+        return None
+    lib = library()
+    n = len(lines)
+    _, obuf, dbuf = lines.buffers()
+    offs = np.frombuffer(obuf, np.int32, n + 1, lines.offset * 4)
+    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None and dbuf.size else np.zeros(1, np.uint8)
+    ncol = len(comp.key_columns)
+    spans = np.empty((n, max(comp.width, 1), 2), np.int32)
+    kspans = np.empty((n, max(ncol, 1), 3), np.int32)
+    plain = np.empty(n, np.uint8)
+    npat = len(fmt._groups)  # type: ignore[attr-defined]
+    rc = lib.lp_extract(n, _ptr(offs), _ptr(data), npat, ctypes.addressof(comp.codes), ctypes.addressof(comp.lits),
+                        _ptr(comp.litlens), _ptr(comp.ngroups), _ptr(comp.groups), comp.width, _ptr(spans),
+                        len(fmt.keys), comp.keydata, _ptr(comp.keyoffs), _ptr(comp.keycol), ncol, _ptr(kspans),
+                        _ptr(plain))
+    if rc != 0:
+        return None
+    out = _key_columns(fmt, comp, kspans, data, n) if fmt.keys else {}
+    types = fmt.pattern_columns
+    g0 = 0
+    for _, names, _ in fmt._groups:  # type: ignore[attr-defined]
+        parts = {name: _strings(spans[:, g0 + j, 0], spans[:, g0 + j, 1], data) for j, name in enumerate(names)}
+        g0 += len(names)
+        for name, arr in parts.items():
+            if name.endswith("__pct"):
+                continue
+            typed = convert(arr, types[name])
+            pct = parts.get(name + "__pct")
+            if pct is not None:
+                typed = pc.if_else(pc.is_valid(blank_to_null(pct)), pc.divide(typed, 100.0), typed)
+            prev = out.get(name)
+            out[name] = typed if prev is None else pc.coalesce(prev, typed)
+    odd = np.flatnonzero(plain == 0)
+    if len(odd):
+        out = _merge(out, fmt.extract(lines.take(pa.array(odd))), odd, n, types)
+    return out
+
+
+def _strings(starts: np.ndarray, ends: np.ndarray, data: np.ndarray) -> pa.Array:
+    """The spans' text as one arrow string array (null where a span's start is -1)."""
+    n = len(starts)
+    valid = starts >= 0
+    lengths = np.where(valid, ends - starts, 0).astype(np.int32)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    buf = np.empty(max(int(offsets[-1]), 1), np.uint8)
+    starts, ends = np.ascontiguousarray(starts), np.ascontiguousarray(ends)
+    library().lp_gather(n, _ptr(starts), _ptr(ends), 1, _ptr(data), _ptr(offsets), _ptr(buf))
+    nulls = int(n - valid.sum())
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(buf), bitmap, nulls)
+
+
+def _key_columns(fmt: LineFormat, comp: Compiled, kspans: np.ndarray, data: np.ndarray, n: int
+                 ) -> dict[str, pa.Array]:
+    """The `key: value` columns, as LineFormat's arrow reading makes them (only those found on some line)."""
+    out: dict[str, pa.Array] = {}
+    for c, name in enumerate(comp.key_columns):
+        start = kspans[:, c, 0]
+        rows = np.flatnonzero(start >= 0)
+        if not len(rows):
+            continue
+        typ = fmt.types.get(name, "float")
+        if typ == "float":
+            bare = _strings(start[rows], kspans[rows, c, 2], data)
+            f = to_float(bare)
+            if name in fmt.percent:
+                f = np.where(kspans[rows, c, 2] < kspans[rows, c, 1], f / 100.0, f)
+            full = np.full(n, np.nan)
+            full[rows] = f
+            out[name] = pa.array(full, from_pandas=True)
+        else:
+            token = _strings(start[rows], kspans[rows, c, 1], data).to_numpy(zero_copy_only=False)
+            full_o = np.full(n, None, object)
+            full_o[rows] = (token == "True").tolist() if typ == "bool" else token
+            out[name] = pa.array(full_o, type=pa.bool_() if typ == "bool" else pa.string())
+    return out
+
+
+def _merge(out: dict[str, pa.Array], odd_cols: dict[str, pa.Array], odd: np.ndarray, n: int,
+           types: dict[str, str]) -> dict[str, pa.Array]:
+    """`out` (every line; the odd ones empty) with rows `odd` taken from `odd_cols` (arrow's reading of them)."""
+    where = np.arange(n)
+    where[odd] = n + np.arange(len(odd))
+    take = pa.array(where)
+    merged: dict[str, pa.Array] = {}
+    for name in [*out, *(c for c in odd_cols if c not in out)]:
+        typ = ARROW_TYPES.get(types.get(name, "float"), pa.string())
+        a = out.get(name)
+        b = odd_cols.get(name)
+        a = pa.nulls(n, (b.type if b is not None else typ)) if a is None else a
+        b = pa.nulls(len(odd), a.type) if b is None else b.cast(a.type)
+        merged[name] = pa.concat_arrays([a, b]).take(take)
+    return merged

@@ -1,4 +1,4 @@
-"""The lanes of `make test`: pytest-xdist runs the tests in workers side by side (`-n 3 --dist loadgroup`), and
+"""The lanes of `make test`: pytest-xdist runs the tests in workers side by side (`-n 2 --dist loadgroup`), and
 this plugin puts each test in a group that one worker runs from start to end, one test after another.
 
 A plugin, not a conftest hook: conftest hooks of collection are scoped to their folder, and the notebooks that nbval

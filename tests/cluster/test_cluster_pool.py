@@ -125,7 +125,9 @@ def test_more_units_than_hosts_wait_for_a_free_host_one_unit_per_host_at_a_time(
 
 def test_a_unit_over_the_pools_time_limit_is_cancelled_and_its_record_says_why(tiny_params, write_params, tmp_path):
     run_id = f"pool-{os.getpid()}-b"
-    p = pool_params({**tiny_params, "repeats": 300, "max_tokens": 48}, None, 0, unit_timeout_s=4)
+    # 12 s: the unit has started and written its record (under make test's load its start took over 4 s, seen),
+    # and 300 repeats of 48 tokens per arm take far longer
+    p = pool_params({**tiny_params, "repeats": 300, "max_tokens": 48}, None, 0, unit_timeout_s=12)
     t0 = time.monotonic()
     proc = start(write_params(p), run_id)
     out, err = proc.communicate(timeout=120)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,119 @@ def test_exit_codes_are_configurable_and_bad_input_exits_2(tmp_path: Path) -> No
     assert out.returncode == 2 and "CANDIDATE" in out.stderr and "does not exist" in out.stderr
     out = subprocess.run([*SPECTRIAL, "gate", str(GOLDEN)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--reference" in out.stderr and "--history" in out.stderr
+
+
+# ---------------------------------------------------------------- CI systems' own views (issue 42, item 4)
+GH_COMMAND = re.compile(r"^::(?P<level>error|warning|notice)(?: (?P<props>[^:]*))?::(?P<message>.*)$")
+
+
+def parse_workflow_commands(out: str) -> list[dict[str, str]]:
+    """Workflow commands as the GitHub runner reads them from a step's output: `::level k=v,k=v::message`, the
+    properties and the message unescaped (%25 %0D %0A, and %3A %2C in properties)."""
+
+    def unescape(s: str) -> str:
+        return s.replace("%0D", "\r").replace("%0A", "\n").replace("%3A", ":").replace("%2C", ",").replace("%25", "%")
+
+    found = []
+    for line in out.splitlines():
+        if not line.startswith("::"):
+            continue
+        m = GH_COMMAND.match(line)
+        assert m, f"not a workflow command GitHub reads: {line!r}"
+        props = dict(p.split("=", 1) for p in (m.group("props") or "").split(",") if p)
+        found.append({"level": m.group("level"), **{k: unescape(v) for k, v in props.items()},
+                      "message": unescape(m.group("message"))})
+    return found
+
+
+def _dropped(data: dict) -> None:  # draft-simple's accept length down by 40 %
+    arm = next(a for a in data["arms"] if a["name"] == "draft-simple")
+    arm["accept_len"] = arm["accept_len"] * 0.6
+
+
+def test_github_annotations_parse_as_the_runner_reads_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    cand = _edited(tmp_path, _dropped)
+    out = subprocess.run([*SPECTRIAL, "gate", str(cand), "-r", str(GOLDEN), "-t", str(CI_GATE), "--github",
+                          "--json", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    rec = json.loads((tmp_path / "g.json").read_text())
+    cmds = parse_workflow_commands(out.stdout)
+    head, *rest = cmds
+    assert head["level"] == "error" and head["title"] == "spectrial gate: REGRESSION"
+    assert head["message"].startswith("gate: REGRESSION (exit 1)")
+    # the committed reference lies in the repository: the annotations point at it, relative to the checkout
+    assert {c["file"] for c in cmds} == {"tests/golden/gate/manifest.json"}
+    shown = {c["title"] for c in rest}
+    want = {f"{c['arm']} {c['figure']}: {c['outcome']}" for c in rec["checks"]
+            if c["outcome"] in ("regression", "inconclusive", "improvement")}
+    assert shown == want and "draft-simple accept_len: regression" in shown
+    accept = next(c for c in rest if c["title"] == "draft-simple accept_len: regression")
+    assert accept["level"] == "error" and "reference" in accept["message"] and "change -40.0%" in accept["message"]
+    # the same gate without --github prints no workflow command; with --json - it refuses (one stdout)
+    plain = subprocess.run([*SPECTRIAL, "gate", str(cand), "-r", str(GOLDEN)], capture_output=True, text=True,
+                           timeout=120)
+    assert not [ln for ln in plain.stdout.splitlines() if ln.startswith("::")]
+    both = subprocess.run([*SPECTRIAL, "gate", str(cand), "-r", str(GOLDEN), "--github", "--json", "-"],
+                          capture_output=True, text=True, timeout=120)
+    assert both.returncode == 2 and "--json" in both.stderr and "--github" in both.stderr
+
+
+def test_github_escaping_keeps_a_message_on_one_line() -> None:
+    from spectrial.gate.report import github
+
+    path = GOLDEN
+    rec = run_gate(path, GateTolerances(), reference=GOLDEN)
+    rec = rec.model_copy(update={"not_comparable": ["max_tokens 64 -> 7, 100% off\nsecond line: a, b"],
+                                 "outcome": "not comparable", "exit_code": 2})
+    cmds = parse_workflow_commands(github(rec))
+    assert len(github(rec).splitlines()) == len(cmds)
+    nc = next(c for c in cmds if c["title"] == "runs not comparable")
+    assert nc["message"] == "max_tokens 64 -> 7, 100% off\nsecond line: a, b" and nc["level"] == "error"
+
+
+CODEQUALITY_SCHEMA = {  # what GitLab reads of a Code Climate issue (docs.gitlab.com: code quality report format)
+    "type": "array",
+    "items": {"type": "object", "required": ["description", "check_name", "fingerprint", "severity", "location"],
+              "properties": {
+                  "description": {"type": "string", "minLength": 1}, "check_name": {"type": "string"},
+                  "fingerprint": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                  "severity": {"enum": ["info", "minor", "major", "critical", "blocker"]},
+                  "location": {"type": "object", "required": ["path", "lines"],
+                               "properties": {"path": {"type": "string"},
+                                              "lines": {"type": "object", "required": ["begin"],
+                                                        "properties": {"begin": {"type": "integer"}}}}}}}}
+
+
+def test_gitlab_reports_parse_as_gitlab_reads_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jsonschema
+    from prometheus_client.parser import text_string_to_metric_families
+
+    monkeypatch.chdir(REPO)
+    cand = _edited(tmp_path, _dropped)
+    cq, metrics = tmp_path / "gl-code-quality.json", tmp_path / "metrics.txt"
+    out = subprocess.run([*SPECTRIAL, "gate", str(cand), "-r", str(GOLDEN), "-t", str(CI_GATE),
+                          "--gitlab-codequality", str(cq), "--gitlab-metrics", str(metrics),
+                          "--json", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    rec = json.loads((tmp_path / "g.json").read_text())
+    issues = json.loads(cq.read_text())
+    jsonschema.validate(issues, CODEQUALITY_SCHEMA)
+    assert len({i["fingerprint"] for i in issues}) == len(issues)  # GitLab tells issues apart by it
+    regression = [i for i in issues if i["severity"] == "critical"]
+    assert [i["check_name"] for i in regression] == ["spectrial-gate/regression"] * len(regression)
+    assert any(i["description"].startswith("draft-simple accept_len: regression") for i in regression)
+    assert {i["location"]["path"] for i in issues} == {"tests/golden/gate/manifest.json"}
+    # the same finding has the same fingerprint in the next run (a merge request shows it as existing, not new)
+    again = tmp_path / "again.json"
+    subprocess.run([*SPECTRIAL, "gate", str(cand), "-r", str(GOLDEN), "-t", str(CI_GATE),
+                    "--gitlab-codequality", str(again)], capture_output=True, text=True, timeout=120)
+    assert [i["fingerprint"] for i in json.loads(again.read_text())] == [i["fingerprint"] for i in issues]
+    # metrics: OpenMetrics text, read by prometheus_client's parser; every checked value is there, labelled
+    fams = {f.name: f for f in text_string_to_metric_families(metrics.read_text())}
+    assert [s.value for s in fams["spectrial_gate_exit_code"].samples] == [1]
+    cand_vals = {(s.labels["arm"], s.labels["figure"]): s.value for s in fams["spectrial_gate_candidate"].samples}
+    want = {(c["arm"], c["figure"]): c["candidate"] for c in rec["checks"] if c["candidate"] is not None}
+    assert cand_vals == pytest.approx(want)
+    change = {(s.labels["arm"], s.labels["figure"]): s.value for s in fams["spectrial_gate_change"].samples}
+    assert change[("draft-simple", "accept_len")] == pytest.approx(-0.4)

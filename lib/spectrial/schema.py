@@ -1863,6 +1863,9 @@ class WatchRecord(Record):
     resets: int = Field(0, description="Intervals with a counter reset (a restart)")
     read_ms_median: float | None = Field(None, description="One /metrics read (the watch's cost to the server)")
     notes: list[str] = Field(default_factory=list, description="What the watch noted")
+    source: str = Field("metrics", description="Where the series come from: 'metrics' (the server's /metrics, read "
+                                               "live) or 'prometheus' (a Prometheus server's history of it)")
+    selector: str | None = Field(None, description="The Prometheus query that read the server's series")
 
 
 # --- an observe-only trial of a server spectrial did not start (spectrial.protocol.observe) --------------------------

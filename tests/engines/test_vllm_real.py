@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,13 +74,17 @@ def notebook_text(path: Path) -> str:
     return "\n".join(parts)
 
 
+SCRATCH = re.compile(r"^spectrial-[A-Za-z0-9]{8}$")  # a start's scratch folder (`mktemp -d /tmp/spectrial-XXXXXXXX`)
+
+
 def tmp_litter() -> set[str]:
-    """Unix sockets, spectrial scratch folders and vLLM's worker rendezvous files (vllm_dist_<uuid>) directly in
-    /tmp."""
+    """Unix sockets, spectrial's scratch folders of server starts and vLLM's worker rendezvous files
+    (vllm_dist_<uuid>) directly in /tmp. Not other spectrial folders (`spectrial-nccl-...` of an NCCL check in the
+    other lane of `make test`, there while it runs: seen to fail this test)."""
     out = set()
     for p in Path("/tmp").iterdir():
         try:
-            if p.is_socket() or p.name.startswith("spectrial-") and p.is_dir() or p.name.startswith("vllm_dist_"):
+            if p.is_socket() or SCRATCH.match(p.name) and p.is_dir() or p.name.startswith("vllm_dist_"):
                 out.add(p.name)
         except OSError:
             continue

@@ -1,9 +1,11 @@
 """Chaos: faults delivered for real to `spectrial trial` on real llama.cpp, at aimed moments (the launch window,
 mid-benchmark, while comparing, during a stop) and at random ones, to the process and to its process group:
 SIGINT, SIGTERM, SIGHUP (also as a real terminal hang-up), SIGKILL. After each: the exit code is the documented
-one, the record says failed and why (or, after SIGKILL, is marked abandoned by the next spectrial command), and
-the next trial on the same port runs ok and leaves nothing of either run behind. Also: a second trial on a port
-whose run is alive is refused with that run's id; a full output_dir ends the run cleanly.
+one, the record says failed and why (or, after SIGKILL, is marked abandoned by the next spectrial command), nothing
+of the run is left (port, state file, processes), and the next trial on the same port runs ok and leaves nothing of
+either run behind (after every SIGKILL, and after each signal and target's last moment: `make test`'s time).
+Also: a second trial on a port whose run is alive is refused with that run's id; a full output_dir ends the run
+cleanly.
 
 The counts per signal and moment are printed (`pytest -s tests/protocol/test_chaos.py`) for the issue note.
 """
@@ -108,13 +110,17 @@ def wait(cond: Callable[[], bool], proc: subprocess.Popen[Any] | None, timeout: 
     return False
 
 
-def after(first_out: Path, tiny_params: dict[str, Any], tmp_path: Path, label: str) -> str:
-    """The next trial on the same port: ok, and nothing of either run left; the first record not running."""
+def after(first_out: Path, tiny_params: dict[str, Any], tmp_path: Path, label: str, next_trial: bool = True) -> str:
+    """Nothing of the run left (its port free, its state file gone unless SIGKILL left it, no process of it), its
+    record not running; with `next_trial`, first the next trial on the same port: ok, and nothing of either left."""
     run1 = _run_dir(first_out)
-    nxt = run_trial(load_params(data=_params(tiny_params, tmp_path / f"next-{label}",
-                                             arms=[{"name": "baseline"}], repeats=1)), progress=False)
-    assert nxt.manifest.status == "ok", nxt.manifest.reason
     port = tiny_params["port"]
+    kill = None
+    if next_trial:
+        nxt = run_trial(load_params(data=_params(tiny_params, tmp_path / f"next-{label}",
+                                                 arms=[{"name": "baseline"}], repeats=1)), progress=False)
+        assert nxt.manifest.status == "ok", nxt.manifest.reason
+        kill = next(s for s in nxt.manifest.steps if s.name == "kill_old_server").report
     assert not LocalHost().port_holders(port)
     assert read_state(LocalHost(), tiny_params["state_dir"], port) is None
     if run1 is None:
@@ -122,8 +128,7 @@ def after(first_out: Path, tiny_params: dict[str, Any], tmp_path: Path, label: s
     m1 = load_record(run1)  # a reader settles an abandoned record
     assert m1.status != "running", (label, m1.status)
     assert not _tagged(m1.run_id), [p.cmdline() for p in _tagged(m1.run_id)]
-    kill = next(s for s in nxt.manifest.steps if s.name == "kill_old_server").report
-    return f"{m1.status}; next kill step: {kill.action}"
+    return f"{m1.status}" + (f"; next kill step: {kill.action}" if kill is not None else "")
 
 
 def one(sig: signal.Signals, target: str, at: str, tiny_params: dict[str, Any], write_params: Any,
@@ -160,7 +165,9 @@ def one(sig: signal.Signals, target: str, at: str, tiny_params: dict[str, Any], 
             ok_arms = [a["name"] for a in m["arms"] if a["status"] == "ok"]
             assert all(f"arm {n}:" not in (m["reason"] or "") for n in ok_arms), m["reason"]  # finished arms keep ok
         outcome = "interrupted"
-    settled = after(out, tiny_params, tmp_path, label)
+    # the next trial on the same port after every SIGKILL (it must clear what the killed run left) and after each
+    # target's last moment; after a caught signal the run must have left nothing, which `after` checks directly
+    settled = after(out, tiny_params, tmp_path, label, next_trial=sig == signal.SIGKILL or at == "random")
     TALLY[(signal.Signals(sig).name, f"{target}@{at}", outcome if hit else outcome + " (moment missed)")] += 1
     return rc, settled
 

@@ -7,6 +7,7 @@ The bounds are the params' `limits:` and `request_timeout_s`, set small here so 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -171,9 +172,15 @@ def test_watch_keeps_its_schedule_when_the_server_turns_hostile(real_server, tmp
                        "--output-dir", str(tmp_path)], timeout=60)
     print(f"watch turning {fault}: exit {ran.rc}, {ran.secs:.1f} s, peak {ran.peak_mb:.0f} MB")
     assert ran.rc == 0, ran.text[-2000:]
-    assert ran.secs < 10 + 2 + 8, f"{ran.secs:.1f} s"  # duration + one interval + the CLI's start
     m = record_of(tmp_path)
     w = m["watch"]
+    # the schedule by the watch's own clock: from its first sample (the record's first interval starts there) to the
+    # record's end, --duration and one interval at most, and the figure written at the end (the CLI's start before it
+    # is the machine's: under make test's load it took 8 s, seen); the whole run bounded too
+    first = dt.datetime.fromisoformat(w["intervals"][0]["start"])
+    lasted = (dt.datetime.fromisoformat(m["finished_at"]) - first).total_seconds()
+    assert lasted < 10 + 2 + 4, f"{lasted:.1f} s from the first sample to the record's end"
+    assert ran.secs < 60, f"{ran.secs:.1f} s"
     assert w["gaps"] and w["gaps"][0]["error"], w["gaps"]
     assert ran.peak_mb < PEAK_RSS_MB
     untouched(real_server)

@@ -46,6 +46,53 @@ def test_pure_noise_yields_no_change():
     assert [(c.index, round(c.relative_change, 3)) for c in found] == [(20, -0.1)]
 
 
+def beat(seed: int, n: int = 1800, rate: float = 130.0, quantum: int = 32, wall: float = 2.0, drop_at: int | None = None,
+         rate_after: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A steady server watched every `wall` s whose token counter moves `quantum` tokens at a time (issue 42: 64-token
+    requests over 2 s gave 112/128/144/160 tok/s): the true rate wanders by +-2 % and the counter's phase drifts
+    against the interval, so the counts run at one level, then another (a beat). Per interval: (tokens, wall_s)."""
+    rng = np.random.default_rng(seed)
+    walls = wall + 0.005 * rng.standard_normal(n)
+    rates = rate * (1 + 0.02 * np.sin(np.arange(n) / rng.uniform(20, 80)))
+    if drop_at is not None and rate_after is not None:
+        rates[drop_at:] *= rate_after / rate
+    cum = rng.uniform(0, quantum) + np.concatenate([[0.0], np.cumsum(rates * walls)])
+    return np.diff(quantum * np.floor(cum / quantum)), walls
+
+
+def test_a_steady_servers_whole_counts_give_no_change_over_an_hour(monkeypatch):
+    """Issue 42: an hour of 2 s intervals (1800) of a steady server whose counts come in whole quanta, 20 times:
+    no change. The detector before (2-interval segments, no resolution, no minimum effect) found thousands."""
+    series = [beat(seed) for seed in range(20)]
+    assert sum(len(changes.find_changes(c / w, changes.resolution(c, w))) for c, w in series) == 0
+    monkeypatch.setattr(changes, "MIN_SIZE", 2)
+    monkeypatch.setattr(changes, "MIN_EFFECT_REL", 0.0)
+    assert sum(len(changes.find_changes(c / w)) for c, w in series) > 100  # what the watch reported before
+
+
+def test_a_real_change_in_whole_counts_is_found_where_it_is():
+    for seed in range(10):
+        c, w = beat(seed, n=600, drop_at=300, rate_after=100.0)
+        found = changes.find_changes(c / w, changes.resolution(c, w))
+        assert len(found) == 1 and abs(found[0].index - 300) <= 1, found
+        assert found[0].relative_change == pytest.approx(100 / 130 - 1, abs=0.03)
+
+
+def test_resolution_is_the_counts_quantum_over_the_interval():
+    assert changes.resolution([256, 288, 320, 224], [2.0, 2.0, 2.1, 1.9]) == pytest.approx(16.0)
+    assert changes.resolution([257, 288, None, 0], [2.0, 2.0, 2.0, 2.0]) == pytest.approx(0.5)  # gcd 1 (None, 0 left out)
+    assert changes.resolution([10.5, 12.0], [1.0, 1.0]) == pytest.approx(1.0)  # not whole counts: one unit
+    assert changes.resolution([], []) == 0.0
+
+
+def test_a_change_below_the_minimum_effect_or_resolution_is_not_one():
+    quiet = [60.0] * 30 + [58.5] * 30  # -2.5 %: below MIN_EFFECT_REL, though the series has no noise at all
+    assert changes.find_changes(quiet) == []
+    found = changes.find_changes([60.0] * 30 + [56.0] * 30)  # -6.7 %: a change
+    assert [c.index for c in found] == [30]
+    assert changes.find_changes([60.0] * 30 + [56.0] * 30, step=8.0) == []  # less than one step of the counts
+
+
 def test_noise_estimate_ignores_the_step():
     rng = np.random.default_rng(1)
     x = 0.2 * rng.standard_normal(400)

@@ -13,7 +13,8 @@ from spectrial.schema import WatchRecord
 
 
 def watch_command(
-        url: Annotated[str, typer.Argument(help="Base URL of a running server, e.g. http://127.0.0.1:8080")],
+        url: Annotated[str | None, typer.Argument(
+            help="Base URL of a running server, e.g. http://127.0.0.1:8080 (or --prometheus instead)")] = None,
         interval: Annotated[float, typer.Option(help="Seconds between two /metrics reads.")] = 10.0,
         duration: Annotated[float | None, typer.Option(help="Stop after this many seconds (default: until "
                                                             "Ctrl-C).")] = None,
@@ -25,6 +26,22 @@ def watch_command(
                  "what its users send).")] = None,
         params: Annotated[Path | None, typer.Option(help="Params file whose workload --drive-rate sends.")] = None,
         run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
+        prometheus: Annotated[str | None, typer.Option(
+            help="Read the server's history from this Prometheus server (its base URL) instead of watching it live: "
+                 "the same counters, intervals, gaps, restarts and changes, in seconds.")] = None,
+        selector: Annotated[str | None, typer.Option(
+            help='With --prometheus: label matchers that pick the one server, e.g. \'job="vllm",instance="h1:8000"\'.')]
+        = None,
+        since: Annotated[str | None, typer.Option(
+            help="With --prometheus: the range, back from --end (or now): 90s, 15m, 6h, 7d, 2w.")] = None,
+        start: Annotated[str | None, typer.Option(
+            help="With --prometheus: the range's start (ISO 8601, UTC where no zone is given, or Unix seconds).")]
+        = None,
+        end: Annotated[str | None, typer.Option(
+            help="With --prometheus: the range's end (default: now).")] = None,
+        follow: Annotated[bool, typer.Option(
+            "--follow", help="With --prometheus: after the range, follow the new samples as they come (for "
+                             "--duration, or until Ctrl-C).")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False) -> None:
     """Watch a server spectrial did not start (never stopped, restarted or signalled): per interval accept length,
     per-position acceptance, drafted/accepted tokens, tok/s, requests running/waiting; changes found with
@@ -34,17 +51,28 @@ def watch_command(
     (the server does not answer, has no /metrics), 130 / 143 / 129 interrupted (the record is written, status
     failed with the reason)."""
     from spectrial import interrupts
+    from spectrial.errors import ConfigError
     from spectrial.record.store import opened
-    from spectrial.watch.record import Watch, WatchOptions
+    from spectrial.watch.record import HistoryWatch, Watch, WatchOptions
 
     try:
-        opts = WatchOptions(url=url, interval_s=interval, duration_s=duration, output_dir=output_dir, engine=engine,
-                            drive_rate=drive_rate, params_file=str(params) if params else None, run_id=run_id)
-        w = Watch(opts, progress_on=not quiet, draw=_draw)
+        rng = _range(url, prometheus, selector, since, start, end, None if follow else duration, drive_rate)
+        if follow and not prometheus:
+            raise ConfigError("--follow: only with --prometheus (a live watch follows the server itself)",
+                              parameter="follow")
+        if follow and end:
+            raise ConfigError("--follow and --end: a followed range has no end (--duration says how long to follow)",
+                              parameter="follow")
+        opts = WatchOptions(url=prometheus or url or "", interval_s=interval, duration_s=duration,
+                            output_dir=output_dir, engine=engine, drive_rate=drive_rate,
+                            params_file=str(params) if params else None, run_id=run_id, selector=selector,
+                            start=rng[0] if rng else None, end=rng[1] if rng else None, follow=follow)
+        w = (HistoryWatch if prometheus else Watch)(opts, progress_on=not quiet, draw=_draw)
         w.check()  # bad input stops here, before a record exists
         with interrupts.interruptible("the record is written; the watched server was not touched"), \
                 opened(w.open):
-            typer.echo(f"watching {w.opts.url} ({w.engine}) every {interval:g} s; run record: "
+            what = "reading the history of" if prometheus else "watching"
+            typer.echo(f"{what} {w.opts.url} ({w.engine}) every {interval:g} s; run record: "
                        f"{w.record.manifest_path if w.record else '?'}", err=True)
             record = w.run()
     except (RecordWriteError, ServerMisbehaved) as exc:  # the record, or a server that broke the protocol
@@ -63,6 +91,39 @@ def watch_command(
 
     typer.echo(summary(record.manifest))
     typer.echo(f"run record: {record.manifest_path}")
+
+
+def _range(url: str | None, prometheus: str | None, selector: str | None, since: str | None, start: str | None,
+           end: str | None, duration: float | None, drive_rate: float | None) -> tuple[float, float] | None:
+    """The Prometheus range (Unix seconds), None for a live watch; ConfigError naming the flag that does not fit."""
+    import time
+
+    from spectrial.errors import ConfigError
+    from spectrial.watch.prometheus import parse_duration, parse_time
+
+    if not prometheus:
+        extra = [f for f, v in (("--selector", selector), ("--since", since), ("--start", start), ("--end", end)) if v]
+        if extra:
+            raise ConfigError(f"{extra[0]}: only with --prometheus (a live watch reads the server itself)",
+                              parameter=extra[0])
+        if not url:
+            raise ConfigError("URL: give the server's base URL (e.g. http://127.0.0.1:8080), or --prometheus URL to "
+                              "read its history", parameter="url")
+        return None
+    if url:
+        raise ConfigError(f"URL: {url} and --prometheus {prometheus}: give one (--selector picks the server in "
+                          "Prometheus)", parameter="url")
+    for flag, value in (("--duration", duration), ("--drive-rate", drive_rate)):
+        if value is not None:
+            raise ConfigError(f"{flag}: not with --prometheus (the history's range is --since or --start/--end; "
+                              "--duration goes with --follow)", parameter=flag)
+    t_end = parse_time(end, "--end") if end else time.time()
+    if since and start:
+        raise ConfigError("--since and --start: give one", parameter="since")
+    if not since and not start:
+        raise ConfigError("--since or --start: the range to read (e.g. --since 7d)", parameter="since")
+    t_start = parse_time(start, "--start") if start else t_end - parse_duration(since or "")
+    return t_start, t_end
 
 
 def _draw(w: WatchRecord) -> str:

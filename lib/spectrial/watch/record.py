@@ -47,6 +47,12 @@ class WatchOptions(BaseModel):
     drive_rate: float | None = Field(None, gt=0, description="Requests/s spectrial sends itself (None: none)")
     params_file: str | None = Field(None, description="Params file whose workload --drive-rate sends")
     run_id: str | None = Field(None, description="Run id (default: generated)")
+    selector: str | None = Field(None, description="With a Prometheus `url`: the label matchers of the one server "
+                                                   "whose history is read (e.g. job=\"vllm\")")
+    start: float | None = Field(None, description="With a Prometheus `url`: the range's start (Unix seconds)")
+    end: float | None = Field(None, description="With a Prometheus `url`: the range's end (Unix seconds)")
+    follow: bool = Field(False, description="With a Prometheus `url`: after the range, follow its new samples "
+                                            "(for `duration_s`, or until interrupted)")
 
 
 def normalise_url(url: str) -> str:
@@ -171,6 +177,11 @@ class Watch:
             self._in_gap(str(exc) if isinstance(exc, sampler.NoMetrics | ServerMisbehaved)
                          else f"{type(exc).__name__}: {exc}")
             return None
+        return self.take(cur)
+
+    def take(self, cur: sampler.Sample, live: bool = True) -> WatchInterval:
+        """The interval from the last read to `cur` (`live`: print it and look for changes at once)."""
+        assert self.watch is not None and self.prev is not None
         after_gap = self.gap is not None
         if self.gap is not None:
             self.gap.end, self.gap.end_s = cur.at, round(cur.t - self.t0, 3)
@@ -181,17 +192,21 @@ class Watch:
         self.watch.intervals.append(iv)
         if iv.reset:
             self.watch.resets += 1
-        self._line(interval_line(iv))
-        self.detect()
+        if live:
+            self._line(interval_line(iv))
+            self.detect()
         return iv
 
-    def _in_gap(self, error: str) -> None:
+    def _in_gap(self, error: str, at: str | None = None, t: float | None = None, say: bool | None = None) -> None:
+        """A failed read (now, or at `at` / `t`: a step of a history without a sample; `say`: print it, by default
+        for a live read only)."""
         assert self.watch is not None
-        now = time.monotonic()
+        now = time.monotonic() if t is None else t
         if self.gap is None:
-            self.gap = WatchGap(start=utc_now(), start_s=round(now - self.t0, 3), error=error[:500])
+            self.gap = WatchGap(start=at or utc_now(), start_s=round(now - self.t0, 3), error=error[:500])
             self.watch.gaps.append(self.gap)
-            self._line(f"server not answering: {error[:200]} (still polling; the server is not touched)")
+            if say if say is not None else t is None:
+                self._line(f"server not answering: {error[:200]} (still polling; the server is not touched)")
         else:
             self.gap.polls += 1
 
@@ -199,9 +214,10 @@ class Watch:
         """Change points of accept length and tok/s over the intervals with work (the whole series so far)."""
         assert self.watch is not None
         found: list[WatchChange] = []
-        for series in ("accept_len", "tok_s"):
+        for series, count, per in (("accept_len", "accepted", "verify_steps"), ("tok_s", "tokens", "wall_s")):
             pts = [iv for iv in self.watch.intervals if getattr(iv, series) is not None and (iv.tokens or 0) > 0]
-            for c in changes.find_changes([getattr(iv, series) for iv in pts]):
+            step = changes.resolution([getattr(iv, count) for iv in pts], [getattr(iv, per) for iv in pts])
+            for c in changes.find_changes([getattr(iv, series) for iv in pts], step):
                 iv = pts[c.index]
                 found.append(WatchChange(series=series, index=iv.index, at=iv.start, at_s=iv.start_s,  # type: ignore[arg-type]
                                          before_mean=c.before_mean, after_mean=c.after_mean,
@@ -286,6 +302,95 @@ class Watch:
             bar.set_postfix_str(text)
         elif progress.mode() != "off":
             print(f"[spectrial] watch: {text}", file=sys.stdout, flush=True)
+
+
+class HistoryWatch(Watch):
+    """A watch of a server's history in Prometheus (spectrial.watch.prometheus): the same intervals, gaps, resets,
+    change points and record as a live watch, from `query_range` steps of `interval_s` over [start, end]; the
+    server is not contacted at all."""
+
+    def check(self) -> None:
+        from spectrial.watch import prometheus
+
+        assert self.opts.start is not None and self.opts.end is not None
+        prom = prometheus.Prometheus(self.opts.url)
+        try:
+            self.history = prom.history(self.opts.selector, self.opts.start, self.opts.end, self.opts.interval_s,
+                                        self.opts.engine)
+        finally:
+            prom.close()
+        self.steps = prometheus.samples(self.history)
+        first = next((i for i, s in enumerate(self.steps) if s is not None), None)
+        if first is None:
+            raise ConfigError(f"--selector: {self.history.query} has no sample of {self.history.engine}'s counters "
+                              "in the range", parameter="selector")
+        self.engine, self.first = self.history.engine, self.steps[first]
+        self.steps = self.steps[first + 1:]
+        self.times = self.history.times[first + 1:]
+        server = ", ".join(f'{k}="{v}"' for k, v in self.history.server.items())
+        self.notes = [f"read from Prometheus {self.opts.url} ({server}; {self.history.query}), steps of "
+                      f"{self.opts.interval_s:g} s from {self.first.at} to "
+                      f"{prometheus.iso(self.history.times[-1])}: the server was not contacted"]
+        if not self.first.totals.has_spec:
+            self.notes.append(f"the series carry no speculation counters ({self.engine}): throughput and load only")
+        if first > 1:
+            self.notes.append(f"no sample before {self.first.at} ({first} step(s) of the range: the server was not "
+                              "scraped yet, or Prometheus no longer keeps them)")
+
+    def run(self) -> RunRecord:
+        """Every step of the history, then the change points once."""
+
+        if self.record is None:
+            self.open()
+        assert self.record is not None and self.watch is not None
+        self.watch.source, self.watch.selector = "prometheus", self.history.query
+        for t, s in zip(self.times, self.steps, strict=True):
+            self._history_step(t, s, live=False)
+        self.watch.duration_s = round(self.history.times[-1] - self.t0, 3)
+        if self.opts.follow:
+            try:
+                self._follow()
+            except KeyboardInterrupt:
+                self.finish(status=None)
+                raise
+        self.finish("ok", f"gaps: {len(self.watch.gaps)}, resets: {self.watch.resets}" if self.watch.gaps or
+                    self.watch.resets else None)
+        return self.record
+
+    def _history_step(self, t: float, s: sampler.Sample | None, live: bool) -> None:
+        from spectrial.watch import prometheus
+
+        if s is None:
+            self._in_gap("no sample in Prometheus (a failed scrape, or the server was down)", prometheus.iso(t), t,
+                         say=live)
+        else:
+            self.take(s, live=live)
+
+    def _follow(self) -> None:
+        """Prometheus' new steps as they come, one interval behind (its last scrape may not be in yet), each as a
+        live watch takes a read; for `duration_s` or until interrupted."""
+        from spectrial.watch import prometheus
+
+        assert self.watch is not None
+        step = self.opts.interval_s
+        last = self.history.times[-1]
+        stop_at = time.monotonic() + self.opts.duration_s if self.opts.duration_s else None
+        prom = prometheus.Prometheus(self.opts.url)
+        self._line(f"following {self.history.query} from {prometheus.iso(last)} every {step:g} s")
+        try:
+            while stop_at is None or time.monotonic() < stop_at:
+                time.sleep(step if stop_at is None else max(0.0, min(step, stop_at - time.monotonic())))
+                now = time.time() - step
+                if now < last + step:
+                    continue
+                piece = prom.more(self.history, last + step, now, step)
+                for t, s in zip(piece.times, prometheus.samples(piece), strict=True):
+                    self._history_step(t, s, live=True)
+                last = piece.times[-1]
+                self.watch.duration_s = round(last - self.t0, 3)
+                self.save()
+        finally:
+            prom.close()
 
 
 def _f(x: float | None, nd: int) -> str:

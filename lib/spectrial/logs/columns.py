@@ -40,6 +40,20 @@ def blank_to_null(arr: pa.Array) -> pa.Array:
     return pc.if_else(pc.equal(arr, ""), pa.scalar(None, arr.type), arr)
 
 
+def merge_captures(out: dict[str, pa.Array], parts: Mapping[str, pa.Array], types: Mapping[str, str]) -> None:
+    """One pattern's captures (column -> text, null where it did not match) into `out`: each typed, divided by 100
+    where its `X__pct` group captured a ``%``, filling only what `out` still lacks (the first pattern wins)."""
+    for name, arr in parts.items():
+        if name.endswith("__pct"):
+            continue
+        typed = convert(arr, types[name])
+        pct = parts.get(name + "__pct")
+        if pct is not None:
+            typed = pc.if_else(pc.is_valid(blank_to_null(pct)), pc.divide(typed, 100.0), typed)
+        prev = out.get(name)
+        out[name] = typed if prev is None else pc.coalesce(prev, typed)
+
+
 def convert(arr: pa.Array, typ: str) -> pa.Array:
     """String captures -> a typed arrow array; never raises on odd text."""
     if typ == "float":

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 
 from spectrial.errors import ConfigError
 from spectrial.logs.chunks import Chunk, Window
-from spectrial.logs.columns import ARROW_TYPES, blank_to_null, check_types, convert, to_float
+from spectrial.logs.columns import ARROW_TYPES, check_types, merge_captures, to_float
 from spectrial.logs.pyrepr import PyValue  # noqa: F401  (named in Cell)
 from spectrial.logs.text import TS_ISO, ahocorasick_rs
 
@@ -204,16 +204,7 @@ class LineFormat:
                     if c not in out:
                         out[c] = pa.nulls(n, ARROW_TYPES.get(types[c], pa.string()))
                 continue
-            parts = _search(lines, idx, n, pattern, names)
-            for name, arr in parts.items():
-                if name.endswith("__pct"):
-                    continue
-                typed = convert(arr, types[name])
-                pct = parts.get(name + "__pct")
-                if pct is not None:
-                    typed = pc.if_else(pc.is_valid(blank_to_null(pct)), pc.divide(typed, 100.0), typed)
-                prev = out.get(name)
-                out[name] = typed if prev is None else pc.coalesce(prev, typed)
+            merge_captures(out, _search(lines, idx, n, pattern, names), types)
         return out
 
     def required(self, cols: Mapping[str, pa.Array], n: int) -> np.ndarray:

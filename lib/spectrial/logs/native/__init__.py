@@ -28,10 +28,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spectrial.cache import cache_root, publish
-from spectrial.logs.columns import ARROW_TYPES, blank_to_null, convert, to_float
+from spectrial.logs.columns import ARROW_TYPES, merge_captures, to_float
 
 LineFormat = Any  # spectrial.logs.formats.LineFormat (not imported: this pass stands below the formats)
 
@@ -213,15 +212,7 @@ def extract(fmt: LineFormat, lines: pa.Array) -> dict[str, pa.Array] | None:
     for _, names, _ in fmt._groups:  # type: ignore[attr-defined]
         parts = {name: _strings(spans[:, g0 + j, 0], spans[:, g0 + j, 1], data) for j, name in enumerate(names)}
         g0 += len(names)
-        for name, arr in parts.items():
-            if name.endswith("__pct"):
-                continue
-            typed = convert(arr, types[name])
-            pct = parts.get(name + "__pct")
-            if pct is not None:
-                typed = pc.if_else(pc.is_valid(blank_to_null(pct)), pc.divide(typed, 100.0), typed)
-            prev = out.get(name)
-            out[name] = typed if prev is None else pc.coalesce(prev, typed)
+        merge_captures(out, parts, types)
     odd = np.flatnonzero(plain == 0)
     if len(odd):
         out = _merge(out, fmt.extract(lines.take(pa.array(odd))), odd, n, types)

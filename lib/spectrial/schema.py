@@ -1788,6 +1788,27 @@ class CounterTotals(Record):
         return self.verify_steps is not None
 
 
+class WatchMetrics(Record):
+    """An engine's metric names for what a watch reads (the one place they are declared: the engine module's
+    `WATCH_METRICS`); `spectrial.measure.metrics.watch_totals` reads a `/metrics` snapshot with them and
+    `spectrial.watch.grafana` writes the dashboard's PromQL from them. None: the engine does not export it."""
+
+    engine: str = Field(description="The engine these names are of")
+    verify_steps: str | None = Field(None, description="Counter of verify steps (drafts)")
+    drafted: str | None = Field(None, description="Counter of draft tokens proposed")
+    accepted: str | None = Field(None, description="Counter of draft tokens accepted (None: see accepted_minus)")
+    accepted_minus: str | None = Field(None, description="Where no accepted counter exists: accepted = tokens - "
+                                                         "this counter (requests: each one's first token comes from "
+                                                         "prefill) - verify_steps")
+    accepted_per_pos: str | None = Field(None, description="Counter of accepted tokens per draft position")
+    position_label: str = Field("position", description="The label of accepted_per_pos that names the position")
+    tokens: str | None = Field(None, description="Counter of generated tokens")
+    requests_running: str | None = Field(None, description="Gauge of requests running")
+    requests_waiting: str | None = Field(None, description="Gauge of requests waiting")
+    start_time: str | None = Field(None, description="Gauge of the process start (Unix seconds): a change is a "
+                                                     "restart")
+
+
 class WatchInterval(Record):
     """One sampling interval of a watch: the counters' increase between two `/metrics` reads.
 

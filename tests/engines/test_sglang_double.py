@@ -140,7 +140,23 @@ class Double:
                 except httpx.TransportError:
                     pass
                 time.sleep(0.1)
-        raise AssertionError(f"not ready after {timeout} s:\n{self.log_text()[-3000:]}")
+        raise AssertionError(f"not ready after {timeout} s:\n{self.diagnose()}")
+
+    def diagnose(self) -> str:
+        """What a double that did not become ready was doing: each live process of its group (status, command)
+        and every thread's stack (the double's SIGUSR1 hook writes them to its log), then the log without the
+        access lines of our own polling."""
+        procs = []
+        for p in self.live():
+            with contextlib.suppress(psutil.Error, OSError):
+                cmd = cmdline(p.pid)
+                procs.append(f"{p.pid} {p.status()} {cmd[:120]}")
+                if cmd.startswith("sglang::") or "sglang.launch_server" in cmd.split(" ", 3)[2:3]:
+                    os.kill(p.pid, signal.SIGUSR1)  # the double's own processes only (not sh, not the tracker)
+                    time.sleep(0.5)  # one at a time: their dumps share the log
+        time.sleep(0.5)
+        text = "\n".join(line for line in self.log_text().splitlines() if not line.startswith("INFO:     127.0.0.1:"))
+        return "processes:\n" + "\n".join(procs) + "\nlog (access lines left out):\n" + text[-12000:]
 
     def wait_exit(self, timeout: float = 30) -> str:
         """What the wrapper wrote: the shell's `$?` of the launched process."""

@@ -9,6 +9,7 @@ so switching the load from one to the other is a change the watch must find, nea
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import prometheus_server
 import pytest
 
 from spectrial.measure import metrics
@@ -262,8 +264,12 @@ def test_watch_a_real_vllm_cpu_server(tmp_path, vllm_counting_eagle3):
 
     server = vllm_counting_eagle3
     url, out, model = server.url, tmp_path / "out", "target"
+    prom = contextlib.ExitStack()
+    prometheus = prom.enter_context(prometheus_server.running(tmp_path / "prometheus", {"vllm": server.port}))
     watch = start_watch(url, out, "v1", "--duration", "14")
     try:
+        prometheus_server.wait_scraped(prometheus, 'vllm:spec_decode_num_drafts_total{job="vllm"}')
+        t0 = time.time()
         wait_for_manifest(out / "v1" / "manifest.json", watch)
         tok = Tokenizer.from_file(str(ensure_hf_models(kind="counting").target / "tokenizer.json"))
         drafts, accepted, max_tokens = 0, [0, 0, 0], 32
@@ -276,12 +282,28 @@ def test_watch_a_real_vllm_cpu_server(tmp_path, vllm_counting_eagle3):
                 assert r.json()["usage"]["completion_tokens"] == max_tokens
                 d, a = simulate_counting("eagle3", tok.encode(prompt).ids[-1], max_tokens, 3)
                 drafts, accepted = drafts + d, [x + y for x, y in zip(accepted, a, strict=True)]
+        time.sleep(2.5)  # Prometheus' scrapes after the last request
+        t1 = time.time()
         stdout, _ = watch.communicate(timeout=120)
         assert watch.returncode == 0, stdout
         assert server.alive(), "the watch must never stop the server"
+        # the same requests read back from Prometheus' history of the same server (issue 42, item 2)
+        res = subprocess.run([*SPECTRIAL, "watch", "--prometheus", prometheus, "--selector", 'job="vllm"', "--start",
+                              f"{t0:.3f}", "--end", f"{t1:.3f}", "--interval", "1", "--output-dir", str(out),
+                              "--run-id", "p1"], capture_output=True, text=True, timeout=300, env=ENV)
+        assert res.returncode == 0, res.stdout + res.stderr
+        # the Grafana dashboard's queries (spectrial.watch.grafana) over the same window: valid for every engine,
+        # vLLM's giving the counting truth
+        window, board = f"{int(t1 - t0) + 2}s", {}
+        for title, legend, q in prometheus_server.dashboard_queries("vllm", f"{int(t1 - t0) + 2}s"):
+            r = prometheus_server.query(prometheus, q, t1)
+            assert r.status_code == 200 and r.json()["status"] == "success", (title, q, r.text)
+            if "(vllm)" in legend:
+                board.setdefault(title, []).extend(float(x["value"][1]) for x in r.json()["data"]["result"])
     finally:
         if watch.poll() is None:
             os.killpg(watch.pid, signal.SIGKILL)
+        prom.close()
     w = json.loads((out / "v1" / "manifest.json").read_text())["watch"]
     assert w["engine"] == "vllm" and w["speculation"] and not w["gaps"] and not w["resets"]
     ivs = [iv for iv in w["intervals"] if iv["verify_steps"]]
@@ -292,5 +314,19 @@ def test_watch_a_real_vllm_cpu_server(tmp_path, vllm_counting_eagle3):
     assert [x / steps for x in per_pos] == pytest.approx([accepted[0] / drafts, 0, 0])
     assert 1 + sum(per_pos) / steps == pytest.approx(4 / 3, abs=4 / drafts + 0.02)
     assert sum(iv["tokens"] or 0 for iv in w["intervals"]) == 4 * max_tokens
+    pw = json.loads((out / "p1" / "manifest.json").read_text())["watch"]
+    assert (pw["engine"], pw["source"], pw["speculation"], pw["resets"]) == ("vllm", "prometheus", True, 0), pw
+    pivs = [iv for iv in pw["intervals"] if iv["verify_steps"]]
+    assert sum(iv["verify_steps"] for iv in pivs) == drafts  # the counting truth again, from Prometheus
+    ppos = [sum(iv["per_position"][k] * iv["verify_steps"] for iv in pivs) for k in range(3)]
+    assert ppos == pytest.approx(accepted, abs=1e-6)
+    assert sum(iv["tokens"] or 0 for iv in pw["intervals"]) == 4 * max_tokens
+    accept = board["Accept length (tokens per verify step)"]
+    truth = 1 + sum(accepted) / drafts
+    assert len(accept) == 1 and accept[0] == pytest.approx(truth, rel=0.03), (accept, truth)  # rate() extrapolates
+    assert sum(board["Per-position acceptance"]) == pytest.approx(accept[0] - 1, rel=1e-6)
+    print(f"vLLM on the dashboard ({window}): accept length {accept[0]:.4f} (truth {truth:.4f})")
+    print(f"vLLM from Prometheus: {len(pw['intervals'])} intervals, {sum(iv['verify_steps'] for iv in pivs)} verify "
+          f"steps (truth {drafts}), per position {[round(x / drafts, 3) for x in ppos]}")
     print(f"vLLM watch: {len(w['intervals'])} intervals, accept length {1 + sum(per_pos) / steps:.3f}, "
           f"per position {[round(x / steps, 3) for x in per_pos]}, one /metrics read {w['read_ms_median']} ms")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -19,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import prometheus_server
 import pytest
 from conftest import free_port
 from test_watch import ENV, SPECTRIAL, load, start_llama, stop
@@ -28,59 +27,26 @@ from spectrial.watch import changes
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = """global: {scrape_interval: 1s, scrape_timeout: 900ms, evaluation_interval: 1s}
-scrape_configs:
-  - job_name: llama
-    static_configs: [{targets: ["127.0.0.1:%(port)d"]}]
-  - job_name: llama-copy
-    static_configs: [{targets: ["127.0.0.1:%(port)d"]}]
-"""
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, port: int) -> Iterator[str]:
-    """A private Prometheus scraping 127.0.0.1:`port` as two jobs (llama, llama-copy) every second."""
-    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
-    if not Path(binary).exists():
-        done = subprocess.run([str(REPO / "scripts" / "ensure-prometheus.sh")], capture_output=True, text=True,
-                              timeout=600)
-        if not Path(binary).exists():
-            pytest.skip(f"no prometheus: {done.stdout[-400:]}{done.stderr[-400:]}")
-    web = free_port()
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(CONFIG % {"port": port})
-    log = (tmp_path / "prometheus.log").open("wb")
-    proc = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{web}"], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{web}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "prometheus not ready in 60 s"
-            time.sleep(0.2)
+def gateway(tmp_path: Path) -> Iterator[str]:
+    """A private Pushgateway (Debian's `prometheus-pushgateway`)."""
+    with prometheus_server.pushgateway(tmp_path / "pushgateway") as url:
         yield url
-    finally:
-        stop(proc)  # type: ignore[arg-type]
-        log.close()
 
 
-def wait_scraped(prometheus: str, timeout: float = 30) -> None:
-    """Until Prometheus holds a sample of the llama-server's counters (its first scrapes after the server is up)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = httpx.get(f"{prometheus}/api/v1/query", params={"query": 'llamacpp:tokens_predicted_total{job="llama"}'},
-                      timeout=5)
-        if r.status_code == 200 and r.json()["data"]["result"]:
-            return
-        time.sleep(0.2)
-    raise AssertionError("Prometheus scraped nothing of the llama-server in 30 s")
+@pytest.fixture
+def prometheus(tmp_path: Path, port: int, gateway: str) -> Iterator[str]:
+    """A private Prometheus scraping 127.0.0.1:`port` as two jobs (llama, llama-copy) and the Pushgateway (its
+    series keep their own job label) every second."""
+    jobs = {"llama": port, "llama-copy": port, "pushgateway": int(gateway.rsplit(":", 1)[1])}
+    with prometheus_server.running(tmp_path / "prometheus", jobs, honor_labels=("pushgateway",)) as url:
+        yield url
+
+
+def wait_scraped(prometheus: str) -> None:
+    prometheus_server.wait_scraped(prometheus, 'llamacpp:tokens_predicted_total{job="llama"}')
 
 
 def watch(*args: str) -> subprocess.CompletedProcess[str]:
@@ -88,7 +54,7 @@ def watch(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_history_in_prometheus_gives_the_change_the_gap_and_the_restart(
-        llama_server: Path, tiny_models: Any, port: int, prometheus: str, tmp_path: Path) -> None:
+        llama_server: Path, tiny_models: Any, port: int, prometheus: str, gateway: str, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     server = start_llama(llama_server, tiny_models, port, tmp_path / "server.log")
     servers = [server]
@@ -97,7 +63,7 @@ def test_the_history_in_prometheus_gives_the_change_the_gap_and_the_restart(
     # live from Prometheus: a watch that follows its new samples through the whole scenario
     follow = subprocess.Popen([*SPECTRIAL, "watch", "--prometheus", prometheus, "--selector", 'job="llama"', "--since",
                                "3s", "--follow", "--duration", "32", "--interval", "1", "--output-dir", str(out),
-                               "--run-id", "live"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               "--run-id", "live", "--push-gateway", gateway], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=ENV, start_new_session=True)
     try:
         t0 = time.time()
@@ -105,6 +71,7 @@ def test_the_history_in_prometheus_gives_the_change_the_gap_and_the_restart(
         assert load(url, 7, 0.0) > 0
         switch = time.time()
         assert load(url, 7, 1.5) > 0
+        hot = time.time()
         time.sleep(3)
         stop(server)  # the server disappears: Prometheus' scrapes fail, its series go stale
         time.sleep(4)
@@ -123,7 +90,7 @@ def test_the_history_in_prometheus_gives_the_change_the_gap_and_the_restart(
                 os.killpg(follow.pid, signal.SIGKILL)
     begin = time.monotonic()
     res = watch("--prometheus", prometheus, "--selector", 'job="llama"', "--start", f"{t0:.3f}", "--end",
-                f"{t1:.3f}", "--interval", "1", "--output-dir", str(out), "--run-id", "p1")
+                f"{t1:.3f}", "--interval", "1", "--output-dir", str(out), "--run-id", "p1", "--push-gateway", gateway)
     took = time.monotonic() - begin
     assert res.returncode == 0, res.stdout + res.stderr
     m = json.loads((out / "p1" / "manifest.json").read_text())
@@ -163,6 +130,35 @@ def test_the_history_in_prometheus_gives_the_change_the_gap_and_the_restart(
     assert lw["gaps"] and len([iv for iv in lw["intervals"] if iv["tokens"]]) >= 10, lw["gaps"]
     print(f"followed live: drop placed {ldelay:+.2f} s from the switch; {len(lw['intervals'])} intervals")
 
+    # the change points both watches pushed are in Prometheus, where the dashboard's annotation query finds each at
+    # its own time (its value; Grafana's useValueForTime)
+    annotation = next(q for title, _, q in prometheus_server.dashboard_queries("llama", "5s")
+                      if title == "spectrial change points")
+    want = {(run, c["series"], str(c["index"])): 1000 * dt.datetime.fromisoformat(c["at"]).timestamp()
+            for run, ww in (("p1", w), ("live", lw)) for c in ww["changes"]}
+    deadline, got = time.monotonic() + 15, {}
+    while time.monotonic() < deadline and set(got) != set(want):
+        r = prometheus_server.query(prometheus, annotation)
+        assert r.status_code == 200, r.text
+        got = {(x["metric"]["run_id"], x["metric"]["series"], x["metric"]["index"]): float(x["value"][1])
+               for x in r.json()["data"]["result"]}
+        time.sleep(0.5)
+    assert set(got) == set(want) and all(abs(got[k] - want[k]) < 1.0 for k in want), (got, want)
+    # every query of the dashboard is valid PromQL for all three engines; llama.cpp's show the switch and agree
+    at_greedy, at_hot = {}, {}
+    for title, legend, q in prometheus_server.dashboard_queries("llama", "5s"):
+        for at, into in ((switch, at_greedy), (hot, at_hot)):
+            r = prometheus_server.query(prometheus, q, at)
+            assert r.status_code == 200 and r.json()["status"] == "success", (title, q, r.text)
+            if "(llamacpp)" in legend:
+                into.setdefault(title, []).extend(float(x["value"][1]) for x in r.json()["data"]["result"])
+    accept = "Accept length (tokens per verify step)"
+    assert at_greedy[accept] and at_greedy[accept][0] > 1.8 and at_hot[accept][0] < 1.5, (at_greedy, at_hot)
+    assert sum(at_greedy["Per-position acceptance"]) == pytest.approx(at_greedy[accept][0] - 1, rel=1e-6)
+    assert at_greedy["Generated tokens/s"][0] > 0
+    print(f"dashboard at the switch: accept length {at_greedy[accept][0]:.3f}, 7 s later {at_hot[accept][0]:.3f}; "
+          f"{len(want)} change points pushed and read back as annotations")
+
     # bad input: each exits 2 and names the problem
     res = watch("--prometheus", prometheus, "--since", "5m", "--interval", "1")
     assert res.returncode == 2 and "2 servers" in res.stderr and 'job="llama"' in res.stderr \
@@ -177,6 +173,9 @@ def test_the_history_in_prometheus_gives_the_change_the_gap_and_the_restart(
     assert res.returncode == 2 and "give one" in res.stderr, res.stderr
     res = watch(url, "--follow")
     assert res.returncode == 2 and "--follow" in res.stderr, res.stderr
+    res = watch("--prometheus", prometheus, "--selector", 'job="llama"', "--since", "5m", "--push-gateway",
+                f"http://127.0.0.1:{free_port()}")
+    assert res.returncode == 2 and "--push-gateway" in res.stderr and "does not answer" in res.stderr, res.stderr
 
 
 def test_a_server_that_is_not_prometheus_is_named(llama_server: Path, tiny_models: Any, port: int,

@@ -70,6 +70,7 @@ LAZY: dict[str, LazyCommand] = {
     "nccl-check": LazyCommand("spectrial.cli.nccl", "nccl_check_command"),
     "sweep": LazyCommand("spectrial.cli.sweep", "sweep_command"),
     "watch": LazyCommand("spectrial.cli.watch", "watch_command"),
+    "dashboard": LazyCommand("spectrial.cli.watch", "dashboard_command"),
     "gate": LazyCommand("spectrial.cli.gate", "gate_command"),
     "deploy": LazyCommand("spectrial.cli.deploy", "deploy_command"),
     "calibration": LazyCommand("spectrial.cli.deploy", "calibration_command"),

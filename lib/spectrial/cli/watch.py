@@ -42,6 +42,9 @@ def watch_command(
         follow: Annotated[bool, typer.Option(
             "--follow", help="With --prometheus: after the range, follow the new samples as they come (for "
                              "--duration, or until Ctrl-C).")] = False,
+        push_gateway: Annotated[str | None, typer.Option(
+            help="Push the change points to this Prometheus Pushgateway (its base URL) as series, live and at the end "
+                 "(job spectrial-watch, run_id); `spectrial dashboard` draws them as annotations.")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False) -> None:
     """Watch a server spectrial did not start (never stopped, restarted or signalled): per interval accept length,
     per-position acceptance, drafted/accepted tokens, tok/s, requests running/waiting; changes found with
@@ -66,7 +69,8 @@ def watch_command(
         opts = WatchOptions(url=prometheus or url or "", interval_s=interval, duration_s=duration,
                             output_dir=output_dir, engine=engine, drive_rate=drive_rate,
                             params_file=str(params) if params else None, run_id=run_id, selector=selector,
-                            start=rng[0] if rng else None, end=rng[1] if rng else None, follow=follow)
+                            start=rng[0] if rng else None, end=rng[1] if rng else None, follow=follow,
+                            push_gateway=push_gateway)
         w = (HistoryWatch if prometheus else Watch)(opts, progress_on=not quiet, draw=_draw)
         w.check()  # bad input stops here, before a record exists
         with interrupts.interruptible("the record is written; the watched server was not touched"), \
@@ -91,6 +95,37 @@ def watch_command(
 
     typer.echo(summary(record.manifest))
     typer.echo(f"run record: {record.manifest_path}")
+
+
+def dashboard_command(
+        output: Annotated[str, typer.Option(
+            "--output", "-o", help="Where to write the dashboard's JSON ('-': standard output).")] = "-",
+        provisioning: Annotated[Path | None, typer.Option(
+            help="Also write, into this folder, the dashboard (spectrial-specdec.json) and a Grafana file provider "
+                 "(spectrial.yaml) that loads it.")] = None) -> None:
+    """The Grafana dashboard for speculative decoding: accept length, acceptance rate, per-position acceptance,
+    drafted vs accepted tokens/s, tok/s and requests, for llama.cpp, vLLM and SGLang's own metric names (job and
+    instance variables, any Prometheus datasource), with the change points `spectrial watch --push-gateway`
+    pushed as annotations. Exit 0 written, 1 a file could not be written."""
+    from spectrial.watch.grafana import PROVIDER, UID, dashboard_json
+
+    text = dashboard_json()
+    try:
+        if provisioning is not None:
+            provisioning.mkdir(parents=True, exist_ok=True)
+            (provisioning / f"{UID}.json").write_text(text)
+            (provisioning / "spectrial.yaml").write_text(PROVIDER.format(path=provisioning.resolve()))
+            typer.echo(f"wrote {provisioning / (UID + '.json')} and {provisioning / 'spectrial.yaml'}", err=True)
+        if output == "-":
+            if provisioning is None:
+                typer.echo(text, nl=False)
+        else:
+            Path(output).write_text(text)
+            typer.echo(f"wrote {output}", err=True)
+    except OSError as exc:
+        typer.secho(f"error: cannot write the dashboard: {exc} (check the folder exists and is writable)", fg="red",
+                    err=True)
+        raise typer.Exit(1) from None
 
 
 def _range(url: str | None, prometheus: str | None, selector: str | None, since: str | None, start: str | None,

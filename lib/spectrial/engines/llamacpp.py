@@ -51,6 +51,7 @@ from spectrial.schema import (
     ObservedServer,
     ServerRequestStats,
     Upload,
+    WatchMetrics,
     WindowStats,
 )
 from spectrial.servers.configcheck import setting
@@ -566,19 +567,19 @@ def probe(client: httpx.Client, base_url: str) -> Probe:
     return Probe(False, f"{r.status_code} {r.text[:80]}")
 
 
+WATCH_METRICS = WatchMetrics(
+    engine="llamacpp", verify_steps=METRIC_PREFIX + "spec_decode_num_drafts_total",
+    drafted=METRIC_PREFIX + "spec_decode_num_draft_tokens_total",
+    accepted=METRIC_PREFIX + "spec_decode_num_accepted_tokens_total",
+    accepted_per_pos=METRIC_PREFIX + "spec_decode_num_accepted_tokens_per_pos_total",
+    tokens=METRIC_PREFIX + "tokens_predicted_total", requests_running=METRIC_PREFIX + "requests_processing",
+    requests_waiting=METRIC_PREFIX + "requests_deferred")  # llama-server exports no process start time
+
+
 def watch_totals(snap: dict[str, float]) -> CounterTotals:
     """One `/metrics` snapshot's cumulative totals (the counters `llamacpp_window_stats` subtracts) and the load
-    gauges (`requests_processing`, `requests_deferred`); llama-server exports no process start time."""
-    return CounterTotals(
-        engine="llamacpp",
-        verify_steps=metrics.total(snap, METRIC_PREFIX + "spec_decode_num_drafts_total"),
-        drafted=metrics.total(snap, METRIC_PREFIX + "spec_decode_num_draft_tokens_total"),
-        accepted=metrics.total(snap, METRIC_PREFIX + "spec_decode_num_accepted_tokens_total"),
-        accepted_per_pos=metrics.delta_by_label({}, snap, METRIC_PREFIX + "spec_decode_num_accepted_tokens_per_pos_total",
-                                                "position"),
-        tokens=metrics.total(snap, METRIC_PREFIX + "tokens_predicted_total"),
-        requests_running=metrics.total(snap, METRIC_PREFIX + "requests_processing"),
-        requests_waiting=metrics.total(snap, METRIC_PREFIX + "requests_deferred"))
+    gauges (`requests_processing`, `requests_deferred`), by `WATCH_METRICS`."""
+    return metrics.watch_totals(WATCH_METRICS, snap)
 
 
 def llamacpp_window_stats(w: Window) -> WindowStats:

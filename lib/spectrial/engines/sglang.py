@@ -55,6 +55,7 @@ from spectrial.schema import (
     GitSource,
     ObservedServer,
     ServerRequestStats,
+    WatchMetrics,
     WindowStats,
 )
 from spectrial.secrets import mask_launch
@@ -899,21 +900,19 @@ def meta_info_stats(final: dict[str, Any]) -> ServerRequestStats:
     return MetaInfo.model_validate(final.get("meta_info") or {}).stats()
 
 
+WATCH_METRICS = WatchMetrics(
+    engine="sglang", verify_steps="sglang:spec_verify_calls_total", tokens="sglang:generation_tokens_total",
+    accepted_minus="sglang:num_requests_total", requests_running="sglang:num_running_reqs",
+    requests_waiting="sglang:num_queue_reqs", start_time="process_start_time_seconds")
+
+
 def watch_totals(snap: dict[str, float]) -> CounterTotals:
     """One `/metrics` snapshot's cumulative totals (SGLang >= 0.5.14 with --enable-metrics): verify calls,
     generated tokens, and accepted = generated - requests (each one's first token comes from prefill) - verify
     calls, as `sglang_window_stats` counts them (a difference of two such totals is exact for requests that
     finished inside it, approximate for those in flight); running / queued requests as gauges. SGLang exports
-    no drafted-token counter."""
-    verify = metrics.total(snap, "sglang:spec_verify_calls_total")
-    gen = metrics.total(snap, "sglang:generation_tokens_total")
-    nreq = metrics.total(snap, "sglang:num_requests_total")
-    accepted = gen - (nreq or 0.0) - verify if verify is not None and gen is not None else None
-    return CounterTotals(
-        engine="sglang", verify_steps=verify, accepted=accepted, tokens=gen,
-        requests_running=metrics.total(snap, "sglang:num_running_reqs"),
-        requests_waiting=metrics.total(snap, "sglang:num_queue_reqs"),
-        start_time_s=metrics.total(snap, "process_start_time_seconds"))
+    no drafted-token counter. The names: `WATCH_METRICS`."""
+    return metrics.watch_totals(WATCH_METRICS, snap)
 
 
 def sglang_window_stats(w: Window, *, draft_tokens: int | None) -> WindowStats:

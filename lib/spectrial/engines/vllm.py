@@ -61,6 +61,7 @@ from spectrial.schema import (
     CrossCheck,
     ObservedServer,
     ServerRequestStats,
+    WatchMetrics,
     WindowStats,
 )
 from spectrial.servers.configcheck import setting
@@ -649,20 +650,18 @@ def engine_decode(before: dict[str, float], after: dict[str, float]) -> EngineDe
     return EngineDecode(generated=tokens, tokens=tokens - n, decode_ms=secs * 1000)
 
 
+WATCH_METRICS = WatchMetrics(
+    engine="vllm", verify_steps=PREFIX + "num_drafts_total", drafted=PREFIX + "num_draft_tokens_total",
+    accepted=PREFIX + "num_accepted_tokens_total", accepted_per_pos=PREFIX + "num_accepted_tokens_per_pos_total",
+    tokens="vllm:generation_tokens_total", requests_running="vllm:num_requests_running",
+    requests_waiting="vllm:num_requests_waiting", start_time="process_start_time_seconds")
+
+
 def watch_totals(snap: dict[str, float]) -> CounterTotals:
     """One `/metrics` snapshot's cumulative totals (the spec counters `vllm_window_stats` subtracts, all
-    generated tokens) and the scheduler's gauges; `process_start_time_seconds` of the API server tells a
-    restart."""
-    return CounterTotals(
-        engine="vllm",
-        verify_steps=metrics.total(snap, PREFIX + "num_drafts_total"),
-        drafted=metrics.total(snap, PREFIX + "num_draft_tokens_total"),
-        accepted=metrics.total(snap, PREFIX + "num_accepted_tokens_total"),
-        accepted_per_pos=metrics.delta_by_label({}, snap, PREFIX + "num_accepted_tokens_per_pos_total", "position"),
-        tokens=metrics.total(snap, "vllm:generation_tokens_total"),
-        requests_running=metrics.total(snap, "vllm:num_requests_running"),
-        requests_waiting=metrics.total(snap, "vllm:num_requests_waiting"),
-        start_time_s=metrics.total(snap, "process_start_time_seconds"))
+    generated tokens) and the scheduler's gauges, by `WATCH_METRICS`; `process_start_time_seconds` of the API
+    server tells a restart."""
+    return metrics.watch_totals(WATCH_METRICS, snap)
 
 
 def vllm_window_stats(w: Window) -> WindowStats:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spectrial.errors import ServerMisbehaved
 from spectrial.measure.httpread import BoundExceeded
+from spectrial.schema import CounterTotals, WatchMetrics
 
 _LABEL_RE = re.compile(r'(\w+)=([^,}]*)')
 
@@ -62,3 +63,20 @@ def delta_by_label(before: dict[str, float], after: dict[str, float], name: str,
         if label in labels:
             out[labels[label]] = out.get(labels[label], 0.0) + v - before.get(key, 0.0)
     return out
+
+
+def watch_totals(names: WatchMetrics, snap: dict[str, float]) -> CounterTotals:
+    """One `/metrics` snapshot's cumulative totals and load gauges, read with an engine's `WATCH_METRICS` (None
+    where the engine does not export one; accepted derived as `WatchMetrics.accepted_minus` says)."""
+
+    def get(name: str | None) -> float | None:
+        return total(snap, name) if name else None
+
+    verify, tokens = get(names.verify_steps), get(names.tokens)
+    accepted = get(names.accepted)
+    if names.accepted is None and names.accepted_minus is not None and verify is not None and tokens is not None:
+        accepted = tokens - (get(names.accepted_minus) or 0.0) - verify
+    per_pos = delta_by_label({}, snap, names.accepted_per_pos, names.position_label) if names.accepted_per_pos else {}
+    return CounterTotals(engine=names.engine, verify_steps=verify, drafted=get(names.drafted), accepted=accepted,
+                         accepted_per_pos=per_pos, tokens=tokens, requests_running=get(names.requests_running),
+                         requests_waiting=get(names.requests_waiting), start_time_s=get(names.start_time))

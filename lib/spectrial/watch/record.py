@@ -30,6 +30,7 @@ from spectrial.watch import changes, sampler
 
 if TYPE_CHECKING:
     from spectrial.watch.drive import Driver
+    from spectrial.watch.push import Pusher
 
 READ_TIMEOUT_S = 5.0  # one /metrics read waits at most this long for a byte, and takes at most the interval in all
 
@@ -53,6 +54,9 @@ class WatchOptions(BaseModel):
     end: float | None = Field(None, description="With a Prometheus `url`: the range's end (Unix seconds)")
     follow: bool = Field(False, description="With a Prometheus `url`: after the range, follow its new samples "
                                             "(for `duration_s`, or until interrupted)")
+    push_gateway: str | None = Field(None, description="A Prometheus Pushgateway's base URL: the change points are "
+                                                       "pushed there as series (spectrial.watch.push), live and at "
+                                                       "the end")
 
 
 def normalise_url(url: str) -> str:
@@ -131,6 +135,11 @@ class Watch:
         self.engine = self.opts.engine
         self.first: sampler.Sample | None = None
         self.notes: list[str] = []
+        self.pusher: Pusher | None = None
+        if self.opts.push_gateway:
+            from spectrial.watch.push import Pusher
+
+            self.pusher = Pusher(self.opts.push_gateway)
 
     # --- steps ---------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -139,6 +148,8 @@ class Watch:
             from spectrial.watch import drive
 
             self.driver = drive.Driver(self.opts.url, self.opts.params_file, self.opts.drive_rate)
+        if self.pusher is not None:
+            self.pusher.check()
         self.engine, self.first, self.notes = attach(self.client, self.opts.url, self.opts.engine)
 
     def open(self) -> Watch:
@@ -157,6 +168,8 @@ class Watch:
                                  speculation=first.totals.has_spec, detector=changes.METHOD, notes=list(notes))
         self.record.manifest.watch = self.watch
         self.record.manifest.engine.engine = self.engine
+        if self.pusher is not None:
+            self.pusher.bind(self.record.run_id)
         self.t0 = first.t
         self.prev = first
         self.record.save()
@@ -194,7 +207,7 @@ class Watch:
             self.watch.resets += 1
         if live:
             self._line(interval_line(iv))
-            self.detect()
+            self.detect(live=True)
         return iv
 
     def _in_gap(self, error: str, at: str | None = None, t: float | None = None, say: bool | None = None) -> None:
@@ -210,8 +223,9 @@ class Watch:
         else:
             self.gap.polls += 1
 
-    def detect(self) -> list[WatchChange]:
-        """Change points of accept length and tok/s over the intervals with work (the whole series so far)."""
+    def detect(self, live: bool = False) -> list[WatchChange]:
+        """Change points of accept length and tok/s over the intervals with work (the whole series so far); `live`:
+        new ones are pushed at once (--push-gateway)."""
         assert self.watch is not None
         found: list[WatchChange] = []
         for series, count, per in (("accept_len", "accepted", "verify_steps"), ("tok_s", "tokens", "wall_s")):
@@ -223,11 +237,24 @@ class Watch:
                                          before_mean=c.before_mean, after_mean=c.after_mean,
                                          relative_change=c.relative_change))
         self.watch.changes = found
+        new = False
         for c in found:
             if (c.series, c.index) not in self._reported:
                 self._reported.add((c.series, c.index))
                 self._line(change_line(c))
+                new = True
+        if new and live:
+            self.push()
         return found
+
+    def push(self, force: bool = False) -> None:
+        """The change points to the Pushgateway (with --push-gateway); a failure is a note and a line, once."""
+        if self.pusher is None or self.watch is None:
+            return
+        problem = self.pusher.push(self.watch, force=force)
+        if problem and problem not in self.watch.notes:
+            self.watch.notes.append(problem)
+            self._line(problem + " (the watch goes on; the record keeps them)")
 
     def save(self) -> None:
         assert self.record is not None and self.watch is not None
@@ -240,6 +267,7 @@ class Watch:
         """Final detection, notes, intervals.csv and the figure; `status` None leaves the status to the caller."""
         assert self.record is not None and self.watch is not None
         self.detect()
+        self.push(force=True)
         w = self.watch
         work = [iv for iv in w.intervals if (iv.tokens or 0) > 0]
         if w.speculation and work and not any(iv.verify_steps for iv in work):
@@ -253,6 +281,8 @@ class Watch:
                 self.record.write_text("watch.html", self.draw(w))
             except ImportError as exc:  # plotly missing: the record stands without its figure
                 w.notes.append(f"figure not written: {exc}")
+        if self.pusher is not None:
+            self.pusher.close()
         if status is not None:
             self.record.finish(status, reason)
 
@@ -313,6 +343,8 @@ class HistoryWatch(Watch):
         from spectrial.watch import prometheus
 
         assert self.opts.start is not None and self.opts.end is not None
+        if self.pusher is not None:
+            self.pusher.check()
         prom = prometheus.Prometheus(self.opts.url)
         try:
             self.history = prom.history(self.opts.selector, self.opts.start, self.opts.end, self.opts.interval_s,

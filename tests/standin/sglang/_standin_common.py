@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -103,3 +104,10 @@ def kill_process_tree(parent_pid: int, include_parent: bool = True) -> None:
 def env_flag(name: str) -> bool:
     """SGLang's get_bool_env_var: `true` or `1`."""
     return os.environ.get(name, "false").strip().lower() in ("true", "1")
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """The double's own diagnostic hook (real SGLang has none; SIGUSR1 would end it): SIGUSR1 writes every
+    thread's stack to stderr, which is the server's log. The tests send it to each process of a double that
+    did not become ready, so that the failure shows where each one waits."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 import setproctitle
 
-from sglang._standin_common import kill_itself_when_parent_died, reassign_own_env
+from sglang._standin_common import dump_stacks_on_sigusr1, kill_itself_when_parent_died, reassign_own_env
 
 
 def run_detokenizer_process(in_q: Any, out_q: Any) -> None:
@@ -19,5 +19,6 @@ def run_detokenizer_process(in_q: Any, out_q: Any) -> None:
     reassign_own_env()
     kill_itself_when_parent_died()
     setproctitle.setproctitle("sglang::detokenizer")
+    dump_stacks_on_sigusr1()
     while True:
         out_q.put(in_q.get())

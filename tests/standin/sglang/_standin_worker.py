@@ -27,7 +27,7 @@ from typing import Any
 
 import setproctitle
 
-from sglang._standin_common import kill_itself_when_parent_died, log, reassign_own_env
+from sglang._standin_common import dump_stacks_on_sigusr1, kill_itself_when_parent_died, log, reassign_own_env
 
 NCCL_QUIET = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 MAX_TOTAL_TOKENS = 100000
@@ -284,6 +284,7 @@ def run_scheduler_process(rank: int, cfg: dict[str, Any], in_q: Any, out_q: Any,
     prefix = f" TP{rank}" if cfg["tp_size"] > 1 else ""
     setproctitle.setproctitle(f"sglang::scheduler{prefix.replace(' ', '_')}")
     faulthandler.enable()
+    dump_stacks_on_sigusr1()
     parent = os.getppid()
     for item in cfg["standin_worker_setenv"]:
         k, _, v = item.partition("=")

@@ -80,7 +80,7 @@ import traceback
 import urllib.request
 from http.server import ThreadingHTTPServer
 
-from sglang._standin_common import kill_process_tree, log, set_own_env, uvicorn_line
+from sglang._standin_common import dump_stacks_on_sigusr1, kill_process_tree, log, set_own_env, uvicorn_line
 from sglang._standin_http import make_handler
 from sglang._standin_runtime import Runtime
 from sglang.srt.server_args import ServerArgs, apply_speculative_rules
@@ -109,6 +109,7 @@ def warmup_and_ready(rt: Runtime, url: str) -> None:
 
 def main(argv: list[str]) -> None:
     """Parse, spawn, serve, warm up; then wait for signals."""
+    dump_stacks_on_sigusr1()
     parser = argparse.ArgumentParser(prog="sglang.launch_server")
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(argv)

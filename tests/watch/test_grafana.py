@@ -187,3 +187,25 @@ def test_pushed_change_points_parse_as_prometheus_reads_them_and_a_dead_gateway_
     problem = dead.push(w)
     dead.close()
     assert problem and "failed" in problem and "ConnectError" in problem, problem
+
+
+def test_a_silent_gateway_holds_a_push_up_5_s_at_most() -> None:
+    """A gateway that takes the connection and never answers (a listening socket nobody reads): the push gives up
+    at its deadline, with a note, so the last push on the way out cannot hold an exit up."""
+    import socket
+    import time
+
+    from spectrial.schema import WatchRecord
+    from spectrial.watch import push
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        p = push.Pusher(f"http://127.0.0.1:{silent.getsockname()[1]}")
+        p.bind("r1")
+        t0 = time.monotonic()
+        problem = p.push(WatchRecord(url="http://h:1", engine="vllm", interval_s=1.0, speculation=True, detector="x"))
+        took = time.monotonic() - t0
+        p.close()
+    assert problem and "failed" in problem, problem
+    assert push.PUSH.deadline_s - 0.5 <= took <= push.PUSH.deadline_s + 3, took

@@ -26,10 +26,13 @@ import httpx
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from spectrial.errors import ConfigError
-from spectrial.measure.httpread import PROBE, BoundExceeded, bounded_client
+from spectrial.measure.httpread import MIB, BoundExceeded, Limits, bounded_client
 from spectrial.schema import WatchChange, WatchRecord
 
 JOB = "spectrial-watch"
+# a push (or the readiness check) ends within 5 s whatever the gateway does: the last push happens on the way out,
+# an interrupt's included, and must not hold the exit up
+PUSH = Limits(deadline_s=5.0, read_s=5.0, max_bytes=1 * MIB, connect_s=3.0)
 LABELS = ("engine", "server", "series", "index", "direction", "before", "after")
 FAMILIES = {
     "spectrial_watch_change_time_seconds": "When the new level starts (Unix seconds)",
@@ -75,7 +78,7 @@ class Pusher:
         if "://" not in self.gateway:
             self.gateway = "http://" + self.gateway
         self.url: str | None = None  # the group's, once the run id is known (`bind`)
-        self.client = bounded_client(PROBE)
+        self.client = bounded_client(PUSH)
         self.last: tuple[tuple[str, int], ...] | None = None
 
     def bind(self, run_id: str) -> None:

@@ -472,9 +472,11 @@ class Server:
                                  arm=self.arm, name=self.spec.name, record=self.record_dir, port=self.spec.port,
                                  argv=self.shown.argv, env=self.shown.env, log=self.log_path,
                                  started_at=self.started_at, scratch=self.scratch_dir)
-        self._write_state()
-        with interrupts.deferred():  # the pid is recorded before an interrupt is let through
+        # held from the state file's writing on (an interrupt right after it left a `launching` file behind, seen in
+        # the chaos test): the pid is recorded, or the file dropped, before an interrupt is let through
+        with interrupts.deferred():
             try:
+                self._write_state()
                 self.pid = self.host.start_detached(wrapped, env=self.launch_env, log_path=self.log_path,
                                                     cwd=self.work_dir)
                 self.state.status = "running"
@@ -711,6 +713,8 @@ class Server:
 
     def _stop_self(self) -> StopReport | None:
         if self.pid is None:
+            if self.state.tag and self.state.tag == self.tag:  # a start cut between its state file and its process
+                self._drop_state()
             return None
         t0 = time.monotonic()
         engine = next((p.pid for p in self.host.processes(self.pid) if p.ppid == self.pid), None)

@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from spectrial.logs import BlockFormat, LineFormat, Registry, Window, api, driver, parse, registry
+from spectrial.logs import BlockFormat, LineFormat, Registry, Window, api, driver, native, parse, registry
 from spectrial.logs.chunks import Chunk
 from spectrial.logs.formats import DECLINE, MORE, Literals, required_literal
+from spectrial.logs.native import blocks as compiled
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "logs"
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "public_logs.jsonl"
@@ -37,7 +40,33 @@ SNIPPETS = [p.read_text() for p in sorted(FIXTURES.glob("*.log"))]
 LINES = [ln for text in SNIPPETS for ln in text.splitlines() if ln.strip()]
 NOISE = ["\t", "\r", "\x1b[32m", "?[1m", "\x1c", "\x0b", "é", "█", " ", ":", "|", "-", "=", "+", ",", "/", "x", "9",
          "%", "}", "{", "nan", ""]
+# blocks no fixture shows, for the readers' rarer branches (edges/<reader>-<n>.txt: each reader's C code and arrow
+# code against its function)
+EDGES = [p.read_text() for p in sorted((FIXTURES / "edges").glob("*.txt"))]
 VECTOR = [f for f in registry.formats if isinstance(f, BlockFormat) and f.vector is not None]
+COMPILED = [f for f in VECTOR if hasattr(f.vector, "arrow")]  # a C reader first, the arrow reader where it is off
+
+
+@contextlib.contextmanager
+def arrow_alone() -> Iterator[None]:
+    """The compiled passes off for a while (a hypothesis test cannot take a function-scoped fixture)."""
+    saved = list(native._state)
+    native._state[:] = [(None, "off: the test reads with arrow alone")]
+    try:
+        yield
+    finally:
+        native._state[:] = saved
+
+
+@pytest.fixture(params=["compiled", "arrow"])
+def readers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test twice: with the compiled readers (where the library builds here) and with arrow's alone."""
+    if request.param == "compiled":
+        if not native.status().startswith("on"):
+            pytest.skip(f"the compiled passes are off here: {native.status()}")
+    else:
+        monkeypatch.setattr(native, "_state", [(None, "off: the test reads with arrow alone")])
+    return request.param
 
 
 def reference_registry() -> Registry:
@@ -108,17 +137,39 @@ def same_table(text: str | bytes, block_bytes: int = api.DEFAULT_BLOCK_BYTES) ->
     assert got.attrs == ref.attrs
 
 
-def test_every_vectorised_reader_matches_its_function_on_the_fixtures_and_answers() -> None:
+def test_every_vectorised_reader_matches_its_function_on_the_fixtures_and_answers(readers: str) -> None:
     answered: dict[str, int] = {}
-    for text in [*SNIPPETS, "\n".join(SNIPPETS)]:
+    for text in [*SNIPPETS, "\n".join(SNIPPETS), *EDGES]:
         for kind, n in check_readers(text).items():
             answered[kind] = answered.get(kind, 0) + n
     # the readers do answer (so the comparisons compare something)
     assert {"bench_serving", "results_table", "gpu", "tuning", "topology", "speed_bench", "bench_mtbench",
             "bench_one_batch", "spec_summary", "request_timing"} <= set(answered)
+    if readers == "compiled":  # the C readers themselves answer (none declines every block)
+        assert COMPILED and {f.kind for f in COMPILED} <= set(answered)
 
 
-def test_every_vectorised_reader_matches_its_function_on_the_public_corpus() -> None:
+def test_the_compiled_readers_answer_where_arrow_does() -> None:
+    """On the fixtures and the corpus a C reader declines no block that its arrow reader reads (it would be slower
+    for nothing): the blocks each one answers, counted both ways."""
+    if not native.status().startswith("on"):
+        pytest.skip(f"the compiled passes are off here: {native.status()}")
+    texts = [*SNIPPETS, *corpus_texts()]
+    for fmt in COMPILED:  # the C file names the columns its Spec names (else arrow would read, unseen)
+        assert compiled._function(native.library(), fmt.vector.spec) is not None, fmt.kind  # type: ignore[union-attr]
+    for fmt in COMPILED:
+        for text in texts:
+            ch = Chunk(text.encode(), 0)
+            at = np.array([i for i in range(ch.n) if any(m in (ch.line(i) or "") for m in fmt.markers)], np.int64)
+            if not len(at):
+                continue
+            c, a = fmt.vector(ch, at), fmt.vector.arrow(ch, at)  # type: ignore[union-attr]
+            declined_c = np.asarray(c.status) == DECLINE
+            declined_a = np.zeros(len(at), bool) if a.status is None else np.asarray(a.status) == DECLINE
+            assert not (declined_c & ~declined_a).any(), (fmt.kind, at[declined_c & ~declined_a][:5])
+
+
+def test_every_vectorised_reader_matches_its_function_on_the_public_corpus(readers: str) -> None:
     texts = corpus_texts()
     if not texts:
         pytest.skip(f"no corpus at {CORPUS}")
@@ -128,20 +179,20 @@ def test_every_vectorised_reader_matches_its_function_on_the_public_corpus() -> 
 
 
 @pytest.mark.parametrize("block", [1 << 24, 4096, 333, 37])
-def test_the_table_is_the_same_without_the_vectorised_readers(block: int) -> None:
+def test_the_table_is_the_same_without_the_vectorised_readers(block: int, readers: str) -> None:
     for text in SNIPPETS:
         same_table(text, block)
     same_table("\n".join(SNIPPETS), block)
 
 
-def test_the_table_is_the_same_without_them_on_the_public_corpus() -> None:
+def test_the_table_is_the_same_without_them_on_the_public_corpus(readers: str) -> None:
     texts = corpus_texts()
     if not texts:
         pytest.skip(f"no corpus at {CORPUS}")
     same_table("\n".join(texts * 3), 1 << 14)
 
 
-def test_a_non_plain_block_goes_to_the_function() -> None:
+def test_a_non_plain_block_goes_to_the_function(readers: str) -> None:
     table = (FIXTURES / "specforge_results_table_tp4.log").read_text()
     for bad in ("\t", "\x1c", "é", "\r", "\x0b"):
         text = table.replace("| 795.87 |", f"| 795.87{bad} |")
@@ -149,7 +200,7 @@ def test_a_non_plain_block_goes_to_the_function() -> None:
         assert len(parse(text)) == len(parse(table))
 
 
-def test_a_block_cut_by_the_chunk_end_is_read_whole() -> None:
+def test_a_block_cut_by_the_chunk_end_is_read_whole(readers: str) -> None:
     bench = (FIXTURES / "sglang_bench_serving_ngram.log").read_text()
     whole = parse(bench)
     assert (whole["kind"] == "bench_serving").sum() == 1
@@ -258,6 +309,8 @@ def test_the_literal_search_finds_what_arrow_finds(lines: list[str], skip: int) 
           "|    Ring/    LL |    Ring/ LL128 |    Ring/Simple | CollNet/    LL | CollNet/ LL128 | CollNet/Simple |"])
 def test_vectorised_readers_match_their_functions_on_mutated_logs(parts: list[str]) -> None:
     check_readers("\n".join(parts))
+    with arrow_alone():
+        check_readers("\n".join(parts))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -265,6 +318,8 @@ def test_vectorised_readers_match_their_functions_on_mutated_logs(parts: list[st
        st.integers(min_value=1, max_value=6000))
 def test_vectorised_paths_match_the_reference_on_mutated_logs(parts: list[str], block: int) -> None:
     same_table("\n".join(parts), block)
+    with arrow_alone():
+        same_table("\n".join(parts), block)
 
 
 def test_parse_restores_the_garbage_collector() -> None:

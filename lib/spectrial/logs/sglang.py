@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
 from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat, Record
+from spectrial.logs.native import blocks as compiled
 from spectrial.logs.pyrepr import parse_kwargs
 from spectrial.logs.registry import registry
 from spectrial.logs.text import NUM, TS_ISO, WS, named, num, re2
@@ -372,7 +373,8 @@ def bench_serving_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
 
 registry.add(BlockFormat(
     "sglang", "bench_serving", ("Serving Benchmark Result",), bench_serving, BENCH_COLUMNS,
-    vector=bench_serving_vector,
+    vector=compiled.reader(compiled.Spec("bench_serving", tuple(c for c in BENCH_COLUMNS if c != "backend"),
+                                         ("backend",), {"engine": ("sglang", "vllm")}), bench_serving_vector),
     key_metrics=("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "accept_len"),
 ))
 

@@ -1,8 +1,9 @@
-"""The compiled line pass: a LineFormat's patterns and `key: value` list over a batch of lines in one C call.
+"""The compiled passes: a LineFormat's patterns and `key: value` list over a batch of lines in one C call
+(`linepass.c`, here), and the block readers compiled (`blockpass.c` and one C file per reader: :mod:`.blocks`).
 
-`linepass.c` (beside this file, shipped in the wheel) is built the first time a parse needs it, with the machine's
-C compiler against the PCRE2 that grep links (``libpcre2-8.so.0``; no header needed), into
-``<cache>/native/linepass-<hash>/`` (`$SPECTRIAL_CACHE` or ``~/.cache/spectrial``), and called through ctypes (which
+The C files beside this one (shipped in the wheel) are built the first time a parse needs them, with the machine's
+C compiler against the PCRE2 that grep links (``libpcre2-8.so.0``; no header needed), into one library in
+``<cache>/native/native-<hash>/`` (`$SPECTRIAL_CACHE` or ``~/.cache/spectrial``), and called through ctypes (which
 lets go of the GIL, so it overlaps the block readers as arrow's kernels did). It reads only lines of plain ASCII,
 where PCRE2 and RE2 read the patterns alike; every other line goes through the arrow kernels
 (:meth:`LineFormat.extract <spectrial.logs.formats.LineFormat.extract>`), which stay the reference: the parse
@@ -34,9 +35,15 @@ from spectrial.logs.columns import ARROW_TYPES, merge_captures, to_float
 
 LineFormat = Any  # spectrial.logs.formats.LineFormat (not imported: this pass stands below the formats)
 
-SOURCE = Path(__file__).with_name("linepass.c")
+HERE = Path(__file__).parent
 PCRE2 = "libpcre2-8.so.0"
-CFLAGS = ("-O2", "-shared", "-fPIC", "-std=c11", "-Wall")
+CFLAGS = ("-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror=implicit-function-declaration", "-Werror=int-conversion")
+LIBRARY = "native.so"
+
+
+def sources() -> list[Path]:
+    """The C files built into the library (the headers they include are beside them)."""
+    return sorted(HERE.glob("*.c"))
 _lock = threading.Lock()
 _state: list[tuple[Any, str]] = []  # (library or None, why), once loaded (a forked worker inherits it)
 
@@ -51,7 +58,7 @@ def _build(folder: Path) -> None:
     if not cc:
         raise OSError("no C compiler (cc or gcc) on PATH")
     folder.mkdir(parents=True)
-    cmd = [cc, *CFLAGS, "-o", str(folder / "linepass.so"), str(SOURCE), f"-l:{PCRE2}"]
+    cmd = [cc, *CFLAGS, f"-I{HERE}", "-o", str(folder / LIBRARY), *map(str, sources()), f"-l:{PCRE2}", "-lm"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     except subprocess.TimeoutExpired as e:
@@ -62,8 +69,8 @@ def _build(folder: Path) -> None:
 
 def _usable(folder: Path) -> ctypes.CDLL | None:
     try:
-        lib = ctypes.CDLL(str(folder / "linepass.so"))
-        return lib if lib.lp_version() == 1 else None
+        lib = ctypes.CDLL(str(folder / LIBRARY))
+        return lib if lib.lp_version() == 1 and lib.bp_version() == 1 else None
     except (OSError, AttributeError):
         return None
 
@@ -76,14 +83,16 @@ def _load() -> tuple[Any, str]:
     except OSError:
         return None, f"off: {PCRE2} (PCRE2, which grep links) is not on this machine"
     cc = os.environ.get("CC") or "cc"
-    key = hashlib.sha256(SOURCE.read_bytes() + repr((cc, CFLAGS)).encode()).hexdigest()[:16]
-    folder = cache_root() / "native" / f"linepass-{key}"
+    digest = hashlib.sha256(repr((cc, CFLAGS)).encode())
+    for src in sorted([*sources(), *HERE.glob("*.h")]):
+        digest.update(src.name.encode() + b"\0" + src.read_bytes())
+    folder = cache_root() / "native" / f"native-{digest.hexdigest()[:16]}"
     try:
         lib = publish(folder, _build, _usable)
     except Exception as e:  # no compiler, a read-only cache, ...: arrow reads instead
-        return None, f"off: the compiled line pass could not be built ({e})"
+        return None, f"off: the compiled passes could not be built ({e})"
     _declare(lib)
-    return lib, f"on: {folder / 'linepass.so'} (PCRE2 JIT)"
+    return lib, f"on: {folder / LIBRARY} (PCRE2 JIT)"
 
 
 def _declare(lib: Any) -> None:

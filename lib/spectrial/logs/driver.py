@@ -43,10 +43,19 @@ Columns = dict[str, pa.Array | np.ndarray]
 
 @dataclass
 class Batch:
-    """Records of one format from one chunk: 1-based line numbers and columns (numpy or arrow)."""
+    """Records of one format from one chunk: 1-based line numbers and columns (numpy; a text column of a
+    compiled block reader arrow, kept so to the tables)."""
 
     lines: np.ndarray
-    columns: dict[str, np.ndarray]
+    columns: dict[str, np.ndarray | pa.Array]
+
+    def take(self, rows: np.ndarray) -> Batch:
+        """The records at `rows` (indexes, or a boolean mask)."""
+        if rows.dtype == bool:
+            rows = np.flatnonzero(rows)
+        idx = pa.array(rows)
+        return Batch(self.lines[rows], {c: v.take(idx) if isinstance(v, pa.Array) else v[rows]
+                                        for c, v in self.columns.items()})
 
 
 class Plan:
@@ -239,8 +248,11 @@ class Plan:
         if not len(recs):
             return
         local = at[got.block[recs]] + got.offset[recs]
-        cols: dict[str, np.ndarray] = {}
+        cols: dict[str, np.ndarray | pa.Array] = {}
         for c, v in got.columns.items():
+            if isinstance(v, pa.Array):  # a compiled reader's text: arrow to the tables
+                cols[c] = v if len(recs) == len(v) else v.take(pa.array(recs))
+                continue
             v = np.asarray(v)[recs]
             if fmt.columns.get(c) == "float":
                 cols[c] = v.astype(np.float64) if v.dtype != object else floats(v.tolist())
@@ -248,6 +260,8 @@ class Plan:
                 cols[c] = v if v.dtype == object else objects(v.tolist())
         if fmt.timestamps:
             ts = cols.get("timestamp")
+            if isinstance(ts, pa.Array):
+                ts = np.asarray(ts.to_numpy(zero_copy_only=False), object)
             missing = np.arange(len(recs)) if ts is None else np.flatnonzero(np.equal(ts, None))
             if len(missing):
                 found = _timestamps(ch, local[missing], fmt)

@@ -380,8 +380,9 @@ class Blocks:
     Per marker: `used` (lines the block claims from its marker line on; 0: no block there), `examined`
     (lines from the marker line on that the reader looked at: the driver checks they are plain), `status`
     (0, or :data:`DECLINE` / :data:`MORE`; None: all 0). Per record: `block` (index into `at`), `offset`
-    (from the marker line) and `columns` (float64 with NaN, or object with None; may hold ``engine``,
-    ``kind``, ``timestamp``; a None timestamp is read off the record's line by the format's patterns).
+    (from the marker line) and `columns` (float64 with NaN, object with None, or for a text column an arrow
+    string array with nulls; may hold ``engine``, ``kind``, ``timestamp``; a None timestamp is read off the
+    record's line by the format's patterns).
     Records come in line order, several on one line in their order.
     """
 
@@ -389,7 +390,7 @@ class Blocks:
     examined: np.ndarray
     block: np.ndarray
     offset: np.ndarray
-    columns: Mapping[str, np.ndarray]
+    columns: Mapping[str, np.ndarray | pa.Array]
     status: np.ndarray | None = None
 
     @staticmethod

@@ -279,7 +279,7 @@ def join(plan: Plan, seg: Segment, line0: int, drop: int) -> None:
                 if not keep.any():
                     continue
                 if not keep.all():
-                    b = Batch(b.lines[keep], {c: v[keep] for c, v in b.columns.items()})
+                    b = b.take(keep)
             plan.block_parts[f].append(Batch(b.lines + line0, b.columns))
     for line, where, msg in seg.errors:
         if line > drop and len(plan.errors) < MAX_ERRORS:

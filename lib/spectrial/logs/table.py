@@ -80,25 +80,58 @@ def frame(plan: Plan, i: int) -> Frame | None:
             cols[c] = np.concatenate([b.columns[c] if c in b.columns else np.full(len(b.lines), np.nan)
                                       for b in batches])
         else:
-            cols[c] = np.concatenate([b.columns[c] if c in b.columns else np.empty(len(b.lines), object)
-                                      for b in batches])
+            pieces = [b.columns.get(c) for b in batches]
+            text = _text(pieces, [len(b.lines) for b in batches]) if typ == "str" else None
+            if text is not None:
+                cols[c] = text
+                continue
+            cols[c] = np.concatenate([_objects(v) if v is not None else np.empty(len(b.lines), object)
+                                      for v, b in zip(pieces, batches, strict=True)])
     engine = _or([b.columns.get("engine") for b in batches], batches, fmt.engine)
     kind = _or([b.columns.get("kind") for b in batches], batches, fmt.kind)
     if len(batches) > 1:  # batches of the Python function and of the vectorised reader: in line order
         order = np.argsort(lines, kind="stable")
         if (np.diff(order) != 1).any():
             lines, engine, kind = lines[order], engine[order], kind[order]
-            cols = {c: v[order] for c, v in cols.items()}
+            cols = {c: v.take(pa.array(order)) if isinstance(v, pa.ChunkedArray) else v[order] for c, v in cols.items()}
     return Frame(lines, engine, kind, cols)
 
 
-def _or(parts: list[np.ndarray | None], batches: list[Batch], default: str) -> np.ndarray:
+def _objects(v: np.ndarray | pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A column as numpy (arrow text as an object array of str and None)."""
+    if isinstance(v, (pa.Array, pa.ChunkedArray)):
+        return np.asarray(v.to_numpy(zero_copy_only=False), object)
+    return v
+
+
+def _text(pieces: list[np.ndarray | pa.Array | pa.ChunkedArray | None], sizes: list[int]) -> pa.ChunkedArray | None:
+    """A text column from pieces one of which is arrow (a compiled reader's) as one arrow column (None for a piece
+    without it); None where none is arrow, or a piece holds other values than text (the column stays object)."""
+    if not any(isinstance(v, (pa.Array, pa.ChunkedArray)) for v in pieces):
+        return None
+    chunks: list[pa.Array] = []
+    for v, n in zip(pieces, sizes, strict=True):
+        if v is None:
+            chunks.append(pa.nulls(n, pa.string()))
+        elif isinstance(v, pa.ChunkedArray):
+            chunks.extend(v.cast(pa.string()).chunks)
+        elif isinstance(v, pa.Array):
+            chunks.append(v.cast(pa.string()))
+        else:
+            try:
+                chunks.append(pa.array(v, type=pa.string(), from_pandas=True))
+            except (pa.ArrowTypeError, pa.ArrowInvalid):
+                return None
+    return pa.chunked_array(chunks, pa.string())
+
+
+def _or(parts: list[np.ndarray | pa.Array | None], batches: list[Batch], default: str) -> np.ndarray:
     """Per-record engine/kind where a record set one, else `default`."""
     n = sum(len(b.lines) for b in batches)
     if all(p is None for p in parts):
         return const(n, default)
-    arr = np.concatenate([p if p is not None else const(len(b.lines), None) for p, b in zip(parts, batches,
-                                                                                            strict=True)])
+    arr = np.concatenate([_objects(p) if p is not None else const(len(b.lines), None) for p, b in zip(parts, batches,
+                                                                                                      strict=True)])
     arr[pd.isna(arr)] = default
     return arr
 
@@ -212,8 +245,11 @@ def _kind_table(engine: str, kind: str, parts: list[Part]) -> KindTable:
     pos = parts[0].pos if len(parts) == 1 else np.concatenate([p.pos for p in parts])
     order = None if len(parts) == 1 or (np.diff(pos) > 0).all() else np.argsort(pos, kind="stable")
 
-    def gather(pieces: list[np.ndarray | pa.ChunkedArray]) -> np.ndarray | pa.ChunkedArray:
+    def gather(pieces: list[np.ndarray | pa.ChunkedArray], typ: str) -> np.ndarray | pa.ChunkedArray:
         if any(isinstance(p, pa.ChunkedArray) for p in pieces):
+            if len(pieces) > 1 and typ == "str":  # text of several formats: arrow where each piece is text
+                text = _text(pieces, [len(p) for p in pieces])  # type: ignore[arg-type]
+                pieces = [text] if text is not None else pieces
             if len(pieces) == 1:
                 return pieces[0] if order is None else pieces[0].take(pa.array(order))
             pieces = [p.to_numpy() if isinstance(p, pa.ChunkedArray) else p for p in pieces]  # with numpy ones
@@ -221,9 +257,9 @@ def _kind_table(engine: str, kind: str, parts: list[Part]) -> KindTable:
         return arr if order is None else arr[order]
 
     cols: dict[str, object] = {"line": gather([p.frame.lines if p.sel is None else p.frame.lines[p.sel]
-                                              for p in parts])}
+                                              for p in parts], "int")}
     for c, t in types.items():
-        cols[c] = typed_column(gather([p.column(c, t) for p in parts]), t)
+        cols[c] = typed_column(gather([p.column(c, t) for p in parts], t), t)
     index = pd.Index(pos if order is None else pos[order], name="record")
     return KindTable(engine, kind, pd.DataFrame(cols, index=index, copy=False), types,
                      keeps_nan=all(p.frame.clean for p in parts))

@@ -43,7 +43,7 @@ class Spec:
     the names its codes stand for; None: absent)."""
 
     name: str
-    floats: tuple[str, ...]
+    floats: tuple[str, ...]  # (`strings` come as arrow string arrays: see Batch)
     strings: tuple[str, ...] = ()
     codes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -105,12 +105,8 @@ def read(spec: Spec, chunk: Chunk, at: np.ndarray) -> Blocks | None:
                 cols.update({c: f[:, j].copy() for j, c in enumerate(spec.floats)})
             if spec.strings:
                 s = np.ctypeslib.as_array(out.s, (n, len(spec.strings), 2))
-                for j, c in enumerate(spec.strings):
-                    starts, ends = s[:, j, 0].copy(), s[:, j, 1].copy()
-                    if (starts >= 0).any():
-                        cols[c] = np.asarray(_strings(starts, ends, data).to_numpy(zero_copy_only=False), object)
-                    else:
-                        cols[c] = np.full(n, None, object)
+                for j, c in enumerate(spec.strings):  # arrow text, as far as the tables (no Python str per cell)
+                    cols[c] = _strings(s[:, j, 0].copy(), s[:, j, 1].copy(), data)
             if spec.codes:
                 k = np.ctypeslib.as_array(out.c, (n, len(spec.codes)))
                 for j, (c, names) in enumerate(spec.codes.items()):

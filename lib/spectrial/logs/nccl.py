@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
 from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat, Record
+from spectrial.logs.native import blocks as compiled
 from spectrial.logs.registry import registry
 from spectrial.logs.text import NUM, TS_ISO, num, re2
 from spectrial.logs.vector import ROW, SKIP, STOP, last_per, np_bool, scan, split_once, to_str_numpy
@@ -333,5 +334,6 @@ def tuning_table_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
 
 registry.add(BlockFormat(
     "nccl", "tuning", ("Algorithm   |", "Latency/AlgBw"), tuning_table, {**_TYPES, **TUNING_COLUMNS},
-    vector=tuning_table_vector,
+    vector=compiled.reader(compiled.Spec("nccl_tuning", ("pid", "rank", "latency_us", "bw_gbs", "nthreads"),
+                                         ("host", "collective", "algorithm", "protocol")), tuning_table_vector),
 ))

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.reduction
 import os
+import pickle
 import resource
 import signal
 import sys
@@ -424,15 +427,74 @@ def _worker(conn: multiprocessing.connection.Connection) -> None:
             return
         if k is None:
             return
+        fd = None
         try:
             a, b = segments[k]
-            msg: tuple[str, int, Any] = ("ok", k, read_segment(formats, path, a, b, k, block_bytes, size=size))
+            seg = read_segment(formats, path, a, b, k, block_bytes, size=size)
+            fd, layout = _pack(seg)
+            msg: tuple[str, int, Any] = ("ok", k, seg if fd is None else layout)
         except Exception as e:  # the parent reads the segment itself (and raises what it raises there)
             msg = ("error", k, f"{type(e).__name__}: {e}")
         try:
             conn.send(msg)
+            if fd is not None:
+                multiprocessing.reduction.send_handle(conn, fd, os.getppid())
         except (OSError, ValueError):
             return
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+@dataclass
+class Packed:
+    """Where a segment's pickle lies in the memory file a worker hands over: the pickle's own bytes first, then
+    its buffers (numpy and arrow arrays, pickled out of band), each at its offset."""
+
+    size: int
+    head: int
+    buffers: list[tuple[int, int]]  # (offset, length)
+
+
+def _pack(seg: Segment) -> tuple[int | None, Packed | None]:
+    """The segment pickled into an anonymous memory file (memfd), for the parent to map instead of reading it
+    through the pipe (which copies every byte twice there): (its descriptor, layout); (None, None) where the
+    system has no memfd (the segment then goes through the pipe)."""
+    if not hasattr(os, "memfd_create"):
+        return None, None
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(seg, protocol=5, buffer_callback=buffers.append)
+    try:
+        fd = os.memfd_create("spectrial-logs-segment", os.MFD_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        views = [memoryview(head), *(b.raw() for b in buffers)]
+        places, at = [], 0
+        for v in views:
+            places.append((at, v.nbytes))
+            at += v.nbytes
+        os.ftruncate(fd, max(at, 1))
+        for v, (off, _) in zip(views, places, strict=True):
+            done = 0
+            while done < v.nbytes:
+                done += os.pwrite(fd, v[done:], off + done)
+        return fd, Packed(at, len(head), places[1:])
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _unpack(conn: multiprocessing.connection.Connection, layout: Packed) -> Segment:
+    """The segment a worker packed (see :func:`_pack`): its memory file mapped copy-on-write (the arrays are
+    views of it, writable, never copied here)."""
+    fd = multiprocessing.reduction.recv_handle(conn)
+    try:
+        mm = mmap.mmap(fd, layout.size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    view = memoryview(mm)
+    return pickle.loads(view[:layout.head], buffers=[view[a:a + n] for a, n in layout.buffers])
 
 
 def keep_freed_memory() -> bool:
@@ -517,6 +579,8 @@ def read(plan: Plan, path: Path, workers: int, block_bytes: int) -> Stats:
                 k = conns[c]
                 try:
                     status, k2, got = c.recv()
+                    if isinstance(got, Packed):
+                        got = _unpack(c, got)
                 except (EOFError, OSError):  # the worker died: its segment is the parent's
                     conns.pop(c)
                     mine.append(k)  # type: ignore[arg-type]

@@ -63,7 +63,7 @@ class Segment:
     index: int
     own: int
     done: int
-    line_parts: list[list[tuple[np.ndarray, dict[str, pa.Array]]]]
+    line_parts: list[list[tuple[np.ndarray, dict[str, pa.Array | np.ndarray]]]]
     block_parts: list[list[Batch]]
     claims: tuple[np.ndarray, np.ndarray]
     nonblank: np.ndarray  # np.packbits of the segment's own lines' nonblank flags
@@ -208,6 +208,9 @@ def read_segment(formats: Sequence[Format], path: Path, a: int, b: int, index: i
                 finalized[i] = (lines, fmt.finalize(rows_frame(lines, cols)))  # type: ignore[call-arg]
             except Exception as e:  # reported by the parent, as a sequential parse reports it
                 finalized[i] = f"{type(e).__name__}: {e}"
+    for i, fmt in enumerate(plan.formats):  # the other line formats' columns as the tables hold them: made here,
+        if isinstance(fmt, LineFormat) and plan.line_parts[i]:  # in the workers, not in the parent that joins
+            plan.line_parts[i] = [numpy_part(fmt, part) for part in plan.line_parts[i]]
     for i, sink in enumerate(plan.sinks):  # a format's Python-function records: as a batch of columns
         if sink.n:
             fmt = plan.formats[i]
@@ -248,7 +251,8 @@ def join(plan: Plan, seg: Segment, line0: int, drop: int) -> None:
                     if not keep.any():
                         continue
                     mask = pa.array(keep)
-                    lines, cols = lines[keep], {c: v.filter(mask) for c, v in cols.items()}
+                    lines, cols = lines[keep], {c: v.filter(mask) if isinstance(v, pa.Array) else v[keep]
+                                                for c, v in cols.items()}
             mine.append(numpy_part(fmt, (lines + line0, cols)))
         if not mine:
             continue

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
 from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, Record
+from spectrial.logs.native import blocks as compiled
 from spectrial.logs.registry import registry
 from spectrial.logs.text import WS, num
 from spectrial.logs.vector import ROW, SKIP, STOP, cells_of, head_char, np_bool, scan, texts_at, to_str_numpy
@@ -185,5 +186,7 @@ def results_table_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
 registry.add(BlockFormat(
     "sglang", "results_table", ("-|-", "- | -", ":|-", "-|:", ":|:", "- | :", ": | -", "+====", "+:==="),
     results_table, TABLE_COLUMNS, key_metrics=("gen_throughput", "output_throughput", "accept_len"), timestamps=(),
-    lookback=2, vector=results_table_vector,
+    lookback=2,
+    vector=compiled.reader(compiled.Spec("results_table", tuple(c for c, t in TABLE_COLUMNS.items() if t == "float"),
+                                         ("method",), {"engine": ("sglang", "vllm")}), results_table_vector),
 ))

@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
 from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, Finalizer, LineFormat, Record
+from spectrial.logs.native import blocks as compiled
 from spectrial.logs.registry import registry
 from spectrial.logs.text import LIST, NUM, named, num, re2
 from spectrial.logs.vector import LAST, ROW, SKIP, STOP, first_group, np_bool, scan, split_ws, to_str_numpy
@@ -371,7 +372,9 @@ registry.add(BlockFormat(
     "llamacpp", "request_timing", ('"prompt_n"', '"predicted_n"', '"predicted_ms"'), timings_json,
     {"origin": "str", "prompt_tokens": "float", "prompt_ms": "float", "prompt_throughput": "float", "eval_tokens": "float",
      "eval_ms": "float", "gen_throughput": "float", "drafted": "float", "accepted": "float"},
-    timestamps=(TS, TS_JSONL), vector=timings_json_vector,
+    timestamps=(TS, TS_JSONL),
+    vector=compiled.reader(compiled.Spec("timings_json", tuple(_JSON_KEYS.values()), (),
+                                         {"origin": ("timings_json",)}), timings_json_vector),
 ))
 
 _SPEED_BENCH = {
@@ -439,12 +442,21 @@ def speed_bench_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
                 cols.setdefault(col, np.full(n, np.nan))[mine] = numbers(vals)[0]
     has = np.zeros(nb, dtype=bool)
     has[blk] = True
-    return Blocks(np.where(has, sc.end, 0), sc.examined, blk, sc.offset[rows], cols, np.where(sc.more, MORE, 0))
+    # a row under a header naming no column is an empty record: it claims its line, it is no record
+    named = np.array([any(_SPEED_BENCH.get(h) for h in head) for head in plan_ids], dtype=bool)
+    keep = np.flatnonzero(named[plan[blk]]) if len(named) else np.zeros(0, np.int64)
+    return Blocks(np.where(has, sc.end, 0), sc.examined, blk[keep], sc.offset[rows][keep],
+                  {c: v[keep] for c, v in cols.items()}, np.where(sc.more, MORE, 0))
 
+
+# the C reader (native/speed_bench.c): the float columns in _SPEED_BENCH's order, then `category`
+_SPEED_BENCH_SPEC = compiled.Spec("speed_bench", tuple(c for c in _SPEED_BENCH.values() if c != "category"),
+                                  ("category",))
 
 registry.add(BlockFormat(
     "llamacpp", "speed_bench", ("spec_avg_pred_t/s",), speed_bench,
     {"category": "str", "base_gen_throughput": "float", "gen_throughput": "float", "speedup": "float",
      "base_latency_s": "float", "latency_s": "float", "latency_speedup": "float", "accept_rate": "float"},
-    key_metrics=("gen_throughput", "speedup", "accept_rate"), timestamps=(), vector=speed_bench_vector,
+    key_metrics=("gen_throughput", "speedup", "accept_rate"), timestamps=(),
+    vector=compiled.reader(_SPEED_BENCH_SPEC, speed_bench_vector),
 ))

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
 from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat, Record
+from spectrial.logs.native import blocks as compiled
 from spectrial.logs.pyrepr import PyValue, parse_kwargs, parse_mapping
 from spectrial.logs.registry import registry
 from spectrial.logs.text import LIST, NUM, TS_ISO, num, re2
@@ -241,6 +242,37 @@ def _groups(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[list[
     return keys[np.concatenate(([0], cut))].tolist(), [v.tolist() for v in np.split(values, cut)]
 
 
+# the C reader (native/spec_summary.c): each block's record (`_row` "summary"), then its positions as records
+# of their own (`_row` "position", the value in `_position`): _summary_positions makes them per_position lists
+_SUMMARY_SPEC = compiled.Spec("spec_summary", (*_SUMMARY_COLS, "_position"), (),
+                              {"_row": ("summary", "position")})
+
+
+def _summary_positions(got: Blocks) -> Blocks:
+    """The C reader's answer with each block's position records as its record's per_position list."""
+    if not len(got.block):
+        return Blocks(got.used, got.examined, got.block, got.offset, {}, got.status)
+    position = got.columns["_row"] == "position"
+    main = np.flatnonzero(~position)
+    cols: dict[str, np.ndarray] = {c: got.columns[c][main] for c in _SUMMARY_COLS}
+    per = np.empty(len(main), object)
+    psel = np.flatnonzero(position)
+    if len(psel):
+        keys, groups = _groups(got.block[psel], got.columns["_position"][psel])
+        per[np.searchsorted(got.block[main], keys)] = groups
+    cols["per_position"] = per
+    return Blocks(got.used, got.examined, got.block[main], got.offset[main], cols, got.status)
+
+
+def spec_summary_compiled(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """The compiled reader bp_spec_summary, else spec_summary_vector."""
+    got = compiled.read(_SUMMARY_SPEC, chunk, at)
+    return spec_summary_vector(chunk, at) if got is None else _summary_positions(got)
+
+
+spec_summary_compiled.arrow = spec_summary_vector  # type: ignore[attr-defined]  # (the tests hold both)
+spec_summary_compiled.spec = _SUMMARY_SPEC  # type: ignore[attr-defined]
+
 registry.add(BlockFormat(
     "vllm", "spec_summary",
     ("num_drafts:", "num_accepted_tokens:", "total_num_output_tokens:", "num_draft_tokens:",
@@ -248,5 +280,5 @@ registry.add(BlockFormat(
     spec_summary,
     {"output_tokens": "float", "drafts": "float", "drafted": "float", "accepted": "float",
      "accept_len": "float", "per_position": "list"},
-    key_metrics=("accept_len",), vector=spec_summary_vector,
+    key_metrics=("accept_len",), vector=spec_summary_compiled,
 ))

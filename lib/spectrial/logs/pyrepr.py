@@ -5,6 +5,7 @@ with ``...`` keeps what precedes the damage)."""
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from typing import Any, TypeAlias
 
@@ -91,6 +92,22 @@ def _convert_value(v: str) -> Any:
 _PLAIN_ITEMS = re.compile(r"""(?:[A-Za-z_][A-Za-z0-9_]*=(?:'[^',\\\n]*'|"[^",\\\n]*"|[^,()\[\]{}'"\n]*), )*""")
 
 
+_MISSING = object()
+
+
+def _plain_items(run: str, out: dict[str, PyValue]) -> None:
+    """`key=value, key=value` (a run _PLAIN_ITEMS matched, without its last ", ") into `out`, each value as
+    _simple_value reads it (rstripped), later keys winning: the loop ``for item in run.split(", "): key, _, value =
+    item.partition("="); out[key] = _simple_value(value.rstrip())``, its steps done by C-level maps (a dump holds
+    ~90 of them, and the values repeat: the cache answers most)."""
+    pairs = dict(map(str.split, run.split(", "), itertools.repeat("="), itertools.repeat(1)))
+    texts = list(map(str.rstrip, pairs.values()))
+    values = list(map(_VALUES.get, texts, itertools.repeat(_MISSING)))
+    if _MISSING in values:
+        values = [_simple_value(t) if v is _MISSING else v for v, t in zip(values, texts, strict=True)]
+    out.update(zip(pairs, values, strict=True))
+
+
 def parse_kwargs(text: str) -> tuple[dict[str, PyValue], bool]:
     """`a=1, b='x', c=[1, 2]` (a Python repr of keyword arguments) -> (dict, closed by ')')."""
     out: dict[str, PyValue] = {}
@@ -99,23 +116,20 @@ def parse_kwargs(text: str) -> tuple[dict[str, PyValue], bool]:
         start = pos + 2 if text.startswith(", ", pos) else pos  # a search from `pos` starts its match there
         end = _PLAIN_ITEMS.match(text, start).end()  # type: ignore[union-attr]  # (matches "" at least)
         if end > start:
-            for item in text[start:end - 2].split(", "):
-                key, _, value = item.partition("=")
-                out[key] = _simple_value(value.rstrip())
+            _plain_items(text[start:end - 2], out)
             pos = end
-        # simple items follow each other: one finditer (each match starts where the last one ended, as a
-        # search from there would) until a bracketed or escaped value, which _scan_value reads
-        m = None
-        for m in _ITEM.finditer(text, pos):
-            value = m.group(2)
-            if value is None:
-                break
+        # the next item, wherever it starts: a simple one (then the run above again: a search from its end finds
+        # what the run reads, item by item), or a bracketed or escaped value, which _scan_value reads
+        m = _ITEM.search(text, pos)
+        if m is None:
+            return out, False
+        value = m.group(2)
+        if value is not None:
             out[m.group(1)] = _simple_value(value)
             pos = m.end()
             if text[pos:pos + 1] != "," and _PAREN.match(text, pos):
                 return out, True
-        else:
-            return out, False
+            continue
         value, end, closed = _scan_value(text, m.end())
         out[m.group(1)] = _literal(value)
         if closed:

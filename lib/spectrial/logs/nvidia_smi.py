@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers
 from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, Record
+from spectrial.logs.native import blocks as compiled
 from spectrial.logs.registry import register, registry
 from spectrial.logs.text import NUM, named, num, re2
 from spectrial.logs.vector import (
@@ -180,8 +181,14 @@ def smi_table_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
     return Blocks(used, sc.examined, blk, off, cols, np.where(sc.more, MORE, 0))
 
 
-registry.add(BlockFormat("nvidia-smi", "gpu", ("NVIDIA-SMI ",), smi_table, GPU_COLUMNS,
-                         key_metrics=GPU_METRICS, timestamps=(), lookback=3, vector=smi_table_vector))
+registry.add(BlockFormat(
+    "nvidia-smi", "gpu", ("NVIDIA-SMI ",), smi_table, GPU_COLUMNS, key_metrics=GPU_METRICS, timestamps=(),
+    lookback=3, vector=compiled.reader(compiled.Spec(
+        "smi_table", ("index", "fan_pct", "temp_c", "power_w", "power_cap_w", "memory_used_mib",
+                      "memory_total_mib", "util_pct"),
+        ("name", "bus_id", "pstate", "driver_version", "cuda_version", "timestamp"),
+        {"persistence": ("On", "Off")}), smi_table_vector),
+))
 
 
 # ---------------------------------------------------------------- --query-gpu CSV
@@ -275,6 +282,10 @@ def query_csv_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
 
     sc = scan(chunk, at[blocks], classify, start=0, first=8)
     rows = sc.rows(ROW)
+    has = np.zeros(len(blocks), dtype=bool)
+    has[sc.block[rows]] = True  # a block claims its rows; a row whose fields name no column is no record
+    names_one = np.array([any(QUERY_FIELDS.get(f) for f in fields) for fields in plan_ids], dtype=bool)
+    rows = rows[names_one[pid[sc.block[rows]]]]
     blk = sc.block[rows]
     cells, _, first = _csv_cells(sc.text.take(pa.array(rows)))
     n = len(rows)
@@ -300,8 +311,6 @@ def query_csv_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
             else:
                 v = numbers(vals)[0]
                 cols.setdefault(col, np.full(n, np.nan))[mine] = np.where(gone, np.nan, v)
-    has = np.zeros(len(blocks), dtype=bool)
-    has[blk] = True
     used[blocks] = np.where(has, sc.end, 0)
     examined[blocks] = np.maximum(sc.examined, 2)
     status[blocks] = np.where(sc.more, MORE, status[blocks])
@@ -312,7 +321,12 @@ registry.add(BlockFormat(
     "nvidia-smi", "gpu",
     ("--query-gpu", "memory.used", "memory.total", "memory.free", "utilization.gpu", "temperature.gpu",
      "power.draw", "driver_version", "gpu_name", ", GPU-"),
-    query_csv, GPU_COLUMNS, timestamps=(), vector=query_csv_vector,
+    query_csv, GPU_COLUMNS, timestamps=(),
+    vector=compiled.reader(compiled.Spec(
+        "smi_query_csv",
+        ("index", "memory_used_mib", "memory_total_mib", "memory_free_mib", "util_pct", "temp_c", "power_w",
+         "power_cap_w", "fan_pct", "sm_clock_mhz", "sm_clock_max_mhz", "pcie_gen", "pcie_width"),
+        ("name", "uuid", "bus_id", "driver_version", "pstate", "persistence", "timestamp")), query_csv_vector),
 ))
 
 
@@ -492,5 +506,6 @@ def topology_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
 registry.add(BlockFormat(
     "nvidia-smi", "topology", ("CPU Affinity",), topology,
     {"src": "str", "dst": "str", "link": "str", "cpu_affinity": "str", "numa_affinity": "str"}, timestamps=(),
-    vector=topology_vector,
+    vector=compiled.reader(compiled.Spec("smi_topology", (), ("src", "dst", "link", "cpu_affinity",
+                                                               "numa_affinity")), topology_vector),
 ))

@@ -9,6 +9,7 @@ block ended; a block that runs past the end is carried into the next chunk with 
 
 from __future__ import annotations
 
+import ctypes
 import re
 from concurrent.futures import Executor, Future
 
@@ -50,24 +51,55 @@ class Chunk:
                  "_ansi", "_bad_soon", "_ansi_pos")
 
     def __init__(self, data: bytes, start: int, first: int = 0, final: bool = True, head: bool | None = None) -> None:
-        offs = line_offsets(data)
-        lines = _string_array(data, offs)
-        try:
-            lines.validate(full=True)
-        except pa.ArrowInvalid:  # invalid UTF-8 (binary noise): replace, keep the line structure
-            data = data.decode("utf-8", "replace").encode("utf-8")
-            offs = line_offsets(data)
-            lines = _string_array(data, offs)
-        self.data, self.offs, self.lines = data, offs, lines
-        self.start, self.first, self.n, self.final = start, first, len(offs) - 1, final
-        self.head = start == 0 if head is None else head
-        self.has_ansi = b"\x1b" in data or any(rx.search(data) for rx in _PASTED)
         self._offl: list[int] | None = None
         self._nb: np.ndarray | None = None
         self._bad: np.ndarray | None = None
         self._ansi: np.ndarray | None = None
         self._bad_soon: Future[np.ndarray] | None = None
         self._ansi_pos: np.ndarray | None = None  # offsets of ESC, ``?[`` and ``^[[`` (found with the plain check)
+        self.start, self.first, self.final = start, first, final
+        self.head = start == 0 if head is None else head
+        if not self._compiled(data):
+            offs = line_offsets(data)
+            lines = _string_array(data, offs)
+            try:
+                lines.validate(full=True)
+            except pa.ArrowInvalid:  # invalid UTF-8 (binary noise): replace, keep the line structure
+                data = data.decode("utf-8", "replace").encode("utf-8")
+                offs = line_offsets(data)
+                lines = _string_array(data, offs)
+            self.data, self.offs, self.lines, self.n = data, offs, lines, len(offs) - 1
+            self.has_ansi = b"\x1b" in data or any(rx.search(data) for rx in _PASTED)
+
+    def _compiled(self, data: bytes) -> bool:
+        """The lines, their plain and colour flags and their non-blank count in one compiled pass over the bytes
+        (``cp_lines``); False where the library is off, the chunk is 2 GiB or more, or not valid UTF-8."""
+        from spectrial.logs import native
+
+        lib = native.library()
+        if lib is None or len(data) >= 2**31 - 1:
+            return False
+        cap = data.count(b"\n") + 1
+        offs = np.empty(cap + 1, np.int32)
+        bad, colour, nonblank = (np.empty(cap, np.uint8) for _ in range(3))
+        utf8 = ctypes.c_int32(0)
+        raw = np.frombuffer(data, np.uint8) if data else np.zeros(1, np.uint8)
+        n = lib.cp_lines(raw.ctypes.data, len(data), offs.ctypes.data, cap, bad.ctypes.data, colour.ctypes.data,
+                         nonblank.ctypes.data, ctypes.byref(utf8))
+        if n < 0 or not utf8.value:
+            return False
+        offs = offs[:n + 1]
+        self.data, self.offs, self.n = data, offs, n
+        self.lines = _string_array(data, offs)
+        flags = bad[:n].view(bool)
+        if n and not data.endswith(b"\n") and not self.final:  # an incomplete last line is never plain
+            flags[-1] = True
+        self._bad = np.concatenate(([0], np.cumsum(flags)))
+        colour_flags = colour[:n].view(bool)
+        self.has_ansi = bool(colour_flags.any())
+        self._ansi = np.append(colour_flags, False) if self.has_ansi else None
+        self._nb = np.concatenate(([0], np.cumsum(nonblank[:n].view(bool))))
+        return True
 
     # ------------------------------------------------------------ lines as Python text (a Window's view)
     @property

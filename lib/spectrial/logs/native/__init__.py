@@ -104,6 +104,8 @@ def _declare(lib: Any) -> None:
                                p, p]
     lib.lp_gather.restype = None
     lib.lp_gather.argtypes = [i64, p, p, i64, p, p, p]
+    lib.cp_lines.restype = i64
+    lib.cp_lines.argtypes = [p, i64, p, i64, p, p, p, p]
 
 
 def library() -> Any:

@@ -17,6 +17,7 @@ import gc
 import json
 import math
 import re
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -211,11 +212,16 @@ def test_a_block_cut_by_the_chunk_end_is_read_whole(readers: str) -> None:
         assert got.attrs["unparsed_lines"] == whole.attrs["unparsed_lines"]
 
 
-@pytest.mark.parametrize("automaton", [True, False])
-def test_marker_search_matches_a_python_search(monkeypatch: pytest.MonkeyPatch, automaton: bool) -> None:
-    if automaton:
-        pytest.importorskip("ahocorasick_rs")
+@pytest.mark.parametrize("search", ["compiled", "automaton", "re2"])
+def test_marker_search_matches_a_python_search(monkeypatch: pytest.MonkeyPatch, search: str) -> None:
+    if search == "compiled":
+        if not native.status().startswith("on"):
+            pytest.skip(f"the compiled passes are off here: {native.status()}")
     else:
+        monkeypatch.setattr(native, "_state", [(None, "off: the test searches another way")])
+    if search == "automaton":
+        pytest.importorskip("ahocorasick_rs")
+    elif search == "re2":
         monkeypatch.setattr(driver, "ahocorasick_rs", None)
     text = "\n".join(SNIPPETS) + "\nDecode batch Prefill batch\nms/cyc Decode batch\n-|- | x\n"
     ch = Chunk(text.encode(), 0)
@@ -230,6 +236,36 @@ def test_marker_search_matches_a_python_search(monkeypatch: pytest.MonkeyPatch, 
             want_idx.append(i)
             want_fmt.append(owner[m.group()])
     assert idx.tolist() == want_idx and fmt.tolist() == want_fmt
+
+
+MARKERS = sorted({m for f in registry.formats for m in f.markers})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.one_of(st.sampled_from(MARKERS), st.sampled_from(MARKERS).map(lambda m: m[:-1]),
+                                   st.sampled_from(MARKERS).map(lambda m: m[1:]), st.sampled_from(NOISE)),
+                         max_size=6).map("".join), min_size=1, max_size=20))
+def test_the_compiled_marker_search_finds_the_leftmost_longest(lines: list[str]) -> None:
+    """Lines made of markers, their halves and noise: the compiled search against a Python search per line."""
+    if not native.status().startswith("on"):
+        pytest.skip(f"the compiled passes are off here: {native.status()}")
+    ch = Chunk("\n".join(lines).encode(), 0)
+    found = driver.Markers(registry.formats)
+    idx, fmt = found.find(ch)
+    union = re.compile("|".join(re.escape(m) for m in found.strings))
+    owner = {m: i for i, f in enumerate(registry.formats) for m in f.markers}
+    want = [(i, owner[m.group()]) for i in range(ch.n)
+            if (m := union.search(ch.data[ch.starts[i]:ch.starts[i + 1]].decode()))]
+    assert list(zip(idx.tolist(), fmt.tolist(), strict=True)) == want
+
+
+def test_at_a_tie_the_longest_marker_wins() -> None:
+    """Markers one of which begins another (none of the registry's do; a user's may): the longest at the leftmost
+    position decides, in the compiled search as in the others."""
+    fmts = [types.SimpleNamespace(markers=("ab1",)), types.SimpleNamespace(markers=("ab12", "zz")),
+            types.SimpleNamespace(markers=("b12x",))]
+    ch = Chunk(b"x ab12x\nab1 ab12\nzab12\nb12x ab1\nnone\n", 0)
+    assert [f.tolist() for f in driver.Markers(fmts).find(ch)] == [[0, 1, 2, 3], [1, 0, 1, 2]]
 
 
 def test_parse_without_the_automaton_gives_the_same_table(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -440,11 +440,24 @@ class Markers:
         self.values = pa.array(self.strings, pa.string())
         self.format_of = np.array([i for _, i in pairs] + [-1], dtype=np.int64)  # [-1]: no marker
         self.automata = _automata(self.strings) if pairs else None
+        encoded = [m.encode() for m in self.strings]
+        # the compiled search takes markers of 2 ASCII bytes and more (all of the registry's)
+        self.blob = b"".join(encoded) if all(len(m) >= 2 and m.isascii() for m in encoded) else None
+        self.blob_offs = np.concatenate(([0], np.cumsum([len(m) for m in encoded]))).astype(np.int32)
 
     def find(self, ch: Chunk) -> tuple[np.ndarray, np.ndarray]:
         """Local lines holding a marker, and the format of each line (its first marker's)."""
         if not self.strings or not ch.n:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        lib = native.library()
+        if lib is not None and self.blob is not None and ch.offs.dtype == np.int32:
+            line = np.empty(ch.n, np.int64)
+            which = np.empty(ch.n, np.int32)
+            raw = np.frombuffer(ch.data, np.uint8)
+            got = lib.cp_markers(raw.ctypes.data, ch.offs.ctypes.data, ch.n, 0, self.blob, self.blob_offs.ctypes.data,
+                                 len(self.strings), line.ctypes.data, which.ctypes.data)
+            if got >= 0:
+                return line[:got], self.format_of[which[:got]]
         if self.automata is None:
             mask = pc.match_substring_regex(ch.lines, self.union).to_numpy(zero_copy_only=False)
             idx = np.flatnonzero(mask)

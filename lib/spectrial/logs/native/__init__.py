@@ -106,6 +106,8 @@ def _declare(lib: Any) -> None:
     lib.lp_gather.argtypes = [i64, p, p, i64, p, p, p]
     lib.cp_lines.restype = i64
     lib.cp_lines.argtypes = [p, i64, p, i64, p, p, p, p]
+    lib.cp_markers.restype = i64
+    lib.cp_markers.argtypes = [p, p, i64, i64, p, p, i32, p, p]
 
 
 def library() -> Any:

@@ -2,6 +2,8 @@
  * chunks.Chunk, whose numpy/arrow reading it replaces where the library is on; the tests hold the two alike). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* The length of the valid UTF-8 sequence at s[0..len) (1-4), or 0 where it is not valid (as arrow's validation
  * reads it: no overlong forms, no surrogates, nothing past U+10FFFF). */
@@ -86,4 +88,48 @@ int64_t cp_lines(const uint8_t *data, int64_t len, int32_t *offs, int64_t cap, u
     }
     *utf8 = ok;
     return n;
+}
+
+/* The first marker on each line from `first` to n - 1 (driver.Markers.find): the leftmost occurrence of any of the nm
+ * markers (marker k is blob[moffs[k] .. moffs[k+1]), at least 2 bytes, no newline; given longest first, so at a
+ * tie the longest wins). Writes the lines holding one (ascending) and its marker; returns how many, or -1 where
+ * memory runs out. */
+int64_t cp_markers(const uint8_t *data, const int32_t *offs, int64_t n, int64_t first, const uint8_t *blob,
+                   const int32_t *moffs, int32_t nm, int64_t *out_line, int32_t *out_marker) {
+    int32_t *head = (int32_t *)malloc(65536 * sizeof(int32_t));
+    int32_t *next = (int32_t *)malloc((size_t)(nm > 0 ? nm : 1) * sizeof(int32_t));
+    if (head == NULL || next == NULL) {
+        free(head);
+        free(next);
+        return -1;
+    }
+    for (int32_t k = 0; k < 65536; k++) head[k] = -1;
+    for (int32_t k = nm - 1; k >= 0; k--) { /* chains in the given order: longest first */
+        const uint8_t *m = blob + moffs[k];
+        int32_t key = m[0] | (m[1] << 8);
+        next[k] = head[key];
+        head[key] = k;
+    }
+    int64_t found = 0;
+    for (int64_t i = first < 0 ? 0 : first; i < n; i++) {
+        const uint8_t *p = data + offs[i], *end = data + offs[i + 1];
+        int32_t hit = -1;
+        for (; p + 1 < end && hit < 0; p++) {
+            for (int32_t k = head[p[0] | (p[1] << 8)]; k >= 0; k = next[k]) {
+                int32_t len = moffs[k + 1] - moffs[k];
+                if (end - p >= len && memcmp(p, blob + moffs[k], (size_t)len) == 0) {
+                    hit = k;
+                    break;
+                }
+            }
+        }
+        if (hit >= 0) {
+            out_line[found] = i;
+            out_marker[found] = hit;
+            found++;
+        }
+    }
+    free(head);
+    free(next);
+    return found;
 }

@@ -343,7 +343,7 @@ class Helper(Finalizer):
         self.fmt = fmt
         self.parts: list[Any] = []
         self.queue = ctx.Queue()
-        self.result, out = ctx.Pipe(duplex=False)
+        self.result, out = ctx.Pipe()  # a socket pair: the result's memory file is handed over through it
         self.proc = ctx.Process(target=_helper, args=(fmt, self.queue, out), daemon=True,
                                 name="spectrial-logs-finalize")
         self.proc.start()
@@ -363,6 +363,8 @@ class Helper(Finalizer):
         try:
             self.queue.put(None)
             status, got = self.result.recv()
+            if isinstance(got, Packed):
+                got = _unpack(self.result, got)
         except (EOFError, OSError):
             pass
         finally:
@@ -399,10 +401,21 @@ def _helper(fmt: LineFormat, queue: Any, out: Any) -> None:
                 fin.feed(rows_frame(*line_rows(fmt, parts)))
             except Exception as e:  # the parent finalizes again itself and reports it
                 error = e
+    fd = None
     try:
-        out.send(("ok", fin.finish()) if error is None else ("error", repr(error)))
+        if error is None:
+            result = fin.finish()
+            fd, layout = _pack(result)
+            out.send(("ok", result if fd is None else layout))
+            if fd is not None:
+                multiprocessing.reduction.send_handle(out, fd, os.getppid())
+        else:
+            out.send(("error", repr(error)))
     except Exception as e:
         out.send(("error", repr(e)))
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def close(plan: Plan) -> None:
@@ -460,14 +473,14 @@ class Packed:
     buffers: list[tuple[int, int]]  # (offset, length)
 
 
-def _pack(seg: Segment) -> tuple[int | None, Packed | None]:
-    """The segment pickled into an anonymous memory file (memfd), for the parent to map instead of reading it
-    through the pipe (which copies every byte twice there): (its descriptor, layout); (None, None) where the
-    system has no memfd (the segment then goes through the pipe)."""
+def _pack(obj: Any) -> tuple[int | None, Packed | None]:
+    """`obj` (a segment, a finalized table) pickled into an anonymous memory file (memfd), for the parent to map
+    instead of reading it through the pipe (which copies every byte twice there): (its descriptor, layout);
+    (None, None) where the system has no memfd (the object then goes through the pipe)."""
     if not hasattr(os, "memfd_create"):
         return None, None
     buffers: list[pickle.PickleBuffer] = []
-    head = pickle.dumps(seg, protocol=5, buffer_callback=buffers.append)
+    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     try:
         fd = os.memfd_create("spectrial-logs-segment", os.MFD_CLOEXEC)
     except OSError:
@@ -489,8 +502,8 @@ def _pack(seg: Segment) -> tuple[int | None, Packed | None]:
         raise
 
 
-def _unpack(conn: multiprocessing.connection.Connection, layout: Packed) -> Segment:
-    """The segment a worker packed (see :func:`_pack`): its memory file mapped copy-on-write (the arrays are
+def _unpack(conn: multiprocessing.connection.Connection, layout: Packed) -> Any:
+    """What a worker or helper packed (see :func:`_pack`): its memory file mapped copy-on-write (the arrays are
     views of it, writable, never copied here)."""
     fd = multiprocessing.reduction.recv_handle(conn)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import itertools
 import re
+import sys
 from typing import Any, TypeAlias
 
 PyValue: TypeAlias = ("None | bool | int | float | complex | str | bytes | list[PyValue] | tuple[PyValue, ...] "
@@ -105,7 +106,7 @@ def _plain_items(run: str, out: dict[str, PyValue]) -> None:
     values = list(map(_VALUES.get, texts, itertools.repeat(_MISSING)))
     if _MISSING in values:
         values = [_simple_value(t) if v is _MISSING else v for v, t in zip(values, texts, strict=True)]
-    out.update(zip(pairs, values, strict=True))
+    out.update(zip(map(sys.intern, pairs), values, strict=True))  # one key object per name: pickled once
 
 
 def parse_kwargs(text: str) -> tuple[dict[str, PyValue], bool]:

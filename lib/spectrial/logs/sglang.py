@@ -32,6 +32,7 @@ Kinds and columns (engine "sglang"):
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import numpy as np
@@ -39,10 +40,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spectrial.logs.chunks import Chunk, Window
-from spectrial.logs.columns import numbers
-from spectrial.logs.formats import MORE, BlockFormat, BlockResult, Blocks, LineFormat, Record
+from spectrial.logs.columns import numbers, objects
+from spectrial.logs.formats import DECLINE, MORE, BlockFormat, BlockResult, Blocks, LineFormat, Record
 from spectrial.logs.native import blocks as compiled
-from spectrial.logs.pyrepr import parse_kwargs
+from spectrial.logs.pyrepr import _literal, _simple_value, parse_kwargs
 from spectrial.logs.registry import registry
 from spectrial.logs.text import NUM, TS_ISO, WS, named, num, re2
 from spectrial.logs.vector import (
@@ -212,11 +213,55 @@ def server_args(w: Window) -> BlockResult:
     return [(0, {"args": args})], used
 
 
+_ARGS = compiled.Spec("server_args", ("key_a", "key_b", "value_a", "value_b"), (), {"value": ("simple", "bracketed")})
+
+
+def _args_declined(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """Every dump to the Python function (the compiled reader's stand-in where the library is off)."""
+    z = np.zeros(0, np.int64)
+    return Blocks(np.zeros(len(at), np.int64), np.ones(len(at), np.int64), z, z, {}, np.full(len(at), DECLINE))
+
+
+def server_args_compiled(chunk: Chunk, at: np.ndarray) -> Blocks:
+    """:func:`server_args` of all the chunk's dumps: cut into items by the compiled reader (native/server_args.c),
+    each dict built here from its items' text as parse_kwargs builds it (_simple_value or _literal per value)."""
+    got = compiled.read(_ARGS, chunk, at)
+    if got is None:
+        return _args_declined(chunk, at)
+    used = np.asarray(got.used, np.int64).copy()
+    block = np.asarray(got.block, np.int64)
+    spans = [np.asarray(got.columns[c], np.int64).tolist() if len(block) else [] for c in _ARGS.floats]
+    bracketed = (got.columns["value"] == "bracketed").tolist() if len(block) else []
+    starts = np.searchsorted(block, np.arange(len(at) + 1)).tolist()
+    recs, dicts = [], []
+    for b in np.unique(block).tolist():
+        i0, i1 = starts[b], starts[b + 1]
+        first = chunk.line(int(at[b])) or ""
+        head = first.find("ServerArgs(")
+        parts = [first[head + len("ServerArgs("):] if head >= 0 else first.strip()]
+        parts += [chunk.line(int(at[b]) + k) or "" for k in range(1, int(used[b]))]
+        text = "".join(parts)
+        args = dict(zip([sys.intern(text[a:c]) for a, c in zip(spans[0][i0:i1], spans[1][i0:i1], strict=True)],
+                        [(_literal if odd else _simple_value)(text[a:c])
+                         for a, c, odd in zip(spans[2][i0:i1], spans[3][i0:i1], bracketed[i0:i1], strict=True)],
+                        strict=True))
+        if len(args) < (1 if head >= 0 else 3):
+            used[b] = 0
+            continue
+        recs.append(b)
+        dicts.append(args)
+    return Blocks(used, got.examined, np.array(recs, np.int64), np.zeros(len(recs), np.int64),
+                  {"args": objects(dicts)}, got.status)
+
+
+server_args_compiled.arrow = _args_declined  # type: ignore[attr-defined]  # (no arrow reader: the function reads)
+server_args_compiled.spec = _ARGS  # type: ignore[attr-defined]
+
 registry.add(BlockFormat(
     "sglang", "server_args",
     ("ServerArgs(", "mem_fraction_static=", "cuda_graph_max_bs=", "disable_radix_cache=",
      "chunked_prefill_size=", "enable_torch_compile=", "disable_cuda_graph="),
-    server_args, {"args": "object"}, timestamps=(TS, TS_ISO),
+    server_args, {"args": "object"}, timestamps=(TS, TS_ISO), vector=server_args_compiled,
 ))
 
 

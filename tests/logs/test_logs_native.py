@@ -11,12 +11,14 @@ and the whole parse of a fixture is the same with the pass off (``SPECTRIAL_LOGS
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from test_logs_vector import CORPUS, LINES, NOISE, corpus_texts
@@ -66,8 +68,17 @@ def check_same(fmt: LineFormat, lines: list[str]) -> None:
         g = got[name]
         assert g.type == w.type, f"{fmt.engine}/{fmt.kind}.{name}: {g.type} != {w.type}"
         gl, wl = g.to_pylist(), w.to_pylist()
-        bad = [(lines[i], a, b) for i, (a, b) in enumerate(zip(gl, wl, strict=True)) if a != b]
+        bad = [(lines[i], a, b) for i, (a, b) in enumerate(zip(gl, wl, strict=True)) if not same(a, b)]
         assert not bad, f"{fmt.engine}/{fmt.kind}.{name}: {len(bad)} rows differ, first {bad[0]!r}"
+
+
+def same(a: object, b: object) -> bool:
+    """Equal values; floats to the bit but NaN's payload (NaN is NaN, -0.0 is not 0.0); None is only None."""
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
 
 
 def test_the_compiled_pass_is_on_here() -> None:
@@ -128,3 +139,121 @@ def test_the_corpus_gives_lines_where_it_is_there() -> None:
     if not CORPUS.exists():
         pytest.skip(f"no corpus at {CORPUS}")
     assert len(CORPUS_LINES) > 500, json.dumps(str(CORPUS))
+
+
+# --- the numbers the pass reads in C (plain decimals), the rest as arrow does, column by column ----------------
+# a made-up format: a float with an X__pct group, a float two patterns fill (the first that matches wins), one
+# that takes any text (so an odd value sends its column of the batch to Python), a text column (trimmed, "" null),
+# and `key: value` floats (one with percent)
+NUMBERS = LineFormat("test", "numbers", markers=("m:",), patterns=(
+    r"m: a=(?P<a>[^ %|]*)(?P<a__pct>%?)\|",
+    r"b=(?P<b>[-+.0-9eE]+)",
+    r"bb=(?P<b>[^ |]*)\| c=(?P<c>[^|]*)\|",
+    r"t=(?P<t>[^|]*)\|(?: u=(?P<u>[0-9.]*))?",
+    r"c2=(?P<c>\S+)",
+), types={"t": "str"}, keys={"k1": "k1", "k2": "k2", "kk": "k2"}, percent=("k1",))
+ODD = ["inf", "-inf", "nan", "-NaN", "Infinity", "1_000", " 1", "1 ", "1e400", "-1e400", "1e-400", "4e-320", "0x10",
+       "1.2.3", "abc", "+", "-", ".", "1e", ".e5", "1e+", "--1", "1.5.", "1,5", "1e5.5", "9" * 400, "12ms"]
+
+
+def plain_number(rnd: random.Random, exponents: tuple[int, ...] = (0, 1, 5, 15, 22, 23, 30, 200)) -> str:
+    """A random plain decimal: sign, up to 25 digits around a point (or a point first), an exponent (by default
+    one that keeps it a normal finite double)."""
+    sign = rnd.choice(["", "", "-", "+"])
+    whole = "".join(rnd.choice("0123456789") for _ in range(rnd.choice([0, 1, 1, 2, 3, 5, 8, 15, 16, 17, 20, 25])))
+    frac = "".join(rnd.choice("0123456789") for _ in range(rnd.choice([0, 0, 1, 2, 3, 6, 10, 17])))
+    if not whole and not frac:
+        whole = rnd.choice(["0", "7"])
+    text = whole + ("." + frac if frac or (whole and rnd.random() < 0.2) else "")
+    if rnd.random() < 0.3:
+        text += rnd.choice("eE") + rnd.choice(["", "+", "-"]) + str(rnd.choice(exponents))
+    return sign + text
+
+
+def number_lines(rnd: random.Random, count: int, odd: float) -> list[str]:
+    def value() -> str:
+        return rnd.choice(ODD) if rnd.random() < odd else plain_number(rnd)
+
+    lines = []
+    for _ in range(count):
+        parts = ["m:"]
+        if rnd.random() < 0.8:
+            parts.append(f"a={value()}{rnd.choice(['', '%', '%%'])}|")
+        if rnd.random() < 0.5:
+            parts.append(f"b={value()}")
+        if rnd.random() < 0.5:
+            parts.append(f"bb={value()}| c={value()}|")
+        if rnd.random() < 0.5:
+            parts.append(f"t={rnd.choice(['', ' ', 'x', '  y z ', chr(9) + 'w'])}| u={plain_number(rnd)}")
+        if rnd.random() < 0.3:
+            parts.append(f"c2={value()}")
+        if rnd.random() < 0.6:
+            keys = [f"{k}: {value()}{rnd.choice(['', '%', ' tok/s', '.'])}" for k in rnd.sample(["k1", "k2", "kk"], 2)]
+            parts.append(", ".join(["x: 1", *keys]))
+        if rnd.random() < 0.05:
+            parts.append("é")  # a line that is not plain ASCII: arrow reads it inside the pass
+        lines.append(" ".join(parts))
+    return lines
+
+
+@pytest.mark.parametrize("odd", [0.0, 0.002, 0.05, 0.5])
+def test_numbers_read_in_c_and_python_alike(odd: float) -> None:
+    # batches of plain numbers (every column read in C), one odd value among many (its column of that batch read
+    # by convert / to_float), and many odd ones
+    rnd = random.Random(int(odd * 1000))
+    for _ in range(6):
+        assert_same(NUMBERS, number_lines(rnd, 400, odd))
+
+
+def test_one_odd_number_sends_only_its_column_of_the_batch_to_python() -> None:
+    plain = [f"m: a={i}.5%| b={i}e-3 k1: {i}%, k2: 0.{i}" for i in range(1, 50)]
+    for value in ["inf", "nan", "1_0", "1e999", ""]:
+        for line in [f"m: a={value}| b=1", f"m: a=1| bb={value}| c=x|", f"m: x: 1, k1: {value}%, k2: {value}"]:
+            assert_same(NUMBERS, [*plain, line, *plain])
+
+
+def test_plain_numbers_are_correctly_rounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # halfway cases, long mantissas, exponents near the ends: the C reading (Clinger's exact cases, else strtod) is
+    # float()'s and arrow's, bit for bit; numbers that under- or overflow send their column to Python
+    rnd = random.Random(7)
+    texts = [plain_number(rnd, (0, 1, 5, 15, 16, 21, 22, 23, 24, 30, 100, 290, 300, 307, 308, 320, 330))
+             for _ in range(30000)]
+    texts += ["9007199254740993", "9007199254740992.5", "1e23", "8.98846567431158e307", "2.2250738585072014e-308",
+              "0.1", "-0", "-0.0e5", "+.5", "5.", "123456789012345e-22", "123456789012345e22", "1234567890123456e-5",
+              "0." + "0" * 30 + "1", "1" + "0" * 40, "17976931348623157e292", "0e999999999999999999", "000000.5",
+              "999999999999999e22", "1.00000000000000011102230246251565404236316680908203125",
+              "1.00000000000000011102230246251565404236316680908203124", "1" * 120]
+    normal = [t for t in texts if 2.2250738585072014e-308 <= abs(float(t)) < math.inf
+              or not any(c in "123456789" for c in t.lower().split("e")[0])]  # zero: 0, -0.0e5
+    assert len(texts) - len(normal) > 100  # under- and overflows among them
+    lines = [f"m: a={t}|" for t in normal]
+    with monkeypatch.context() as m:  # every number of these batches read in C
+        m.setattr(native, "convert", lambda *a: pytest.fail("a plain number was read in Python"))
+        got = native.extract(NUMBERS, pa.array(lines))
+    assert got is not None
+    for text, v in zip(normal, got["a"].to_pylist(), strict=True):
+        assert v is not None and same(v, float(text)), (text, v, float(text))
+    assert_same(NUMBERS, lines)
+    for k in range(0, len(texts), 1000):
+        assert_same(NUMBERS, [f"m: a={t}|" for t in texts[k:k + 1000]])
+
+
+def test_rows_are_read_in_place() -> None:
+    # the driver's call: the chunk's lines and the rows to read (not copied), against arrow over the rows taken
+    rnd = random.Random(3)
+    lines = [ln if i % 3 else "other line" for i, ln in enumerate(number_lines(rnd, 600, 0.01))]
+    arr = pa.array([ln + "\n" for ln in lines])
+    for rows in [np.arange(0, 600, 3) + 1, np.array([5, 1, 1, 599, 0]), np.flatnonzero(np.arange(600) % 3)]:
+        rows = rows.astype(np.int64)
+        want = NUMBERS.extract(arr.take(pa.array(rows)))
+        got = native.extract(NUMBERS, arr, rows)
+        assert got is not None and sorted(got) == sorted(want)
+        for name, w in want.items():
+            assert got[name].type == w.type, name
+            assert all(same(x, y) for x, y in zip(got[name].to_pylist(), w.to_pylist(), strict=True)), name
+    assert native.extract(NUMBERS, arr, np.array([0, 600])) is None  # a row past the lines: declined, nothing read
+    assert native.extract(NUMBERS, arr, np.array([-1])) is None
+    part = arr.slice(10, 20)  # an array that starts inside its buffers
+    got = native.extract(NUMBERS, part, np.array([19, 0, 7]))
+    want = NUMBERS.extract(part.take(pa.array([19, 0, 7])))
+    assert got is not None and all(got[c].equals(w) for c, w in want.items())

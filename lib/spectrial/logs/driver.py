@@ -168,14 +168,16 @@ class Plan:
             fmt = self.formats[f]
             assert isinstance(fmt, LineFormat)
             try:
-                sel = ch.lines.take(pa.array(rows))
                 colour = ch.ansi(rows)
-                if colour.any():
-                    sel = _strip_ansi_rows(sel, colour)
-                cols = native.extract(fmt, sel)  # the compiled line pass, where it can run
+                if colour.any():  # the lines without their colour codes, copied
+                    sel = _strip_ansi_rows(ch.lines.take(pa.array(rows)), colour)
+                    cols = native.extract(fmt, sel)  # the compiled line pass, where it can run
+                else:  # the compiled pass reads the rows in the chunk's own buffer
+                    sel = None
+                    cols = native.extract(fmt, ch.lines, rows)
                 if cols is None:
-                    cols = fmt.extract(sel)
-                out.append((f, rows, cols, fmt.required(cols, len(sel))))
+                    cols = fmt.extract(ch.lines.take(pa.array(rows)) if sel is None else sel)
+                out.append((f, rows, cols, fmt.required(cols, len(rows))))
             except Exception as e:  # a format's bug must not lose the rest of the log
                 out.append((f, rows, e, None))
         return out

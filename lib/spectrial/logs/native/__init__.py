@@ -10,6 +10,13 @@ where PCRE2 and RE2 read the patterns alike; every other line goes through the a
 (:mod:`spectrial.logs.driver`) asks this pass first and arrow where it declines, and the tables are the same
 either way (`tests/logs/test_logs_native.py` holds every registered format to it).
 
+The driver hands the pass its chunk's lines and the rows to read, which C reads in place (no copy of them). The
+captures of float columns are read in C too (``lp_floats``) where they are plain decimal numbers, on which Python's
+float() and arrow's cast agree (both correctly rounded, as C's reading is); a column of a batch holding anything
+else (inf, nan, ``1_000``, a space, a number that under- or overflows) is read as before, by
+:func:`~spectrial.logs.columns.convert` (or `to_float` for a key), for arrow's cast decides on the whole column.
+Text columns are trimmed (``lp_trim``) and coalesced as spans, and gathered once.
+
 Without a C compiler or libpcre2, or with ``SPECTRIAL_LOGS_NATIVE=0``, the parse reads with arrow alone;
 :func:`status` says which and why.
 """
@@ -29,9 +36,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spectrial.cache import cache_root, publish
-from spectrial.logs.columns import ARROW_TYPES, merge_captures, to_float
+from spectrial.logs.columns import ARROW_TYPES, convert, merge_captures, to_float
 
 LineFormat = Any  # spectrial.logs.formats.LineFormat (not imported: this pass stands below the formats)
 
@@ -70,7 +78,7 @@ def _build(folder: Path) -> None:
 def _usable(folder: Path) -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(str(folder / LIBRARY))
-        return lib if lib.lp_version() == 1 and lib.bp_version() == 1 else None
+        return lib if lib.lp_version() == 2 and lib.bp_version() == 1 else None
     except (OSError, AttributeError):
         return None
 
@@ -100,14 +108,18 @@ def _declare(lib: Any) -> None:
     lib.lp_compile.restype = p
     lib.lp_compile.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
     lib.lp_extract.restype = ctypes.c_int
-    lib.lp_extract.argtypes = [i64, p, p, ctypes.c_int, p, p, p, p, p, i32, p, ctypes.c_int, p, p, p, ctypes.c_int,
-                               p, p]
+    lib.lp_extract.argtypes = [i64, p, i64, p, p, ctypes.c_int, p, p, p, p, p, i32, p, ctypes.c_int, p, p, p,
+                               ctypes.c_int, p, p]
     lib.lp_gather.restype = None
     lib.lp_gather.argtypes = [i64, p, p, i64, p, p, p]
     lib.cp_lines.restype = i64
     lib.cp_lines.argtypes = [p, i64, p, i64, p, p, p, p]
     lib.cp_markers.restype = i64
     lib.cp_markers.argtypes = [p, p, i64, i64, p, p, i32, p, p]
+    lib.lp_floats.restype = None
+    lib.lp_floats.argtypes = [i64, ctypes.c_int, p, i64, p, p, p, i64, ctypes.c_int, p, p, p]
+    lib.lp_trim.restype = None
+    lib.lp_trim.argtypes = [i64, p, i64, i32, i32, p, i64, p, p]
 
 
 def library() -> Any:
@@ -140,6 +152,15 @@ class Compiled:
     keycol: np.ndarray
     key_columns: list[str]  # column per dense key-column index
     keep: list[Any]  # the buffers the pointers above point into
+    fgroups: np.ndarray  # the groups of float columns (not `X__pct`), read by lp_floats at once
+    fstart: np.ndarray  # their start and end within a line's spans (2 * group, 2 * group + 1)
+    fend: np.ndarray
+    findex: dict[int, int]  # group -> its row in lp_floats' answer
+    pct_of: dict[int, int]  # group of column X -> group of X__pct in the same pattern
+    kfloat: list[int]  # the float key columns (dense indexes)
+    kstart: np.ndarray  # their value's start and end without `%` within a line's kspans
+    kend: np.ndarray
+    texts: frozenset[str]  # text columns of the patterns alone, without `X__pct`: trimmed and coalesced as spans
 
 
 def compiled(fmt: LineFormat) -> Compiled | None:
@@ -180,6 +201,22 @@ def _compile(lib: Any, fmt: LineFormat) -> Compiled | None:
     key_list = list(fmt.keys)
     key_cols = [fmt.keys[k] for k in key_list]
     dense = list(dict.fromkeys(key_cols))
+    types = fmt.pattern_columns
+    fgroups: list[int] = []
+    pct_of: dict[int, int] = {}
+    g0 = 0
+    for _, names, _ in fmt._groups:  # type: ignore[attr-defined]
+        for j, name in enumerate(names):
+            if name.endswith("__pct"):
+                continue
+            if types[name] == "float":
+                fgroups.append(g0 + j)
+            if name + "__pct" in names:
+                pct_of[g0 + j] = g0 + names.index(name + "__pct")
+        g0 += len(names)
+    kfloat = [c for c, name in enumerate(dense) if fmt.types.get(name, "float") == "float"]
+    pcts = {n[:-5] for _, names, _ in fmt._groups for n in names if n.endswith("__pct")}  # type: ignore[attr-defined]
+    texts = frozenset(c for c, t in types.items() if t == "str" and c not in pcts and c not in dense)
     encoded = [k.encode() for k in key_list]
     keyoffs = np.zeros(len(encoded) + 1, np.int32)
     keyoffs[1:] = np.cumsum([len(k) for k in encoded]) if encoded else []
@@ -188,48 +225,126 @@ def _compile(lib: Any, fmt: LineFormat) -> Compiled | None:
         litlens=np.array(litlens or [0], np.int64), ngroups=np.array(ngroups or [0], np.int32),
         groups=np.array(groups or [0], np.int32), width=len(groups), keydata=b"".join(encoded) or b"\0",
         keyoffs=keyoffs, keycol=np.array([dense.index(c) for c in key_cols] or [0], np.int32),
-        key_columns=dense, keep=keep)
+        key_columns=dense, keep=keep, fgroups=np.array(fgroups, np.int32),
+        fstart=np.array([2 * g for g in fgroups] or [0], np.int32),
+        fend=np.array([2 * g + 1 for g in fgroups] or [0], np.int32),
+        findex={g: k for k, g in enumerate(fgroups)}, pct_of=pct_of, kfloat=kfloat,
+        kstart=np.array([3 * c for c in kfloat] or [0], np.int32),
+        kend=np.array([3 * c + 2 for c in kfloat] or [0], np.int32), texts=texts)
 
 
 def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data  # type: ignore[no-any-return]
 
 
-def extract(fmt: LineFormat, lines: pa.Array) -> dict[str, pa.Array] | None:
-    """`fmt.extract(lines)`, computed by the compiled pass (arrow for lines that are not plain ASCII); None
-    where the pass cannot read these lines (no library, a pattern PCRE2 refuses, not a plain string array)."""
+def extract(fmt: LineFormat, lines: pa.Array, rows: np.ndarray | None = None) -> dict[str, pa.Array] | None:
+    """`fmt.extract(lines)` (with `rows`: `fmt.extract(lines.take(rows))`, read in place, without the copy),
+    computed by the compiled pass (arrow for lines that are not plain ASCII); None where the pass cannot read these
+    lines (no library, a pattern PCRE2 refuses, not a plain string array, no lines)."""
     if lines.type != pa.string() or lines.null_count or not len(lines):
         return None
     comp = compiled(fmt)
     if comp is None:
         return None
     lib = library()
-    n = len(lines)
+    nlines = len(lines)
+    if rows is not None:
+        rows = np.ascontiguousarray(rows, np.int64)
+        if not len(rows):
+            return None
+    n = nlines if rows is None else len(rows)
     _, obuf, dbuf = lines.buffers()
-    offs = np.frombuffer(obuf, np.int32, n + 1, lines.offset * 4)
+    offs = np.frombuffer(obuf, np.int32, nlines + 1, lines.offset * 4)
     data = np.frombuffer(dbuf, np.uint8) if dbuf is not None and dbuf.size else np.zeros(1, np.uint8)
     ncol = len(comp.key_columns)
     spans = np.empty((n, max(comp.width, 1), 2), np.int32)
     kspans = np.empty((n, max(ncol, 1), 3), np.int32)
     plain = np.empty(n, np.uint8)
     npat = len(fmt._groups)  # type: ignore[attr-defined]
-    rc = lib.lp_extract(n, _ptr(offs), _ptr(data), npat, ctypes.addressof(comp.codes), ctypes.addressof(comp.lits),
-                        _ptr(comp.litlens), _ptr(comp.ngroups), _ptr(comp.groups), comp.width, _ptr(spans),
-                        len(fmt.keys), comp.keydata, _ptr(comp.keyoffs), _ptr(comp.keycol), ncol, _ptr(kspans),
-                        _ptr(plain))
+    rc = lib.lp_extract(n, None if rows is None else _ptr(rows), nlines, _ptr(offs), _ptr(data), npat,
+                        ctypes.addressof(comp.codes), ctypes.addressof(comp.lits), _ptr(comp.litlens),
+                        _ptr(comp.ngroups), _ptr(comp.groups), comp.width, _ptr(spans), len(fmt.keys), comp.keydata,
+                        _ptr(comp.keyoffs), _ptr(comp.keycol), ncol, _ptr(kspans), _ptr(plain))
     if rc != 0:
         return None
-    out = _key_columns(fmt, comp, kspans, data, n) if fmt.keys else {}
+    out: dict[str, pa.Array | None] = {}  # in arrow's order of the columns; None: in `floats` or `texts`
+    floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # float columns as numpy (values, valid)
+    texts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # text columns as trimmed spans (start -1: null)
+    if fmt.keys:
+        _key_columns(fmt, comp, kspans, data, n, out, floats)
     types = fmt.pattern_columns
+    nf = len(comp.fgroups)
+    if nf:
+        vals, valid, odd = _numbers(spans, 2 * spans.shape[1], comp.fstart, comp.fend, data, nf, n, blank_odd=False)
     g0 = 0
     for _, names, _ in fmt._groups:  # type: ignore[attr-defined]
-        parts = {name: _strings(spans[:, g0 + j, 0], spans[:, g0 + j, 1], data) for j, name in enumerate(names)}
+        others: dict[str, pa.Array] = {}
+        for j, name in enumerate(names):
+            g = g0 + j
+            if name.endswith("__pct"):
+                continue
+            out.setdefault(name, None)
+            pg = comp.pct_of.get(g, -1)
+            k = comp.findex.get(g)
+            if name in comp.texts:  # trimmed, "" as null (before the trim), the first pattern's text kept
+                a, b = _trimmed(spans, g, data)
+                prev = texts.get(name)
+                texts[name] = (a, b) if prev is None else (np.where(prev[0] >= 0, prev[0], a),
+                                                           np.where(prev[0] >= 0, prev[1], b))
+                continue
+            if k is None:  # a bool or list column (or text with keys or %): arrow's conversion, as LineFormat.extract
+                others[name] = _strings(spans[:, g, 0], spans[:, g, 1], data)
+                if pg >= 0:
+                    others[name + "__pct"] = _strings(spans[:, pg, 0], spans[:, pg, 1], data)
+                continue
+            if odd[k]:  # a capture that is not a plain number: the column as convert() reads it
+                typed = convert(_strings(spans[:, g, 0], spans[:, g, 1], data), "float")
+                v = typed.to_numpy(zero_copy_only=False)
+                ok = pc.is_valid(typed).to_numpy(zero_copy_only=False)
+            else:
+                v, ok = vals[k], valid[k]
+            if pg >= 0:  # divided by 100 where X__pct captured something
+                v = np.where(spans[:, pg, 1] > spans[:, pg, 0], v / 100.0, v)
+            prev = floats.get(name)
+            floats[name] = (v, ok) if prev is None else (np.where(prev[1], prev[0], v), prev[1] | ok)
         g0 += len(names)
-        merge_captures(out, parts, types)
-    odd = np.flatnonzero(plain == 0)
-    if len(odd):
-        out = _merge(out, fmt.extract(lines.take(pa.array(odd))), odd, n, types)
-    return out
+        if others:
+            merge_captures(out, others, types)  # type: ignore[arg-type]
+    cols = {name: a if a is not None else _float_array(*floats[name]) if name in floats else
+            _strings(*texts[name], data) for name, a in out.items()}
+    odd_rows = np.flatnonzero(plain == 0)
+    if len(odd_rows):
+        take = odd_rows if rows is None else rows[odd_rows]
+        cols = _merge(cols, fmt.extract(lines.take(pa.array(take))), odd_rows, n, types)
+    return cols
+
+
+def _numbers(spans: np.ndarray, rowstride: int, start: np.ndarray, end: np.ndarray, data: np.ndarray, ncols: int,
+             n: int, *, blank_odd: bool) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """lp_floats: per column (values, valid as bool) of its plain numbers, and its count of other spans."""
+    vals = np.empty((ncols, n), np.float64)
+    valid = np.empty((ncols, n), np.uint8)
+    odd = np.empty(ncols, np.int64)
+    library().lp_floats(n, ncols, _ptr(spans), rowstride, _ptr(start), _ptr(end), _ptr(data), len(data),
+                        int(blank_odd), _ptr(vals), _ptr(valid), _ptr(odd))
+    return vals, valid.view(bool), odd.tolist()
+
+
+def _trimmed(spans: np.ndarray, g: int, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group `g`'s captures as `convert(.., "str")` reads them, as spans: start -1 where none or empty."""
+    n = len(spans)
+    a = np.empty(n, np.int32)
+    b = np.empty(n, np.int32)
+    library().lp_trim(n, _ptr(spans), 2 * spans.shape[1], 2 * g, 2 * g + 1, _ptr(data), len(data), _ptr(a), _ptr(b))
+    return a, b
+
+
+def _float_array(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """A float64 arrow array over `values` (contiguous), null where not `valid`."""
+    n = len(values)
+    nulls = n - int(np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(pa.float64(), n, [bitmap, pa.py_buffer(np.ascontiguousarray(values))], nulls)
 
 
 def _strings(starts: np.ndarray, ends: np.ndarray, data: np.ndarray) -> pa.Array:
@@ -247,30 +362,38 @@ def _strings(starts: np.ndarray, ends: np.ndarray, data: np.ndarray) -> pa.Array
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(buf), bitmap, nulls)
 
 
-def _key_columns(fmt: LineFormat, comp: Compiled, kspans: np.ndarray, data: np.ndarray, n: int
-                 ) -> dict[str, pa.Array]:
-    """The `key: value` columns, as LineFormat's arrow reading makes them (only those found on some line)."""
-    out: dict[str, pa.Array] = {}
+def _key_columns(fmt: LineFormat, comp: Compiled, kspans: np.ndarray, data: np.ndarray, n: int,
+                 out: dict[str, pa.Array | None], floats: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """The `key: value` columns, as LineFormat's arrow reading makes them (only those found on some line), into
+    `out` (text and bool columns) and `floats` (float columns as numpy values and valid, NaN as null)."""
+    nf = len(comp.kfloat)
+    if nf:
+        vals, valid, odd = _numbers(kspans, 3 * len(comp.key_columns), comp.kstart, comp.kend, data, nf, n,
+                                    blank_odd=True)
     for c, name in enumerate(comp.key_columns):
         start = kspans[:, c, 0]
-        rows = np.flatnonzero(start >= 0)
-        if not len(rows):
+        found = start >= 0
+        if not found.any():
             continue
         typ = fmt.types.get(name, "float")
         if typ == "float":
-            bare = _strings(start[rows], kspans[rows, c, 2], data)
-            f = to_float(bare)
+            k = comp.kfloat.index(c)
+            if odd[k]:  # a value that is not a plain number: to_float, as LineFormat.extract reads the column
+                rows = np.flatnonzero(found)
+                full = np.full(n, np.nan)
+                full[rows] = to_float(_strings(start[rows], kspans[rows, c, 2], data))
+            else:
+                full = vals[k]
             if name in fmt.percent:
-                f = np.where(kspans[rows, c, 2] < kspans[rows, c, 1], f / 100.0, f)
-            full = np.full(n, np.nan)
-            full[rows] = f
-            out[name] = pa.array(full, from_pandas=True)
+                full = np.where(found & (kspans[:, c, 2] < kspans[:, c, 1]), full / 100.0, full)
+            out[name] = None
+            floats[name] = (full, ~np.isnan(full))
         else:
+            rows = np.flatnonzero(found)
             token = _strings(start[rows], kspans[rows, c, 1], data).to_numpy(zero_copy_only=False)
             full_o = np.full(n, None, object)
             full_o[rows] = (token == "True").tolist() if typ == "bool" else token
             out[name] = pa.array(full_o, type=pa.bool_() if typ == "bool" else pa.string())
-    return out
 
 
 def _merge(out: dict[str, pa.Array], odd_cols: dict[str, pa.Array], odd: np.ndarray, n: int,

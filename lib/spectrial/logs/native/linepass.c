@@ -7,6 +7,9 @@
  * Any other line is marked and left to pyarrow. No PCRE2 header is needed: the few functions used are
  * declared here (PCRE2 10.x's stable ABI). */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <locale.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,7 +33,7 @@ extern int pcre2_get_error_message_8(int, uint8_t *, size_t);
 #define PCRE2_ERROR_NOMATCH (-1)
 #define PCRE2_UNSET (~(size_t)0)
 
-int lp_version(void) { return 1; }
+int lp_version(void) { return 2; }
 
 /* A compiled pattern, or NULL with the reason in err. $ matches only at the end (as in RE2). */
 void *lp_compile(const uint8_t *pattern, size_t len, char *err, size_t errlen) {
@@ -74,11 +77,20 @@ static int space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n'; }
  *     the line. Items are split at ", " and each at ": " (left to right, as arrow's split_pattern): the key is
  *     the text between the item's last two ": " (or its start), trimmed; a key not among `keys` takes the first
  *     key it ends with; the first item of a column wins.
+ * Line i is line rows[i] of the array (rows NULL: line i); every row must lie in 0..nlines-1, else nothing is
+ * read and -2 is returned.
  * A line on which PCRE2 fails other than by not matching is marked not plain. Returns 0. */
-int lp_extract(int64_t n, const int32_t *offs, const uint8_t *data, int npat, void **codes, const uint8_t **lits,
-               const int64_t *litlens, const int32_t *ngroups, const int32_t *groups, int32_t G, int32_t *spans,
-               int nkeys, const uint8_t *keydata, const int32_t *keyoffs, const int32_t *keycol, int ncol,
-               int32_t *kspans, uint8_t *plain_out) {
+int lp_extract(int64_t n, const int64_t *rows, int64_t nlines, const int32_t *offs, const uint8_t *data, int npat,
+               void **codes, const uint8_t **lits, const int64_t *litlens, const int32_t *ngroups,
+               const int32_t *groups, int32_t G, int32_t *spans, int nkeys, const uint8_t *keydata,
+               const int32_t *keyoffs, const int32_t *keycol, int ncol, int32_t *kspans, uint8_t *plain_out) {
+    if (rows != NULL) {
+        for (int64_t i = 0; i < n; i++) {
+            if (rows[i] < 0 || rows[i] >= nlines) return -2;
+        }
+    } else if (n > nlines) {
+        return -2;
+    }
     pcre2_match_data **md = NULL;
     if (npat > 0) {
         md = (pcre2_match_data **)calloc((size_t)npat, sizeof(*md));
@@ -93,7 +105,8 @@ int lp_extract(int64_t n, const int32_t *offs, const uint8_t *data, int npat, vo
         }
     }
     for (int64_t i = 0; i < n; i++) {
-        int32_t base = offs[i], len = offs[i + 1] - offs[i];
+        int64_t r = rows != NULL ? rows[i] : i;
+        int32_t base = offs[r], len = offs[r + 1] - offs[r];
         const uint8_t *s = data + base;
         int32_t *sp = spans + i * (int64_t)G * 2;
         int32_t *kp = kspans + i * (int64_t)ncol * 3;
@@ -188,5 +201,134 @@ void lp_gather(int64_t n, const int32_t *starts, const int32_t *ends, int64_t st
         int32_t a = starts[i * stride];
         if (a < 0) continue;
         memcpy(out + offsets[i], data + a, (size_t)(ends[i * stride] - a));
+    }
+}
+
+
+/* A span of text as Python's float() and arrow's cast (string -> float64) both read it, where it is a plain decimal
+ * number: [-+]?(digits[.digits*]|.digits)([eE][-+]?digits)? and nothing else (no space, `_`, inf, nan, hex).
+ * Returns 1 with *v set; 0 where the text is anything else, or its value is not finite or under/overflows (the
+ * caller reads such a column in Python, as before). Up to 15 digits and a power of ten within 1e+-22: the
+ * digits' integer times or over that power, both exact doubles, in one correctly rounded operation (Clinger);
+ * else glibc's strtod in the C locale (correctly rounded, as float() and arrow's cast are). */
+static int lp_number(const uint8_t *s, int32_t len, locale_t cloc, double *v) {
+    static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                   1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    int32_t i = 0;
+    int neg = 0;
+    if (i < len && (s[i] == '+' || s[i] == '-')) {
+        neg = s[i] == '-';
+        i++;
+    }
+    uint64_t m = 0;
+    int32_t digits = 0, nfrac = 0;
+    while (i < len && s[i] >= '0' && s[i] <= '9') {
+        if (digits < 18) m = m * 10 + (uint64_t)(s[i] - '0');
+        digits++;
+        i++;
+    }
+    if (i < len && s[i] == '.') {
+        i++;
+        while (i < len && s[i] >= '0' && s[i] <= '9') {
+            if (digits < 18) m = m * 10 + (uint64_t)(s[i] - '0');
+            digits++;
+            nfrac++;
+            i++;
+        }
+    }
+    if (digits == 0) return 0;
+    int64_t ex = 0;
+    if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        int eneg = 0;
+        if (i < len && (s[i] == '+' || s[i] == '-')) {
+            eneg = s[i] == '-';
+            i++;
+        }
+        int32_t e0 = i;
+        while (i < len && s[i] >= '0' && s[i] <= '9') {
+            if (ex < 100000) ex = ex * 10 + (s[i] - '0');
+            i++;
+        }
+        if (i == e0) return 0;
+        if (eneg) ex = -ex;
+    }
+    if (i != len) return 0;
+    int64_t e = ex - nfrac;
+    if (digits <= 15 && e >= -22 && e <= 22) {
+        double x = (double)m; /* m < 1e15 < 2^53: exact */
+        x = e >= 0 ? x * POW10[e] : x / POW10[-e];
+        *v = neg ? -x : x;
+        return 1;
+    }
+    char buf[128];
+    if (cloc == (locale_t)0 || len >= (int32_t)sizeof(buf)) return 0;
+    memcpy(buf, s, (size_t)len);
+    buf[len] = 0;
+    char *end = NULL;
+    errno = 0;
+    double x = strtod_l(buf, &end, cloc);
+    if (end != buf + len || errno == ERANGE || !isfinite(x)) return 0;
+    *v = x;
+    return 1;
+}
+
+/* The numbers of ncols columns of spans: row i, column c reads data[spans[i*rowstride + startcol[c]] ..
+ * spans[i*rowstride + endcol[c]]) (start -1: no value). out[c*n + i] gets its value (NaN where none) and
+ * valid[c*n + i] 1 where it is a number; an empty span is no value, or with blank_odd an odd one; odd[c] counts
+ * the spans of column c that are not plain numbers (lp_number; a span outside 0..datalen too): where it is not 0
+ * the caller reads that column its own way and the column's out / valid are not all set. */
+void lp_floats(int64_t n, int ncols, const int32_t *spans, int64_t rowstride, const int32_t *startcol,
+               const int32_t *endcol, const uint8_t *data, int64_t datalen, int blank_odd, double *out,
+               uint8_t *valid, int64_t *odd) {
+    locale_t cloc = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    for (int c = 0; c < ncols; c++) odd[c] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t *row = spans + i * rowstride;
+        for (int c = 0; c < ncols; c++) {
+            int64_t at = (int64_t)c * n + i;
+            out[at] = NAN;
+            valid[at] = 0;
+            if (odd[c]) continue;
+            int32_t a = row[startcol[c]], b = row[endcol[c]];
+            if (a < 0) continue;
+            if (b < a || b > datalen) {
+                odd[c]++;
+                continue;
+            }
+            if (a == b) {
+                if (blank_odd) odd[c]++;
+                continue;
+            }
+            double x;
+            if (lp_number(data + a, b - a, cloc, &x)) {
+                out[at] = x;
+                valid[at] = 1;
+            } else {
+                odd[c]++;
+            }
+        }
+    }
+    if (cloc != (locale_t)0) freelocale(cloc);
+}
+
+/* Column c of spans (row i: data[spans[i*rowstride + startcol] .. spans[i*rowstride + endcol])) as arrow's text
+ * conversion of a capture reads it: no value (outs[i] = -1) where there is no span or it is empty, else the span
+ * without the white space that utf8_trim_whitespace trims off ASCII text (\t-\r, \x1c-\x1f, space) at either end
+ * (it may become empty: "" then). A span outside 0..datalen is no value. */
+void lp_trim(int64_t n, const int32_t *spans, int64_t rowstride, int32_t startcol, int32_t endcol,
+             const uint8_t *data, int64_t datalen, int32_t *outs, int32_t *oute) {
+    for (int64_t i = 0; i < n; i++) {
+        int32_t a = spans[i * rowstride + startcol], b = spans[i * rowstride + endcol];
+        if (a < 0 || b <= a || b > datalen) {
+            outs[i] = -1;
+            oute[i] = -1;
+            continue;
+        }
+        while (a < b && ((data[a] >= '\t' && data[a] <= '\r') || (data[a] >= 0x1c && data[a] <= 0x20))) a++;
+        while (b > a && ((data[b - 1] >= '\t' && data[b - 1] <= '\r') || (data[b - 1] >= 0x1c && data[b - 1] <= 0x20)))
+            b--;
+        outs[i] = a;
+        oute[i] = b;
     }
 }

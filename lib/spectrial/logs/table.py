@@ -92,7 +92,8 @@ def frame(plan: Plan, i: int) -> Frame | None:
     if len(batches) > 1:  # batches of the Python function and of the vectorised reader: in line order
         order = np.argsort(lines, kind="stable")
         if (np.diff(order) != 1).any():
-            lines, engine, kind = lines[order], engine[order], kind[order]
+            lines = lines[order]
+            engine, kind = (v if isinstance(v, str) else v[order] for v in (engine, kind))
             cols = {c: v.take(pa.array(order)) if isinstance(v, pa.ChunkedArray) else v[order] for c, v in cols.items()}
     return Frame(lines, engine, kind, cols)
 
@@ -125,14 +126,15 @@ def _text(pieces: list[np.ndarray | pa.Array | pa.ChunkedArray | None], sizes: l
     return pa.chunked_array(chunks, pa.string())
 
 
-def _or(parts: list[np.ndarray | pa.Array | None], batches: list[Batch], default: str) -> np.ndarray:
-    """Per-record engine/kind where a record set one, else `default`."""
-    n = sum(len(b.lines) for b in batches)
+def _or(parts: list[np.ndarray | pa.Array | None], batches: list[Batch], default: str) -> np.ndarray | str:
+    """Per-record engine/kind where a record set one, else `default` (for every record: `default` itself)."""
     if all(p is None for p in parts):
-        return const(n, default)
+        return default
     arr = np.concatenate([_objects(p) if p is not None else const(len(b.lines), None) for p, b in zip(parts, batches,
                                                                                                       strict=True)])
     arr[pd.isna(arr)] = default
+    if len(arr) and isinstance(arr[0], str) and (arr == arr[0]).all():
+        return str(arr[0])  # one for all (the kind tables need not split the rows)
     return arr
 
 

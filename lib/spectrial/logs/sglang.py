@@ -489,7 +489,8 @@ def bench_one_batch_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
 registry.add(BlockFormat(
     "sglang", "bench_one_batch", ("last generation throughput", "acc_length"), bench_one_batch,
     {"gen_throughput": "float", "accept_len": "float"}, key_metrics=("gen_throughput", "accept_len"),
-    vector=bench_one_batch_vector,
+    # the C reader (native/bench_one_batch.c): the columns in _ONE's order
+    vector=compiled.reader(compiled.Spec("bench_one_batch", tuple(_ONE)), bench_one_batch_vector),
 ))
 
 _MT = {
@@ -543,5 +544,7 @@ def bench_mtbench_vector(chunk: Chunk, at: np.ndarray) -> Blocks:
 registry.add(BlockFormat(
     "sglang", "bench_mtbench", ("#questions:",), bench_mtbench,
     {"label": "str", "questions": "float", "gen_throughput": "float", "accept_len": "float"},
-    key_metrics=("gen_throughput", "accept_len"), lookback=2, vector=bench_mtbench_vector,
+    key_metrics=("gen_throughput", "accept_len"), lookback=2,
+    # the C reader (native/bench_mtbench.c): the float columns in _MT's order, then `label`
+    vector=compiled.reader(compiled.Spec("bench_mtbench", tuple(_MT), ("label",)), bench_mtbench_vector),
 ))

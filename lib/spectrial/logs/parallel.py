@@ -231,6 +231,12 @@ def _straddles(seg: Segment, at: int) -> bool:
     return bool(((starts < at) & (ends > at)).any())
 
 
+def _suffix(keep: np.ndarray) -> int | None:
+    """Where the kept rows begin, if they are the rows from there on (else None)."""
+    at = int(np.argmax(keep))
+    return at if keep[at:].all() else None
+
+
 def join(plan: Plan, seg: Segment, line0: int, drop: int) -> None:
     """Add the segment's records to `plan`, its lines shifted by `line0`, without those on its first `drop`
     lines (read by the segment before; no block of this segment runs across line `drop`).
@@ -250,9 +256,13 @@ def join(plan: Plan, seg: Segment, line0: int, drop: int) -> None:
                     dropped_rows += int((~keep).sum())
                     if not keep.any():
                         continue
-                    mask = pa.array(keep)
-                    lines, cols = lines[keep], {c: v.filter(mask) if isinstance(v, pa.Array) else v[keep]
-                                                for c, v in cols.items()}
+                    at = _suffix(keep)
+                    if at is not None:  # the rows in line order: the kept ones are a slice (no copy)
+                        lines, cols = lines[at:], {c: v[at:] for c, v in cols.items()}
+                    else:
+                        mask = pa.array(keep)
+                        lines, cols = lines[keep], {c: v.filter(mask) if isinstance(v, pa.Array) else v[keep]
+                                                    for c, v in cols.items()}
             mine.append(numpy_part(fmt, (lines + line0, cols)))
         if not mine:
             continue
@@ -286,7 +296,8 @@ def join(plan: Plan, seg: Segment, line0: int, drop: int) -> None:
                 if not keep.any():
                     continue
                 if not keep.all():
-                    b = b.take(keep)
+                    at = _suffix(keep)
+                    b = b.take(keep) if at is None else Batch(b.lines[at:], {c: v[at:] for c, v in b.columns.items()})
             plan.block_parts[f].append(Batch(b.lines + line0, b.columns))
     for line, where, msg in seg.errors:
         if line > drop and len(plan.errors) < MAX_ERRORS:

@@ -5,6 +5,8 @@ with ``...`` keeps what precedes the damage)."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import copy
 import itertools
 import re
 import sys
@@ -41,14 +43,34 @@ def _scan_value(text: str, i: int) -> tuple[str, int, bool]:
     return text[i:j], j, False
 
 
+_LITERALS: dict[str, Any] = {}  # text -> value: dumps repeat the same lists and dicts (copied out: they are mutable)
+
+
 def _literal(value: str) -> Any:
     v = value.strip()
-    if len(v) <= 20000:
-        try:
-            return ast.literal_eval(v)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            pass
-    return v
+    got = _LITERALS.get(v, _LITERALS)
+    if got is _LITERALS:
+        got = v
+        if len(v) <= 20000:
+            with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                got = ast.literal_eval(v)
+        if len(v) <= 2000:
+            if len(_LITERALS) > 1024:
+                _LITERALS.clear()
+            _LITERALS[v] = got
+    return got if isinstance(got, (str, int, float, complex, bytes, bool, type(None))) else copy.deepcopy(got)
+
+
+def values(texts: list[str], bracketed: list[bool]) -> list[PyValue]:
+    """The values of a dump's items as parse_kwargs reads them: a bracketed or escaped one with _literal, a simple
+    one with _simple_value (its text without trailing whitespace)."""
+    out = list(map(_VALUES.get, texts, itertools.repeat(_MISSING)))
+    for j, odd in enumerate(bracketed):
+        if odd:
+            out[j] = _literal(texts[j])
+        elif out[j] is _MISSING:
+            out[j] = _simple_value(texts[j])
+    return out
 
 
 # one `key=value`: a simple value (quoted without escapes, or no brackets) up to `,` / `)`, or the start of

@@ -39,11 +39,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spectrial.logs import pyrepr
 from spectrial.logs.chunks import Chunk, Window
 from spectrial.logs.columns import numbers, objects
 from spectrial.logs.formats import DECLINE, MORE, BlockFormat, BlockResult, Blocks, LineFormat, Record
 from spectrial.logs.native import blocks as compiled
-from spectrial.logs.pyrepr import _literal, _simple_value, parse_kwargs
+from spectrial.logs.pyrepr import parse_kwargs
 from spectrial.logs.registry import registry
 from spectrial.logs.text import NUM, TS_ISO, WS, named, num, re2
 from spectrial.logs.vector import (
@@ -234,24 +235,30 @@ def server_args_compiled(chunk: Chunk, at: np.ndarray) -> Blocks:
     bracketed = (got.columns["value"] == "bracketed").tolist() if len(block) else []
     starts = np.searchsorted(block, np.arange(len(at) + 1)).tolist()
     recs, dicts = [], []
+    status = np.asarray(got.status, np.int64).copy()
+    lines, claimed = at.tolist(), -1
     for b in np.unique(block).tolist():
+        if lines[b] < claimed:  # inside the dump before (its continuation lines hold markers): the driver skips it,
+            status[b] = DECLINE  # so it is not read here (and never answered wrong)
+            continue
         i0, i1 = starts[b], starts[b + 1]
         first = chunk.line(int(at[b])) or ""
         head = first.find("ServerArgs(")
         parts = [first[head + len("ServerArgs("):] if head >= 0 else first.strip()]
         parts += [chunk.line(int(at[b]) + k) or "" for k in range(1, int(used[b]))]
         text = "".join(parts)
-        args = dict(zip([sys.intern(text[a:c]) for a, c in zip(spans[0][i0:i1], spans[1][i0:i1], strict=True)],
-                        [(_literal if odd else _simple_value)(text[a:c])
-                         for a, c, odd in zip(spans[2][i0:i1], spans[3][i0:i1], bracketed[i0:i1], strict=True)],
-                        strict=True))
+        keys = map(sys.intern, [text[a:c] for a, c in zip(spans[0][i0:i1], spans[1][i0:i1], strict=True)])
+        texts = [text[a:c] for a, c in zip(spans[2][i0:i1], spans[3][i0:i1], strict=True)]
+        args = dict(zip(keys, pyrepr.values(texts, bracketed[i0:i1]), strict=True))
         if len(args) < (1 if head >= 0 else 3):
             used[b] = 0
             continue
         recs.append(b)
         dicts.append(args)
+        if status[b] == 0:
+            claimed = lines[b] + int(used[b])
     return Blocks(used, got.examined, np.array(recs, np.int64), np.zeros(len(recs), np.int64),
-                  {"args": objects(dicts)}, got.status)
+                  {"args": objects(dicts)}, status)
 
 
 server_args_compiled.arrow = _args_declined  # type: ignore[attr-defined]  # (no arrow reader: the function reads)

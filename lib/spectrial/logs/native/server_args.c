@@ -86,8 +86,9 @@ static int bare(uint8_t c) {
 static int items(const uint8_t *t, int32_t len, int64_t b, bp_out *out) {
     int32_t pos = 0;
     for (;;) {
-        if (pos + 1 < len && t[pos] == ',' && t[pos + 1] == ' ') pos += 2;
-        if (pos >= len || (pos + 1 == len && t[pos] == ',')) return 0; /* the dump ends unclosed: what was read stands */
+        if (pos < len && t[pos] == ',') pos += (pos + 1 < len && t[pos + 1] == ' ') ? 2 : 1; /* `, ` or `,`: a
+            search from the comma finds a key right after it (one further off is left to Python) */
+        if (pos >= len) return 0; /* the dump ends unclosed: what was read stands */
         int32_t k0 = pos;
         if (!((t[pos] >= 'A' && t[pos] <= 'Z') || (t[pos] >= 'a' && t[pos] <= 'z') || t[pos] == '_')) return -1;
         while (pos < len && word(t[pos])) pos++;
@@ -134,7 +135,6 @@ static int items(const uint8_t *t, int32_t len, int64_t b, bp_out *out) {
             continue;
         }
         if (next < len && t[next] == ')') return 0; /* closed */
-        if (next + 1 < len && t[next + 1] != ' ') return -1; /* `,` without a space after it */
         pos = next;
     }
 }

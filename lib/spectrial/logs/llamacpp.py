@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import re
 from collections import namedtuple
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -136,11 +137,15 @@ class _Merger:
                 self.hdr_origin = "print_timing"
             return
         key, hdr_ts = self.key(r)
-        ts = r.timestamp if not _nan(r.timestamp) else hdr_ts
+        self.event(r, key, r.timestamp if not _nan(r.timestamp) else hdr_ts, key is not None and _nan(r.slot))
+
+    def event(self, r: Any, key: Key, ts: Any, from_header: bool) -> None:
+        """A line with a timing, draft or progress value, of record `key` (from the line or the prefix line
+        above it, `from_header`), at timestamp `ts` (the line's, else the prefix line's)."""
         base = {"line": r.line, "timestamp": ts, "_last": r.line,
                 "slot": key[0] if key else math.nan, "task": (key[1] if key and key[1] is not None else math.nan)}
         if r.req:
-            self._request(r, key, base, self.origin(r, key is not None and _nan(r.slot)))
+            self._request(r, key, base, self.origin(r, from_header))
         if r.draft:
             self._draft(r, key, base)
         if not _nan(r.pg_n):
@@ -195,12 +200,141 @@ class _Merger:
                 rec[col] = r.nd_val  # `accept = 32.143%` arrives as 0.32143
                 rec["_last"] = r.line
 
+    def prefixed(self, hdr: np.ndarray, lines: np.ndarray, slots: list[Any], tasks: list[Any], stamps: list[Any],
+                 ) -> tuple[np.ndarray, list[Key], list[Any]]:
+        """`key` for the lines without a slot, among the bare prefix lines (`hdr`), in line order: which take the
+        key of the prefix line above (each within _NEAR lines of it or of the line before that took it: the lines
+        after one that is too far take none), and that key and the prefix line's timestamp, for each of those.
+        The header moves on as `row` moves it."""
+        starts = np.flatnonzero(hdr)
+        seg = np.cumsum(hdr)  # which prefix line is above: 0, the one carried from the part before
+        keys = [self.hdr_key, *(None if slots[i] is None else (slots[i], tasks[i]) for i in starts.tolist())]
+        stamps = [self.hdr_ts, *(stamps[i] for i in starts.tolist())]
+        before = np.concatenate(([self.hdr_line], lines[:-1]))
+        far = np.cumsum(~hdr & (lines - before > _NEAR))
+        take = ~hdr & (far == np.concatenate(([0], far[starts]))[seg]) & np.array([k is not None for k in keys])[seg]
+        at = np.flatnonzero(take)
+        if len(starts):
+            self.hdr_key, self.hdr_ts, self.hdr_origin = keys[-1], stamps[-1], "print_timing"
+            self.hdr_line = int(lines[starts[-1]])
+        if len(at) and seg[at[-1]] == seg[-1]:
+            self.hdr_line = int(lines[at[-1]])
+        return take, [keys[i] for i in seg[at].tolist()], [stamps[i] for i in seg[at].tolist()]
+
+    def fast(self, codes: list[int], lines: list[int], slots: list[Any], tasks: list[Any], stamps: list[Any],
+             its: dict[int, Any]) -> None:
+        """What `event` does with the rows of one part, by what they are (`codes`, see MergeRecords.feed): the
+        common lines (a request's timing lines, a draft or progress line of one kind) here, the rest through
+        `event`. A row's key is (slot, task), or where the slot is None, what `tasks` holds (the prefix line's
+        key, or None); its timestamp is the line's, else the prefix line's. `its` gives each code's values, in
+        row order."""
+        rows, req, draft, last_req = self.rows, self.req, self.draft, self.last_req
+        append, nan, near = rows.append, math.nan, _NEAR
+        pe, ev, tot, gr, da, mlpp = its[_PE], its[_EV], its[_TOT], its[_GR], its[_DA], its[_MLPP]
+        ndmax, ndcol, pg, generic = its[_NDMAX], its[_NDCOL], its[_PG], its[_GENERIC]
+        for code, line, slot, key, ts in zip(codes, lines, slots, tasks, stamps, strict=True):
+            if slot is not None:
+                key = (slot, key)
+            if code == _EV:  # `eval time`: into the open record of the key if near and without eval_ms, else new
+                ms, n, tps, origin = next(ev)
+                rec = req.get(key)
+                if rec is not None and (key is not None or line - rec["_last"] <= near) and (
+                        (v := rec.get("eval_ms")) is None or v != v):
+                    rec.setdefault("origin", origin)
+                else:
+                    if rec is not None:  # emit
+                        del req[key]
+                        if (((v := rec.get("prompt_ms")) is not None and v == v) or
+                                ((v := rec.get("eval_ms")) is not None and v == v) or
+                                ((v := rec.get("total_ms")) is not None and v == v)):
+                            append(rec)
+                            last_req[key] = rec
+                    rec = req[key] = {
+                        "line": line, "timestamp": ts, "_last": line, "slot": nan if key is None else key[0],
+                        "task": nan if key is None or key[1] is None else key[1], "kind": "request_timing",
+                        "origin": origin}
+                rec["eval_ms"], rec["eval_tokens"], rec["gen_throughput"], rec["_last"] = ms, n, tps, line
+            elif code == _PE:  # `prompt eval time`: a new record
+                ms, n, tps, origin = next(pe)
+                rec = req.pop(key, None)
+                if rec is not None and (((v := rec.get("prompt_ms")) is not None and v == v) or
+                                        ((v := rec.get("eval_ms")) is not None and v == v) or
+                                        ((v := rec.get("total_ms")) is not None and v == v)):
+                    append(rec)
+                    last_req[key] = rec
+                req[key] = {"line": line, "timestamp": ts, "_last": line, "slot": nan if key is None else key[0],
+                            "task": nan if key is None or key[1] is None else key[1], "kind": "request_timing",
+                            "prompt_ms": ms, "prompt_tokens": n, "prompt_throughput": tps, "origin": origin}
+            elif code in (_NDCOL, _MLPP, _DA, _NDMAX):
+                # draft lines: a new record (draft acceptance, n_draft), or into the open one of the key where it
+                # is near and has none of the line's columns yet
+                if code == _NDCOL:
+                    col, value = next(ndcol)
+                    rec = draft.get(key)
+                    fresh = rec is None or (key is None and line - rec["_last"] > near) or (
+                        (v := rec.get(col)) is not None and v == v)
+                elif code == _MLPP:
+                    ml, pp = next(mlpp)
+                    has_pp = not (pp is None or pp != pp)
+                    rec = draft.get(key)
+                    fresh = rec is None or (key is None and line - rec["_last"] > near) or (
+                        ml is not None and (v := rec.get("accept_len")) is not None and v == v) or (
+                        has_pp and (v := rec.get("per_position")) is not None and v == v)
+                else:
+                    fresh = True
+                if fresh:
+                    old = draft.pop(key, None)
+                    if old is not None and (((v := old.get("accept_rate")) is not None and v == v) or
+                                            ((v := old.get("accepted")) is not None and v == v) or
+                                            ((v := old.get("drafted")) is not None and v == v) or
+                                            ((v := old.get("accept_len")) is not None and v == v)):
+                        append(old)  # emit: a record with one of _DRAFT_WANTED
+                    rec = draft[key] = {
+                        "line": line, "timestamp": ts, "_last": line, "slot": nan if key is None else key[0],
+                        "task": nan if key is None or key[1] is None else key[1], "kind": "draft_acceptance"}
+                if code == _NDCOL:
+                    rec[col] = value
+                    rec["_last"] = line
+                elif code == _DA:
+                    rec["accept_rate"], rec["accepted"], rec["drafted"], rec["accept_len"] = next(da)
+                elif code == _NDMAX:
+                    rec["draft_max"] = next(ndmax)
+                else:
+                    if ml is not None:
+                        rec["accept_len"] = ml
+                    if has_pp:
+                        rec["per_position"] = list(pp)
+                    rec["_last"] = line
+            elif code == _TOT:  # `total time`: closes the open record of the key if near and without a total
+                ms = next(tot)
+                rec = req.get(key)
+                if rec is not None and (key is not None or line - rec["_last"] <= near) and (
+                        (v := rec.get("total_ms")) is None or v != v):
+                    rec["total_ms"] = ms
+                    rec["_last"] = line
+                    del req[key]
+                    if (ms is not None or ((v := rec.get("prompt_ms")) is not None and v == v) or
+                            ((v := rec.get("eval_ms")) is not None and v == v)):
+                        append(rec)
+                        last_req[key] = rec
+            elif code == _GR:  # `graphs reused`: into the last request of the key, if near
+                value = next(gr)
+                last = last_req.get(key)
+                if last is not None and line - last["_last"] <= near:
+                    last["graphs_reused"] = value
+            elif code == _PG:
+                n, tg, tg3 = next(pg)
+                append({"line": line, "timestamp": ts, "_last": line, "slot": nan if key is None else key[0],
+                        "task": nan if key is None or key[1] is None else key[1], "kind": "gen_progress",
+                        "n_decoded": n, "gen_throughput": tg, "gen_throughput_3s": tg3})
+            else:  # _GENERIC
+                r, fh = next(generic)
+                self.event(r, key, ts, fh)
+
     def finish(self) -> pd.DataFrame:
         for store in (self.req, self.draft):
             for key in list(store):
                 self.emit(store, key)
-        for rec in self.rows:
-            rec.pop("_last", None)
         cols = ["line", "timestamp", "kind", *REQUEST_COLUMNS, *DRAFT_COLUMNS, *PROGRESS_COLUMNS]
         return pd.DataFrame(self.rows, columns=cols)
 
@@ -209,6 +343,43 @@ _FIELDS = ("line", "timestamp", "slot", "task", "origin", "t_name", "t_ms", "t_n
            "io_s", "io_tps", "da_rate", "da_acc", "da_gen", "da_len", "ml_len", "pp", "nd_key", "nd_val", "pg_n",
            "pg_tg", "pg_tg3", "graphs_reused", "hdr", "event", "req", "draft")
 _Row = namedtuple("_Row", _FIELDS)  # type: ignore[misc]  # noqa: PYI024
+_TEXT = ("timestamp", "origin", "t_name", "io_name", "pp", "nd_key", "hdr")  # object columns; the rest float64
+# What the fast merge does with a row (_Merger.fast); GENERIC rows go through _Merger.row
+(_HDR, _NOOP, _PE, _EV, _TOT, _GR, _DA, _MLPP, _NDMAX, _NDCOL, _PG, _GENERIC) = range(12)  # > _NOOP: records
+_ND_COL = {"n_drafted": "drafted", "n_accept": "accepted", "accept": "accept_rate"}
+_NAMES = {"prompt eval": _PE, "encoded": _PE, "eval": _EV, "generation eval": _EV, "decoded": _EV, "generated": _EV,
+          "total": _TOT}  # what _request does with a line of this name (others: nothing)
+_ND_CODES = {"n_draft": _NDMAX, "n_predict": _NOOP, "n_drafted": _NDCOL, "n_accept": _NDCOL, "accept": _NDCOL}
+
+
+def _category(v: np.ndarray, table: dict[str, int], other: int) -> tuple[np.ndarray, np.ndarray]:
+    """Code of each value of a text column by `table` (`other` where not in it), and where it is not None/NaN."""
+    at, uniques = pd.factorize(v)
+    lut = np.array([table.get(u, other) for u in uniques.tolist()] + [-1], dtype=np.int8)
+    return lut[at], at >= 0
+
+
+def _listed(v: np.ndarray) -> list[Any]:
+    """Values as the merger reads them: NaN of a float column as None."""
+    if v.dtype != np.float64:
+        return v.tolist()
+    nan = np.isnan(v)
+    if not nan.any():
+        return v.tolist()
+    if nan.all():
+        return [None] * len(v)
+    out = v.tolist()
+    for i in np.flatnonzero(nan).tolist():
+        out[i] = None
+    return out
+
+
+def _plain(df: pd.DataFrame) -> bool:
+    """Whether the columns are of the types the parser gives (line integers, text as objects, the rest float64):
+    the fast merge reads only such; other frames take the row-by-row way."""
+    if df["line"].dtype.kind not in "iu":
+        return False
+    return all(c not in df or df[c].dtype == (object if c in _TEXT else np.float64) for c in _FIELDS[2:26])
 
 
 class MergeRecords(Finalizer):
@@ -219,6 +390,114 @@ class MergeRecords(Finalizer):
         self.merger = _Merger()
 
     def feed(self, df: pd.DataFrame) -> None:
+        """The part's rows as `_Merger.row` takes them one by one, sorted out first: the columns as arrays, what
+        each row is (a code), the values of each code's rows listed together."""
+        if not len(df) or "line" not in df or not _plain(df):
+            self.feed_rows(df)
+            return
+        n = len(df)
+        line = df["line"].to_numpy()
+        order = None if bool(np.all(line[1:] >= line[:-1])) else np.argsort(line, kind="stable")
+        cols: dict[str, np.ndarray] = {}
+        for c in _FIELDS[1:26]:
+            if c not in df:
+                cols[c] = np.full(n, None, dtype=object) if c in _TEXT else np.full(n, np.nan)
+            else:
+                v = df[c].to_numpy()
+                cols[c] = v if order is None else v[order]
+        if order is not None:
+            line = line[order]
+        isna = pd.isna
+        tc, t = _category(cols["t_name"], _NAMES, _NOOP)
+        ic, io = _category(cols["io_name"], _NAMES, _NOOP)
+        nc, nd = _category(cols["nd_key"], _ND_CODES, _GENERIC)  # another key: a KeyError in _draft
+        gr, pg, da = ~np.isnan(cols["graphs_reused"]), ~np.isnan(cols["pg_n"]), ~np.isnan(cols["da_rate"])
+        mlpp = ~(np.isnan(cols["ml_len"]) & isna(cols["pp"]))
+        req, draft = t | io | gr, da | mlpp | nd
+        event = req | draft | pg
+        code = np.full(n, _GENERIC, dtype=np.int8)
+        code[~event] = -1
+        code[~event & ~isna(cols["hdr"])] = _HDR
+        # request lines, named by t_name (`prompt eval time = ...`) or io_name (`encoded N tokens in ...`); where
+        # t_name is NaN rather than None, `_request` reads the t_* values for an io line: such a row goes by `row`
+        lone = ~gr & ~draft & ~pg
+        t_only = t & ~io & lone
+        code[t_only] = tc[t_only]
+        io_only = np.flatnonzero(io & ~t & lone)
+        io_only = io_only[cols["t_name"][io_only] == None]  # noqa: E711
+        code[io_only] = ic[io_only]
+        code[gr & ~t & ~io & ~draft & ~pg] = _GR
+        lone = ~req & ~pg  # draft lines of one kind
+        code[lone & da & ~mlpp & ~nd] = _DA
+        code[lone & mlpp & ~da & ~nd] = _MLPP
+        nd &= lone & ~da & ~mlpp
+        code[nd] = nc[nd]
+        code[pg & ~req & ~draft] = _PG
+
+        # keys and timestamps of the rows that make or change records: each row's own (`fast` makes the key
+        # of a slot and task); where a prefix line (_HDR) is or was, the lines without a slot take its key line
+        # after line (`prefixed`): `tasks` holds that key, `slots` None
+        m = self.merger
+        sel = np.flatnonzero(code > _NOOP)
+        stamps = cols["timestamp"][sel]
+        stamps = np.where(isna(stamps), None, stamps).tolist() if stamps.dtype == object else _listed(stamps)
+        slot = cols["slot"][sel]
+        slots, tasks = _listed(slot), _listed(np.where(np.isnan(slot), np.nan, cols["task"][sel]))
+        fh = np.zeros(len(sel), dtype=bool)  # the key is a prefix line's (then hdr_origin is set: print_timing)
+        if m.hdr_key is not None or (code == _HDR).any():
+            seq = np.flatnonzero((code == _HDR) | ((code >= _NOOP) & np.isnan(cols["slot"])))
+            take, got, hts = m.prefixed(code[seq] == _HDR, line[seq], _listed(cols["slot"][seq]),
+                                        _listed(cols["task"][seq]), _listed(cols["timestamp"][seq]))
+            busy = (code[seq] > _NOOP)[take]  # of the lines taking the key, those making or changing records
+            at = np.searchsorted(sel, seq[take][busy])
+            for i, k, t in zip(at.tolist(), compress(got, busy), compress(hts, busy), strict=True):
+                tasks[i] = k
+                if stamps[i] is None:  # the line's own timestamp, else the prefix line's
+                    stamps[i] = t
+            fh[at] = True
+        code = code[sel]
+
+        def values(c: str, k: int) -> list[Any]:
+            return _listed(cols[c][sel[code == k]])
+
+        def each(k: int, *cs: str) -> Any:
+            return zip(*(values(c, k) for c in cs), strict=True)
+
+        # a request line's values: t_* of a `... time =` line, io_* of an `encoded N tokens in S seconds` one
+        tl = t_only[sel]
+        with np.errstate(all="ignore"):
+            ms = np.where(tl, cols["t_ms"][sel], cols["io_s"][sel] * 1000.0)
+            tn = np.where(tl, cols["t_n"][sel], cols["io_n"][sel])
+            tps = np.where(tl, cols["t_tps"][sel], cols["io_tps"][sel])
+            fix = (code == _EV) & np.isnan(tps) & ~np.isnan(tn) & ~np.isnan(ms) & (ms > 0)  # eval without a rate
+            tps = np.where(fix, tn / ms * 1000.0, tps)
+        # origin (see `origin`): the line's, else print_timing under a prefix line, else by the line's form
+        origin = cols["origin"][sel]
+        has = ~isna(origin)
+        for o in set(origin[has].tolist()):
+            if isinstance(o, str) and o.startswith("print_timing") and o != "print_timing":
+                origin[has & (origin == o)] = "print_timing"
+        if not has.all():
+            by_form = np.array(["unknown", "speculative", "print_timing"], dtype=object)
+            origin[~has] = by_form[np.where(fh, 2, io[sel])[~has]]
+
+        def request(k: int) -> Any:
+            at = code == k
+            return zip(_listed(ms[at]), _listed(tn[at]), _listed(tps[at]), origin[at].tolist(), strict=True)
+
+        g = code == _GENERIC
+        rows = zip(_listed(line[sel[g]]), *(_listed(cols[c][sel[g]]) for c in _FIELDS[1:26]),
+                   *(x[sel[g]].tolist() for x in (event, req, draft)), strict=True)
+        m.fast(code.tolist(), line[sel].tolist(), slots, tasks, stamps,
+               {_PE: request(_PE), _EV: request(_EV), _TOT: iter(_listed(ms[code == _TOT])),
+                _GR: iter(values("graphs_reused", _GR)), _DA: each(_DA, "da_rate", "da_acc", "da_gen", "da_len"),
+                _MLPP: each(_MLPP, "ml_len", "pp"), _NDMAX: iter(values("nd_val", _NDMAX)),
+                _NDCOL: zip([_ND_COL[k] for k in values("nd_key", _NDCOL)], values("nd_val", _NDCOL), strict=True),
+                _PG: each(_PG, "pg_n", "pg_tg", "pg_tg3"),
+                _GENERIC: zip(map(_Row._make, rows), fh[g].tolist(), strict=True)})
+
+    def feed_rows(self, df: pd.DataFrame) -> None:
+        """The rows one by one through `_Merger.row` (any column types)."""
         m = self.merger
         df = df.sort_values("line", kind="stable")
         notna = {c: df[c].notna().to_numpy() for c in _EVENTS}

@@ -79,13 +79,17 @@ class Chunk:
         lib = native.library()
         if lib is None or len(data) >= 2**31 - 1:
             return False
-        cap = data.count(b"\n") + 1
-        offs = np.empty(cap + 1, np.int32)
-        bad, colour, nonblank = (np.empty(cap, np.uint8) for _ in range(3))
-        utf8 = ctypes.c_int32(0)
         raw = np.frombuffer(data, np.uint8) if data else np.zeros(1, np.uint8)
-        n = lib.cp_lines(raw.ctypes.data, len(data), offs.ctypes.data, cap, bad.ctypes.data, colour.ctypes.data,
-                         nonblank.ctypes.data, ctypes.byref(utf8))
+        utf8 = ctypes.c_int32(0)
+        cap = len(data) // 32 + 16  # room for lines of 32 bytes on average; counted exactly where they are shorter
+        for _ in range(2):
+            offs = np.empty(cap + 1, np.int32)
+            bad, colour, nonblank = (np.empty(cap, np.uint8) for _ in range(3))
+            n = lib.cp_lines(raw.ctypes.data, len(data), offs.ctypes.data, cap, bad.ctypes.data, colour.ctypes.data,
+                             nonblank.ctypes.data, ctypes.byref(utf8))
+            if n >= 0:
+                break
+            cap = data.count(b"\n") + 1
         if n < 0 or not utf8.value:
             return False
         offs = offs[:n + 1]

@@ -166,10 +166,15 @@ def _context(fd: int, a: int) -> tuple[bytes, int, bool]:
 
 
 def _pieces(fd: int, data: bytes, b: int, size: int, block_bytes: int) -> Iterator[bytes]:
-    """The segment's bytes in blocks, then the file after it in small, growing pieces (read only if needed)."""
-    view = memoryview(data)
-    for i in range(0, len(data), block_bytes):
-        yield bytes(view[i:i + block_bytes])
+    """The segment's bytes in blocks that end at a newline (line_blocks passes them on without copying them again),
+    then the file after it in small, growing pieces (read only if needed)."""
+    i = 0
+    while i < len(data):
+        end = data.rfind(b"\n", i, i + block_bytes) + 1 if i + block_bytes < len(data) else len(data)
+        if end <= i:  # no newline in a whole block: cut it where it is (line_blocks joins the pieces)
+            end = i + block_bytes
+        yield data[i:end]
+        i = end
     pos, step = b, OVERRUN_FIRST
     while pos < size:
         piece = os.pread(fd, min(step, size - pos), pos)

@@ -58,7 +58,14 @@ def _literal(value: str) -> Any:
             if len(_LITERALS) > 1024:
                 _LITERALS.clear()
             _LITERALS[v] = got
-    return got if isinstance(got, (str, int, float, complex, bytes, bool, type(None))) else copy.deepcopy(got)
+    if isinstance(got, _ATOMS):
+        return got
+    if isinstance(got, list) and all(isinstance(x, _ATOMS) for x in got):  # the usual list of numbers or names
+        return got.copy()
+    return copy.deepcopy(got)
+
+
+_ATOMS = (str, int, float, complex, bytes, bool, type(None))
 
 
 def values(texts: list[str], bracketed: list[bool]) -> list[PyValue]:

@@ -214,7 +214,7 @@ def server_args(w: Window) -> BlockResult:
     return [(0, {"args": args})], used
 
 
-_ARGS = compiled.Spec("server_args", ("key_a", "key_b", "value_a", "value_b"), (), {"value": ("simple", "bracketed")})
+_ARGS = compiled.Spec("server_args", (), ("key", "value"), {"kind": ("simple", "bracketed")})
 
 
 def _args_declined(chunk: Chunk, at: np.ndarray) -> Blocks:
@@ -230,27 +230,24 @@ def server_args_compiled(chunk: Chunk, at: np.ndarray) -> Blocks:
     if got is None:
         return _args_declined(chunk, at)
     used = np.asarray(got.used, np.int64).copy()
-    block = np.asarray(got.block, np.int64)
-    spans = [np.asarray(got.columns[c], np.int64).tolist() if len(block) else [] for c in _ARGS.floats]
-    bracketed = (got.columns["value"] == "bracketed").tolist() if len(block) else []
-    starts = np.searchsorted(block, np.arange(len(at) + 1)).tolist()
-    recs, dicts = [], []
     status = np.asarray(got.status, np.int64).copy()
+    block = np.asarray(got.block, np.int64)
+    if not len(block):
+        return Blocks(used, got.examined, block, block, {"args": objects([])}, status)
+    # an item that runs across a hard wrap holds the newline between its lines (the dump joins them without it)
+    keys = pc.replace_substring(got.columns["key"], "\n", "").to_pylist()
+    texts = pc.replace_substring(got.columns["value"], "\n", "").to_pylist()
+    bracketed = (got.columns["kind"] == "bracketed").tolist()
+    starts = np.searchsorted(block, np.arange(len(at) + 1)).tolist()
     lines, claimed = at.tolist(), -1
+    recs, dicts = [], []
     for b in np.unique(block).tolist():
         if lines[b] < claimed:  # inside the dump before (its continuation lines hold markers): the driver skips it,
             status[b] = DECLINE  # so it is not read here (and never answered wrong)
             continue
         i0, i1 = starts[b], starts[b + 1]
-        first = chunk.line(int(at[b])) or ""
-        head = first.find("ServerArgs(")
-        parts = [first[head + len("ServerArgs("):] if head >= 0 else first.strip()]
-        parts += [chunk.line(int(at[b]) + k) or "" for k in range(1, int(used[b]))]
-        text = "".join(parts)
-        keys = map(sys.intern, [text[a:c] for a, c in zip(spans[0][i0:i1], spans[1][i0:i1], strict=True)])
-        texts = [text[a:c] for a, c in zip(spans[2][i0:i1], spans[3][i0:i1], strict=True)]
-        args = dict(zip(keys, pyrepr.values(texts, bracketed[i0:i1]), strict=True))
-        if len(args) < (1 if head >= 0 else 3):
+        args = dict(zip(map(sys.intern, keys[i0:i1]), pyrepr.values(texts[i0:i1], bracketed[i0:i1]), strict=True))
+        if len(args) < (1 if "ServerArgs(" in (chunk.line(lines[b]) or "") else 3):
             used[b] = 0
             continue
         recs.append(b)

@@ -1,6 +1,7 @@
 /* sglang.server_args compiled: a `ServerArgs(...)` dump (joined across hard wraps) cut into its `key=value` items
  * as pyrepr.parse_kwargs cuts it; sglang.py builds each record's dict from the items (the Python function is the
- * reference). One record per item: its key's and its value's span in the block's joined text (the text after
+ * reference). One record per item: its key's and its value's text (spans of the chunk's bytes; one that runs
+ * across a hard wrap holds the newline, which sglang.py drops) in the block's joined text (the text after
  * `ServerArgs(` on the marker line, or that line stripped, then the lines that continue it, as the Python function
  * joins them) and whether the value is simple (pyrepr._simple_value reads it) or bracketed / escaped
  * (pyrepr._literal reads it). A dump whose items this reading is not sure of is DECLINEd. */
@@ -9,9 +10,30 @@
 
 #include "blockpass.h"
 
-const char bp_server_args_columns[] = "key_a,key_b,value_a,value_b||value";
-enum { KEY_A, KEY_B, VALUE_A, VALUE_B };
+const char bp_server_args_columns[] = "|key,value|kind";
+enum { KEY, VALUE };
 enum { SIMPLE, BRACKETED };
+
+/* A span of the joined text as a span of the chunk's bytes (where[j]: the byte of joined character j); 0 where the
+ * characters are not one run of the chunk's bytes apart from the newlines between lines (a headless dump's first
+ * line stripped of trailing blanks, then wrapped): the block is left to Python then. */
+static int to_data(const bp_chunk *ch, const int32_t *where, int32_t len, int32_t a, int32_t b, bp_out *out,
+                   int64_t rec, int col) {
+    int32_t da, db;
+    if (b > a) {
+        da = where[a];
+        db = where[b - 1] + 1;
+        for (int32_t j = da, k = a; j < db; j++) { /* the bytes between: the joined characters and newlines only */
+            if (k < b && where[k] == j) k++;
+            else if (ch->data[j] != '\n') return 0;
+        }
+    } else {
+        da = db = a < len ? where[a] : (len > 0 ? where[len - 1] + 1 : 0);
+    }
+    out->s[(rec * out->ns + col) * 2] = da;
+    out->s[(rec * out->ns + col) * 2 + 1] = db;
+    return 1;
+}
 
 static int word(uint8_t c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; }
 
@@ -82,8 +104,9 @@ static int bare(uint8_t c) {
              c == '"' || c == '\n');
 }
 
-/* Items of the joined text t[0..len) into out (records of block b); 0, -1 (DECLINE) or -2 (memory). */
-static int items(const uint8_t *t, int32_t len, int64_t b, bp_out *out) {
+/* Items of the joined text t[0..len) (character j: chunk byte where[j]) into out (records of block b); 0, -1
+ * (DECLINE) or -2 (memory). */
+static int items(const bp_chunk *ch, const uint8_t *t, const int32_t *where, int32_t len, int64_t b, bp_out *out) {
     int32_t pos = 0;
     for (;;) {
         if (pos < len && t[pos] == ',') pos += (pos + 1 < len && t[pos + 1] == ' ') ? 2 : 1; /* `, ` or `,`: a
@@ -124,10 +147,7 @@ static int items(const uint8_t *t, int32_t len, int64_t b, bp_out *out) {
         }
         int64_t r = bp_add(out, b, 0);
         if (r < 0) return -2;
-        *bp_f(out, r, KEY_A) = k0;
-        *bp_f(out, r, KEY_B) = k1;
-        *bp_f(out, r, VALUE_A) = v0;
-        *bp_f(out, r, VALUE_B) = v1;
+        if (!to_data(ch, where, len, k0, k1, out, r, KEY) || !to_data(ch, where, len, v0, v1, out, r, VALUE)) return -1;
         bp_code(out, r, 0, kind);
         if (kind == BRACKETED) {
             if (closed) return 0;
@@ -141,8 +161,13 @@ static int items(const uint8_t *t, int32_t len, int64_t b, bp_out *out) {
 
 int bp_server_args(const bp_chunk *ch, const int64_t *at, int64_t nb, int64_t *used, int64_t *examined,
                    int64_t *status, bp_out *out) {
+    int64_t claimed = -1; /* the lines of the last dump read: their markers start no dump (the driver skips them) */
     for (int64_t b = 0; b < nb; b++) {
         bp_text first, s;
+        if (at[b] < claimed) {
+            status[b] = BP_DECLINE;
+            continue;
+        }
         if (bp_line(ch, at[b], 0, &first) != BP_LINE) {
             status[b] = BP_DECLINE;
             continue;
@@ -173,17 +198,24 @@ int bp_server_args(const bp_chunk *ch, const int64_t *at, int64_t nb, int64_t *u
             continue;
         }
         uint8_t *text = (uint8_t *)malloc(total ? total : 1);
-        if (text == NULL) return -1;
-        memcpy(text, part0.s, (size_t)part0.len);
-        size_t at_byte = (size_t)part0.len;
-        for (int64_t j = 1; j < k; j++) {
-            bp_line(ch, at[b], j, &s);
+        int32_t *where = (int32_t *)malloc((total ? total : 1) * sizeof(int32_t));
+        if (text == NULL || where == NULL) {
+            free(text);
+            free(where);
+            return -1;
+        }
+        size_t at_byte = 0;
+        for (int64_t j = 0; j < k; j++) {
+            if (j == 0) s = part0;
+            else bp_line(ch, at[b], j, &s);
             memcpy(text + at_byte, s.s, (size_t)s.len);
+            for (int32_t q = 0; q < s.len; q++) where[at_byte + (size_t)q] = (int32_t)(s.s - ch->data) + q;
             at_byte += (size_t)s.len;
         }
         int64_t before = out->n;
-        int got = items(text, (int32_t)total, b, out);
+        int got = items(ch, text, where, (int32_t)total, b, out);
         free(text);
+        free(where);
         if (got == -2) return -1;
         if (got == -1) {
             out->n = before; /* the items read so far are dropped with the block */
@@ -191,6 +223,7 @@ int bp_server_args(const bp_chunk *ch, const int64_t *at, int64_t nb, int64_t *u
             continue;
         }
         used[b] = out->n > before ? k : 0; /* sglang.py drops a dump of too few items (and its claim) */
+        if (used[b]) claimed = at[b] + k;
     }
     return 0;
 }

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,7 +164,8 @@ def kind_tables(plan: Plan, wanted: set[str] | None, read_error: str | None = No
         a += len(fr.lines)
         for key, sel in _by_kind(fr):
             parts.setdefault(key, []).append(Part(fmt, fr, sel, mine if sel is None else mine[sel]))
-    kinds = {f"{e}:{k}": _kind_table(e, k, got) for (e, k), got in parts.items()}
+    built = _two().map(lambda item: _kind_table(item[0][0], item[0][1], item[1]), parts.items())
+    kinds = {f"{e}:{k}": t for (e, k), t in zip(parts, built, strict=True)}
     return LogTables(kinds, table_schema(plan.formats), plan.total,
                      max(plan.total - plan.blank - plan.recognised, 0),
                      [ParserError(*e) for e in plan.errors], read_error)
@@ -199,6 +202,18 @@ class Part:
         return vals
 
 
+_TWO: dict[int, ThreadPoolExecutor] = {}  # per process (a forked child has none of its parent's threads)
+
+
+def _two() -> ThreadPoolExecutor:
+    """Two threads that build the frames and the kinds' tables."""
+    pid = os.getpid()
+    if pid not in _TWO:
+        _TWO.clear()
+        _TWO[pid] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spectrial-tables")
+    return _TWO[pid]
+
+
 def _frames(plan: Plan, wanted: set[str] | None) -> list[tuple[Format, Frame]]:
     """Each format's rows (after its finalize), the kinds not `wanted` left out; formats without rows left out."""
     # a finalize (Python over the whole input, e.g. llama.cpp's merge) runs in the worker meanwhile
@@ -208,7 +223,8 @@ def _frames(plan: Plan, wanted: set[str] | None) -> list[tuple[Format, Frame]]:
     # formats fed to a finalizer part by part come last: a parallel parse's helper process may still be merging
     # (its finish waits for it), and the other formats' frames are built meanwhile
     here = sorted((i for i in range(len(plan.formats)) if i not in later), key=lambda i: i in plan.finalizers)
-    done = {i: frame(plan, i) for i in here}
+    done = dict(zip(here, _two().map(lambda i: frame(plan, i), here), strict=True))  # two at once (numpy and arrow
+    # copy without the GIL: the machine's other CPU, idle now that the reading is done, takes half)
     done.update({i: f.result() for i, f in later.items()})
     out: list[tuple[Format, Frame]] = []
     for i, fmt in enumerate(plan.formats):

@@ -53,8 +53,8 @@ static int float_index(const char *name, size_t len) {
     return -1;
 }
 
-/* sglang._bench_column: the column of a row's label (BACKEND, a float column, or -1). */
-static int column_of(bp_text label) {
+/* sglang._bench_column: the column of a row's label (BACKEND, a float column, or -1); index[j]: LABELS[j]'s. */
+static int column_of(bp_text label, const int *index) {
     char key[96];
     int32_t n = bp_norm(label, key, (int32_t)sizeof(key) - 1);
     if (n < 0) return -1;
@@ -66,10 +66,7 @@ static int column_of(bp_text label) {
     }
     key[n] = 0;
     for (int j = 0; j < NLABELS; j++) {
-        if (strcmp(key, LABELS[j][0]) == 0) {
-            if (strcmp(LABELS[j][1], "backend") == 0) return BACKEND;
-            return float_index(LABELS[j][1], strlen(LABELS[j][1]));
-        }
+        if (key[0] == LABELS[j][0][0] && strcmp(key, LABELS[j][0]) == 0) return index[j];
     }
     /* _LAT: ^(mean|median|p99) (ttft|tpot|itl|e2e latency) \(ms\)$ */
     static const char *STATS[] = {"mean", "median", "p99"};
@@ -105,6 +102,10 @@ static int is_section(bp_text s) { /* _SECTION: ^\s*-{3,}.*?-{3,}\s*$ */
 
 int bp_bench_serving(const bp_chunk *ch, const int64_t *at, int64_t nb, int64_t *used, int64_t *examined,
                      int64_t *status, bp_out *out) {
+    int index[NLABELS];
+    for (int j = 0; j < NLABELS; j++)
+        index[j] = strcmp(LABELS[j][1], "backend") == 0 ? BACKEND : float_index(LABELS[j][1], strlen(LABELS[j][1]));
+    const int accept_rate = float_index("accept_rate", 11), failed = float_index("failed_requests", 15);
     for (int64_t b = 0; b < nb; b++) {
         double val[NF];
         uint8_t present[NF], found[NF];
@@ -141,7 +142,7 @@ int bp_bench_serving(const bp_chunk *ch, const int64_t *at, int64_t nb, int64_t 
             bp_text value = bp_strip(rest);
             bp_text lrest = bp_lstrip(rest);
             if (value.len == 0 || colon > 80 || s.len - lrest.len < 30) break;
-            int col = column_of(bp_sub(s, 0, colon));
+            int col = column_of(bp_sub(s, 0, colon), index);
             if (col == BACKEND) {
                 backend = value;
                 has_backend = 1;
@@ -154,7 +155,7 @@ int bp_bench_serving(const bp_chunk *ch, const int64_t *at, int64_t nb, int64_t 
                 }
                 present[col] = 1;
                 found[col] = (uint8_t)got;
-                if (got) val[col] = (strcmp(FLOATS[col], "accept_rate") == 0) ? v / 100 : v;
+                if (got) val[col] = col == accept_rate ? v / 100 : v;
             }
             k++;
         }
@@ -170,7 +171,7 @@ int bp_bench_serving(const bp_chunk *ch, const int64_t *at, int64_t nb, int64_t 
         for (int j = 0; j < NF; j++)
             if (found[j]) *bp_f(out, r, j) = val[j];
         if (has_backend) bp_span(out, r, 0, ch, backend);
-        int vllm = !has_backend && present[float_index("failed_requests", 15)];
+        int vllm = !has_backend && present[failed];
         bp_code(out, r, 0, vllm ? 1 : 0);
         used[b] = k;
     }

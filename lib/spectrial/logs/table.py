@@ -220,9 +220,9 @@ def _frames(plan: Plan, wanted: set[str] | None) -> list[tuple[Format, Frame]]:
     later = {i: pool().submit(frame, plan, i) for i, f in enumerate(plan.formats)
              if isinstance(f, LineFormat) and f.finalize is not None and i not in plan.finalizers
              and sum(len(p[0]) for p in plan.line_parts[i]) >= THREAD_ROWS}
-    # formats fed to a finalizer part by part come last: a parallel parse's helper process may still be merging
-    # (its finish waits for it), and the other formats' frames are built meanwhile
-    here = sorted((i for i in range(len(plan.formats)) if i not in later), key=lambda i: i in plan.finalizers)
+    # formats fed to a finalizer part by part come first: a parallel parse's helper process may still be merging
+    # (its finish waits for it in one thread), and the other formats' frames are built meanwhile in the other
+    here = sorted((i for i in range(len(plan.formats)) if i not in later), key=lambda i: i not in plan.finalizers)
     done = dict(zip(here, _two().map(lambda i: frame(plan, i), here), strict=True))  # two at once (numpy and arrow
     # copy without the GIL: the machine's other CPU, idle now that the reading is done, takes half)
     done.update({i: f.result() for i, f in later.items()})

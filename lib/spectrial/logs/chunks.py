@@ -74,25 +74,11 @@ class Chunk:
     def _compiled(self, data: bytes) -> bool:
         """The lines, their plain and colour flags and their non-blank count in one compiled pass over the bytes
         (``cp_lines``); False where the library is off, the chunk is 2 GiB or more, or not valid UTF-8."""
-        from spectrial.logs import native
-
-        lib = native.library()
-        if lib is None or len(data) >= 2**31 - 1:
+        got = scan_lines(data)
+        if got is None or not got[4]:
             return False
-        raw = np.frombuffer(data, np.uint8) if data else np.zeros(1, np.uint8)
-        utf8 = ctypes.c_int32(0)
-        cap = len(data) // 32 + 16  # room for lines of 32 bytes on average; counted exactly where they are shorter
-        for _ in range(2):
-            offs = np.empty(cap + 1, np.int32)
-            bad, colour, nonblank = (np.empty(cap, np.uint8) for _ in range(3))
-            n = lib.cp_lines(raw.ctypes.data, len(data), offs.ctypes.data, cap, bad.ctypes.data, colour.ctypes.data,
-                             nonblank.ctypes.data, ctypes.byref(utf8))
-            if n >= 0:
-                break
-            cap = data.count(b"\n") + 1
-        if n < 0 or not utf8.value:
-            return False
-        offs = offs[:n + 1]
+        offs, bad, colour, nonblank, _ = got
+        n = len(offs) - 1
         self.data, self.offs, self.n = data, offs, n
         self.lines = _string_array(data, offs)
         flags = bad[:n].view(bool)
@@ -221,6 +207,29 @@ class Chunk:
             return 0
         cum = self._nonblank_cum()
         return int((cum[np.clip(b, 0, self.n)] - cum[np.clip(a, 0, self.n)]).sum())
+
+
+def scan_lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """The compiled chunk pass (``cp_lines``) over `data`: line offsets (int32), per line the not-plain, colour and
+    non-blank flags (uint8), and whether the bytes are valid UTF-8; None where the library is off or the data is
+    2 GiB or more."""
+    from spectrial.logs import native
+
+    lib = native.library()
+    if lib is None or len(data) >= 2**31 - 1:
+        return None
+    raw = np.frombuffer(data, np.uint8) if data else np.zeros(1, np.uint8)
+    utf8 = ctypes.c_int32(0)
+    cap = len(data) // 32 + 16  # room for lines of 32 bytes on average; counted exactly where they are shorter
+    for _ in range(2):
+        offs = np.empty(cap + 1, np.int32)
+        bad, colour, nonblank = (np.empty(cap, np.uint8) for _ in range(3))
+        n = lib.cp_lines(raw.ctypes.data, len(data), offs.ctypes.data, cap, bad.ctypes.data, colour.ctypes.data,
+                         nonblank.ctypes.data, ctypes.byref(utf8))
+        if n >= 0:
+            return offs[:n + 1], bad[:n], colour[:n], nonblank[:n], bool(utf8.value)
+        cap = data.count(b"\n") + 1
+    return None
 
 
 def nonblank_lines(data: bytes, offs: np.ndarray) -> np.ndarray:

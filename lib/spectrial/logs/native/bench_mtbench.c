@@ -14,45 +14,13 @@ const char bp_bench_mtbench_columns[] = "questions,gen_throughput,accept_len|lab
 #define GEN 1
 #define ACC 2
 
-static int32_t skip_space(bp_text s, int32_t i) {
-    while (i < s.len && bp_space(s.s[i])) i++;
-    return i;
-}
+static int32_t skip_space(bp_text s, int32_t i) { return bp_skip_space(s, i); }
+static int at_lit(bp_text s, int32_t i, const char *lit) { return bp_at(s, i, lit); }
 
-static int at_lit(bp_text s, int32_t i, const char *lit) { /* s[i:].startswith(lit) */
-    size_t n = strlen(lit);
-    return i >= 0 && i <= s.len && (size_t)(s.len - i) >= n && memcmp(s.s + i, lit, n) == 0;
-}
-
-/* The end of text.NUM matched at s[i] (greedy, as Python's regex takes it), or -1 where NUM does not match there:
- * [-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)? | [-+]?(?:inf|Inf|INF|nan|NaN). */
+/* The end of text.NUM matched at s[i], or -1 where it does not match there. */
 static int32_t num_end(bp_text s, int32_t i) {
-    int32_t j = i;
-    if (j < s.len && (s.s[j] == '+' || s.s[j] == '-')) j++;
-    int32_t d0 = j;
-    while (j < s.len && bp_digit(s.s[j])) j++;
-    if (j > d0) {
-        if (j < s.len && s.s[j] == '.') {
-            j++;
-            while (j < s.len && bp_digit(s.s[j])) j++;
-        }
-    } else if (j + 1 < s.len && s.s[j] == '.' && bp_digit(s.s[j + 1])) {
-        j++;
-        while (j < s.len && bp_digit(s.s[j])) j++;
-    } else { /* the second branch */
-        static const char *const SPELLED[] = {"inf", "Inf", "INF", "nan", "NaN"};
-        for (int m = 0; m < 5; m++)
-            if (at_lit(s, j, SPELLED[m])) return j + 3;
-        return -1;
-    }
-    if (j < s.len && (s.s[j] == 'e' || s.s[j] == 'E')) {
-        int32_t e = j + 1;
-        if (e < s.len && (s.s[e] == '+' || s.s[e] == '-')) e++;
-        int32_t e0 = e;
-        while (e < s.len && bp_digit(s.s[e])) e++;
-        if (e > e0) j = e;
-    }
-    return j;
+    int32_t n = i >= 0 && i <= s.len ? bp_num_len(s.s + i, s.len - i) : 0;
+    return n > 0 ? i + n : -1;
 }
 
 /* The rest of a pattern after its fixed text, at s[i]: the end of the match and the group's span in *g, or -1. */

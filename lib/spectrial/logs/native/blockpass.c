@@ -131,6 +131,36 @@ static int32_t number_at(const uint8_t *s, int32_t len) {
     return i;
 }
 
+static const char *const SPELLED[] = {"inf", "Inf", "INF", "nan", "NaN"}; /* text.NUM's second branch */
+
+/* The length of the second branch at s ([-+]?(?:inf|Inf|INF|nan|NaN)), 0 where it does not match; *nan: a NaN. */
+static int32_t spelled_at(const uint8_t *s, int32_t len, int *nan) {
+    int32_t i = (len > 0 && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+    for (int j = 0; j < 5; j++) {
+        if (len - i >= 3 && memcmp(s + i, SPELLED[j], 3) == 0) {
+            *nan = j >= 3;
+            return i + 3;
+        }
+    }
+    return 0;
+}
+
+int32_t bp_num_len(const uint8_t *s, int32_t len) {
+    int nan;
+    int32_t m = number_at(s, len);
+    return m > 0 ? m : spelled_at(s, len, &nan);
+}
+
+int32_t bp_skip_space(bp_text t, int32_t i) {
+    while (i < t.len && bp_space(t.s[i])) i++;
+    return i;
+}
+
+int bp_at(bp_text t, int32_t i, const char *lit) {
+    size_t n = strlen(lit);
+    return i >= 0 && i <= t.len && (size_t)(t.len - i) >= n && memcmp(t.s + i, lit, n) == 0;
+}
+
 static int to_double(const uint8_t *s, int32_t len, double *v) {
     char buf[80];
     if (len <= 0 || len >= (int32_t)sizeof(buf)) return -1;
@@ -152,17 +182,10 @@ int bp_num(bp_text t, double *v) {
     bp_text l = bp_lstrip(t);
     int32_t m = number_at(l.s, l.len);
     if (m > 0) return to_double(l.s, m, v);
-    /* the regex's second branch: [-+]?(?:inf|Inf|INF|nan|NaN), which float() reads as infinity / NaN */
-    int32_t i = (l.len > 0 && (l.s[0] == '+' || l.s[0] == '-')) ? 1 : 0;
-    static const char *spelled[] = {"inf", "Inf", "INF", "nan", "NaN"};
-    for (int j = 0; j < 5; j++) {
-        if (l.len - i >= 3 && memcmp(l.s + i, spelled[j], 3) == 0) {
-            *v = j < 3 ? INFINITY : NAN;
-            if (i == 1 && l.s[0] == '-') *v = -*v;
-            return 1;
-        }
-    }
-    return 0;
+    int nan; /* the regex's second branch, which float() reads as infinity / NaN */
+    if (spelled_at(l.s, l.len, &nan) == 0) return 0;
+    *v = nan ? NAN : (l.s[0] == '-' ? -INFINITY : INFINITY);
+    return 1;
 }
 
 int32_t bp_norm(bp_text t, char *buf, int32_t cap) {

@@ -76,6 +76,13 @@ int bp_starts(bp_text t, const char *lit);
 int bp_ends(bp_text t, const char *lit);
 int32_t bp_find(bp_text t, const char *lit); /* t.find(lit) */
 
+/* The length of text.NUM matched at s[0..len) (greedy, as Python's regex takes it:
+ * [-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)? | [-+]?(?:inf|Inf|INF|nan|NaN)); 0 where it does not
+ * match there. */
+int32_t bp_num_len(const uint8_t *s, int32_t len);
+int32_t bp_skip_space(bp_text t, int32_t i); /* the first index from i that is not whitespace */
+int bp_at(bp_text t, int32_t i, const char *lit); /* t[i:].startswith(lit), false for i outside t */
+
 /* text.num(): the number at the start of `t` ("12.5 ms" -> 12.5), as Python reads it. Returns 1 with *v set, 0
  * where num() gives None (*v NaN where it gives NaN), -1 where Python's reading is not certain here (an `_`, a very
  * long number): the reader then DECLINEs the block. */

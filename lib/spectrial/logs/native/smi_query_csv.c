@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "blockpass.h"
+#include "smi.h"
 
 enum {
     F_INDEX, F_USED, F_TOTAL, F_FREE, F_UTIL, F_TEMP, F_POWER, F_CAP, F_FAN, F_SM, F_SM_MAX, F_GEN, F_WIDTH, NF
@@ -62,24 +63,7 @@ static const int PORTABLE[] = {F_INDEX, STR + S_NAME, STR + S_UUID, F_USED, F_TO
 
 #define NOT_KNOWN (-1) /* a field QUERY_FIELDS does not name */
 
-static int32_t skip_ws(bp_text t, int32_t i) {
-    while (i < t.len && bp_space(t.s[i])) i++;
-    return i;
-}
-static int ch_is(bp_text t, int32_t i, uint8_t c) { return i >= 0 && i < t.len && t.s[i] == c; }
 
-/* _unquote: _QUOTE (^\s*(?:>\s?)+) taken off, then strip(). */
-static bp_text unquote(bp_text s) {
-    int32_t i = skip_ws(s, 0);
-    if (ch_is(s, i, '>')) {
-        while (ch_is(s, i, '>')) {
-            i++;
-            if (i < s.len && bp_space(s.s[i])) i++;
-        }
-        s = bp_sub(s, i, s.len);
-    }
-    return bp_strip(s);
-}
 
 /* The column of field name `t`, lower-cased (QUERY_FIELDS.get(t.lower())), or NOT_KNOWN. */
 static int column_of(bp_text t) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "blockpass.h"
+#include "smi.h"
 
 enum { F_INDEX, F_FAN, F_TEMP, F_POWER, F_CAP, F_USED, F_TOTAL, F_UTIL, NF };
 enum { S_NAME, S_BUS, S_PSTATE, S_DRIVER, S_CUDA, S_TIMESTAMP, NS };
@@ -22,53 +23,15 @@ static int at_lit_n(bp_text t, int32_t i, const char *lit, size_t n) {
            memcmp(t.s + i, lit, n) == 0;
 }
 #define at_lit(t, i, lit) at_lit_n(t, i, lit, sizeof(lit) - 1) /* lit: a string literal */
-static int32_t skip_ws(bp_text t, int32_t i) {
-    while (i < t.len && bp_space(t.s[i])) i++;
-    return i;
-}
 static int32_t skip_digits(bp_text t, int32_t i) {
     while (i < t.len && bp_digit(t.s[i])) i++;
     return i;
 }
-static int ch_is(bp_text t, int32_t i, uint8_t c) { return i >= 0 && i < t.len && t.s[i] == c; }
-
-/* _unquote: _QUOTE (^\s*(?:>\s?)+) taken off, then strip(). */
-static bp_text unquote(bp_text s) {
-    int32_t i = skip_ws(s, 0);
-    if (ch_is(s, i, '>')) {
-        while (ch_is(s, i, '>')) {
-            i++;
-            if (i < s.len && bp_space(s.s[i])) i++;
-        }
-        s = bp_sub(s, i, s.len);
-    }
-    return bp_strip(s);
-}
 
 /* text.NUM at i (greedy: the longest, the only end a following \s*W can follow): its end, or -1. */
 static int32_t num_end(bp_text t, int32_t i) {
-    int32_t j = i;
-    if (j < t.len && (t.s[j] == '+' || t.s[j] == '-')) j++;
-    int32_t d0 = j;
-    j = skip_digits(t, j);
-    if (j > d0) {
-        if (ch_is(t, j, '.')) j = skip_digits(t, j + 1);
-    } else if (ch_is(t, j, '.') && j + 1 < t.len && bp_digit(t.s[j + 1])) {
-        j = skip_digits(t, j + 1);
-    } else {
-        static const char *spelled[] = {"inf", "Inf", "INF", "nan", "NaN"};
-        for (int q = 0; q < 5; q++)
-            if (at_lit_n(t, d0, spelled[q], 3)) return d0 + 3;
-        return -1;
-    }
-    if (j < t.len && (t.s[j] == 'e' || t.s[j] == 'E')) {
-        int32_t x = j + 1;
-        if (x < t.len && (t.s[x] == '+' || t.s[x] == '-')) x++;
-        int32_t e0 = x;
-        x = skip_digits(t, x);
-        if (x > e0) j = x;
-    }
-    return j;
+    int32_t n = i >= 0 && i <= t.len ? bp_num_len(t.s + i, t.len - i) : 0;
+    return n > 0 ? i + n : -1;
 }
 
 /* num() of t[a:b] into *v: 1, or -1 (not certain: DECLINE). */

@@ -22,38 +22,7 @@ static const char *const KEYS[NCOLS] = {"total_num_output_tokens", "num_drafts",
 
 /* The length of text.NUM's match at the start of s (0: none): the decimal branch
  * [-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?, else [-+]?(inf|Inf|INF|nan|NaN). */
-static int32_t num_match(const uint8_t *s, int32_t len) {
-    int32_t i = 0;
-    if (i < len && (s[i] == '+' || s[i] == '-')) i++;
-    int32_t d0 = i;
-    while (i < len && bp_digit(s[i])) i++;
-    int decimal = 1;
-    if (i > d0) {
-        if (i < len && s[i] == '.') {
-            i++;
-            while (i < len && bp_digit(s[i])) i++;
-        }
-    } else if (i + 1 < len && s[i] == '.' && bp_digit(s[i + 1])) {
-        i++;
-        while (i < len && bp_digit(s[i])) i++;
-    } else {
-        decimal = 0;
-    }
-    if (decimal) {
-        if (i < len && (s[i] == 'e' || s[i] == 'E')) {
-            int32_t j = i + 1;
-            if (j < len && (s[j] == '+' || s[j] == '-')) j++;
-            int32_t e0 = j;
-            while (j < len && bp_digit(s[j])) j++;
-            if (j > e0) i = j;
-        }
-        return i;
-    }
-    static const char *const SPELLED[] = {"inf", "Inf", "INF", "nan", "NaN"};
-    for (int j = 0; j < 5; j++)
-        if (len - d0 >= 3 && memcmp(s + d0, SPELLED[j], 3) == 0) return d0 + 3;
-    return 0;
-}
+static int32_t num_match(const uint8_t *s, int32_t len) { return bp_num_len(s, len); }
 
 /* _AT: ^\s*acceptance at token ([0-9]+)\s*:\s*(NUM): whether s is such a line, with the number's text in *x. */
 static int position_line(bp_text s, bp_text *x) {

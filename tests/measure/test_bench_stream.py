@@ -146,9 +146,11 @@ def test_bursts_written_in_one_flush_give_per_token_and_per_chunk_itl_not_zero(s
     assert r.tokens == 24 and r.chunks == 24
     assert min(b - a for a, b in zip(r.events_ms, r.events_ms[1:], strict=False)) < 2  # events arrive together
     sizes = [n for _, n in chunks(r)]
-    # whole bursts, never split; a server thread late by a whole period (a loaded machine: CI once saw it) writes
-    # two bursts in one go, and the client rightly sees one chunk of 6
-    assert sum(sizes) == 24 and all(n % 3 == 0 for n in sizes) and len(sizes) >= 6, sizes
+    # whole bursts; a server thread late by a whole period (a loaded machine: CI once saw it) writes two bursts in
+    # one go, and the client rightly sees one chunk of 6; a client thread descheduled between the events of one read
+    # (CI, 2026-12-07) sees one burst's events apart, as two chunks: at most one burst split so (every burst split,
+    # i.e. events timed one by one, fails)
+    assert sum(sizes) == 24 and sum(n % 3 != 0 for n in sizes) <= 2 and len(sizes) >= 6, sizes
     f = serving_figures([r], expected_tokens_per_chunk=3.0, n_boot=0)
     assert f.tokens_per_chunk == pytest.approx((24 - sizes[0]) / (len(sizes) - 1)) and f.bunched == 0
     assert 7 <= f.itl_ms.p50 <= 16 and f.itl_ms.n == 24 - sizes[0]  # every token after the first chunk

@@ -9,8 +9,8 @@ block ended; a block that runs past the end is carried into the next chunk with 
 
 from __future__ import annotations
 
-import ctypes
 import re
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 
 import numpy as np
@@ -209,27 +209,14 @@ class Chunk:
         return int((cum[np.clip(b, 0, self.n)] - cum[np.clip(a, 0, self.n)]).sum())
 
 
-def scan_lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool] | None:
-    """The compiled chunk pass (``cp_lines``) over `data`: line offsets (int32), per line the not-plain, colour and
-    non-blank flags (uint8), and whether the bytes are valid UTF-8; None where the library is off or the data is
-    2 GiB or more."""
-    from spectrial.logs import native
+Scan = Callable[[bytes], "tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool] | None"]
+SCAN: list[Scan] = []  # the compiled chunk pass, where spectrial.logs.native is loaded (it puts itself here)
 
-    lib = native.library()
-    if lib is None or len(data) >= 2**31 - 1:
-        return None
-    raw = np.frombuffer(data, np.uint8) if data else np.zeros(1, np.uint8)
-    utf8 = ctypes.c_int32(0)
-    cap = len(data) // 32 + 16  # room for lines of 32 bytes on average; counted exactly where they are shorter
-    for _ in range(2):
-        offs = np.empty(cap + 1, np.int32)
-        bad, colour, nonblank = (np.empty(cap, np.uint8) for _ in range(3))
-        n = lib.cp_lines(raw.ctypes.data, len(data), offs.ctypes.data, cap, bad.ctypes.data, colour.ctypes.data,
-                         nonblank.ctypes.data, ctypes.byref(utf8))
-        if n >= 0:
-            return offs[:n + 1], bad[:n], colour[:n], nonblank[:n], bool(utf8.value)
-        cap = data.count(b"\n") + 1
-    return None
+
+def scan_lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """The compiled chunk pass over `data` (:func:`spectrial.logs.native.scan_lines`): line offsets (int32), per line
+    the not-plain, colour and non-blank flags, and whether the bytes are valid UTF-8; None without it."""
+    return SCAN[0](data) if SCAN else None
 
 
 def nonblank_lines(data: bytes, offs: np.ndarray) -> np.ndarray:

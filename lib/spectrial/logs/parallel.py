@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from spectrial.errors import ConfigError
 from spectrial.logs import native
-from spectrial.logs.chunks import CONTEXT, line_offsets, nonblank_lines, scan_lines
+from spectrial.logs.chunks import CONTEXT, line_offsets, nonblank_lines
 from spectrial.logs.driver import MAX_ERRORS, Batch, Plan, cpus, line_rows, numpy_part, rows_frame
 from spectrial.logs.formats import Finalizer, Format, LineFormat, finalizer
 
@@ -200,7 +200,7 @@ def read_segment(formats: Sequence[Format], path: Path, a: int, b: int, index: i
         size = min(os.fstat(fd).st_size, size if size is not None else 1 << 62)
         ctx, ctx_n, head = _context(fd, a)
         data = os.pread(fd, b - a, a)
-        scanned = scan_lines(data)  # the segment's own lines, counted (and their blanks) in one compiled pass
+        scanned = native.scan_lines(data)  # the segment's own lines, counted (and their blanks) in one compiled pass
         offs = scanned[0] if scanned is not None else line_offsets(data)
         own = len(offs) - 1
         done = plan.feed(line_blocks(_pieces(fd, data, b, size, block_bytes), block_bytes), context=ctx,

@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spectrial.cache import cache_root, publish
+from spectrial.logs import chunks
 from spectrial.logs.columns import ARROW_TYPES, convert, merge_captures, to_float
 
 LineFormat = Any  # spectrial.logs.formats.LineFormat (not imported: this pass stands below the formats)
@@ -411,3 +412,27 @@ def _merge(out: dict[str, pa.Array], odd_cols: dict[str, pa.Array], odd: np.ndar
         b = pa.nulls(len(odd), a.type) if b is None else b.cast(a.type)
         merged[name] = pa.concat_arrays([a, b]).take(take)
     return merged
+
+
+def scan_lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """The compiled chunk pass (``cp_lines``, chunkpass.c) over `data`: line offsets (int32), per line the not-plain,
+    colour and non-blank flags (uint8), and whether the bytes are valid UTF-8; None where the library is off or the
+    data is 2 GiB or more. (:class:`~spectrial.logs.chunks.Chunk` reads with it through ``chunks.SCAN``.)"""
+    lib = library()
+    if lib is None or len(data) >= 2**31 - 1:
+        return None
+    raw = np.frombuffer(data, np.uint8) if data else np.zeros(1, np.uint8)
+    utf8 = ctypes.c_int32(0)
+    cap = len(data) // 32 + 16  # room for lines of 32 bytes on average; counted exactly where they are shorter
+    for _ in range(2):
+        offs = np.empty(cap + 1, np.int32)
+        bad, colour, nonblank = (np.empty(cap, np.uint8) for _ in range(3))
+        n = lib.cp_lines(raw.ctypes.data, len(data), offs.ctypes.data, cap, bad.ctypes.data, colour.ctypes.data,
+                         nonblank.ctypes.data, ctypes.byref(utf8))
+        if n >= 0:
+            return offs[:n + 1], bad[:n], colour[:n], nonblank[:n], bool(utf8.value)
+        cap = data.count(b"\n") + 1
+    return None
+
+
+chunks.SCAN[:] = [scan_lines]

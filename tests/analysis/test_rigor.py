@@ -90,18 +90,21 @@ class Throttle(threading.Thread):
 
 @pytest.mark.slow
 def test_drift_flagged_for_planted_slowdown(tiny_params):
-    """Three baselines, then a fourth whose server is throttled to a fifth of the CPU time: its interval leaves
+    """Three baselines, then a fourth whose server is throttled to a twentieth of the CPU time: its interval leaves
     the band of the earlier ones and the drift check flags it (nothing in argv or env explains it). The band is
-    widened to 30 % (`drift_tolerance`), as on any shared machine: `make test`'s other lane moves a 2-core machine's
-    baseline by up to 12 % between two runs (seen), which the default 10 % rightly flags; the planted slowdown is -70 %
-    or more. Three earlier runs, not two: from two, the 95 % prediction band uses Student's t with one degree of
-    freedom (12.7), so two baselines 25 % apart under the other lane's load (start-to-start SD 17.8 %, seen) make a
-    band that holds the planted slowdown too; with three (t = 4.3) it takes an SD over 30 % to hide it."""
-    tiny_params = {**tiny_params, "drift_tolerance": 0.3}
+    widened to 60 % (`drift_tolerance`: a floor of ln 1.6, so -37.5 % / +60 %), as on any shared machine: `make test`'s
+    other lane moves a 2-core machine's baseline by up to 31 % between two runs (seen in CI, 2026-12-07: the second
+    baseline, judged by the floor alone, 31.1 % below the first), which any tighter floor flags; the planted slowdown
+    is -93 % on a quiet machine and -84 % with two busy loops beside it (seen: the loops take the server's time
+    whether it is stopped or not). Three earlier runs, not two: from two, the 95 % prediction band uses Student's t
+    with one degree of freedom (12.7), so two baselines 25 % apart under the other lane's load make a band that holds
+    the planted slowdown too; with three (t = 4.3, times sqrt(1/3 + 1)) it takes a start-to-start SD over 36 % to hide
+    -84 % (seen: 6.5 % quiet, 14.8-24.8 % with the two loops, 17.8 % in CI)."""
+    tiny_params = {**tiny_params, "drift_tolerance": 0.6}
     for _ in range(3):
         r = run_trial(_baseline_only(tiny_params), progress=False)
         assert not manifest_json(r.run_dir)["drift"]["flagged"], manifest_json(r.run_dir)["drift"]
-    throttle = Throttle(Path(tiny_params["state_dir"]), tiny_params["port"])
+    throttle = Throttle(Path(tiny_params["state_dir"]), tiny_params["port"], duty=0.05)
     throttle.start()
     try:
         r = run_trial(_baseline_only(tiny_params), progress=False)
@@ -112,7 +115,7 @@ def test_drift_flagged_for_planted_slowdown(tiny_params):
     d = manifest_json(r.run_dir)["drift"]
     assert d["n_earlier"] == 3
     assert d["flagged"], d
-    assert d["shift_pct"] < -30 and "baseline drift" in d["message"]
+    assert d["shift_pct"] < -37.5 and "baseline drift" in d["message"]
     assert "no difference in argv or environment was recorded" in d["message"]
 
 

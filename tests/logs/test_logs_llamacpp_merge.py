@@ -545,3 +545,50 @@ def test_a_large_capture_merges_as_before() -> None:
     df["line"] = np.arange(len(df)) * 2
     assert_same([df])
     assert_same(cuts(df, random.Random(1)))
+
+
+def test_settled_parts_merge_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows no later line can change, made a frame after each part (`_Merger.settle`, the threshold at one row
+    here): the merge's frame is still the old one's, value for value and type for type, for parts cut anywhere;
+    for parts fed out of line order (the settled rows put back); and where a column's type differs between the
+    settled frames (inferred from all rows at once)."""
+    monkeypatch.setattr(llamacpp, "_SETTLE_ROWS", 1)
+    seen = {"settled": 0, "mixed": 0}
+    finish = llamacpp._Merger.finish
+
+    def counting(self: Any) -> pd.DataFrame:
+        if self.settled:
+            seen["settled"] += 1
+            frames = [f for _, f in self.settled]
+            seen["mixed"] += any(list(f.dtypes) != list(frames[0].dtypes) for f in frames)
+        return finish(self)
+
+    monkeypatch.setattr(llamacpp._Merger, "finish", counting)
+    rng = random.Random(11)
+    for seed in range(60):
+        df = generated_captures(2000 + seed)
+        at = sorted(rng.sample(range(1, len(df)), min(len(df) - 1, rng.randint(2, 40))))
+        parts = [df.iloc[a:b] for a, b in zip([0, *at], [*at, len(df)], strict=True)]
+        assert_same(parts)
+        assert_same(parts[::-1])
+    # prompt_tokens None only in the first part's requests (an object column in its settled frame), numbers in
+    # the second's (float)
+    first = frame([{"line": i, "slot": 0.0, "task": 0.0, "t_name": "prompt eval", "t_ms": 5.0}
+                   for i in range(0, 40, 2)])
+    second = frame([{"line": i, "slot": 0.0, "task": 0.0, "t_name": "prompt eval", "t_ms": 5.0, "t_n": 7.0}
+                    for i in range(100, 140, 2)])
+    out = assert_same([first, second])
+    assert out["prompt_tokens"].dtype == np.float64  # None and numbers: float, as all the rows infer it
+    assert np.isnan(out["prompt_tokens"].iloc[0]) and out["prompt_tokens"].iloc[-1] == 7.0
+    # `graphs reused` 2 lines after a request's last line, in the next part: that request is not settled yet
+    def request(first: int, slot: float) -> list[dict[str, Any]]:
+        return [{"line": first + k, "slot": slot, "task": 0.0, "t_name": name, "t_ms": 5.0, "t_n": 3.0}
+                for k, name in enumerate(("prompt eval", "eval", "total"))]
+
+    reused = frame([{"line": 5, "slot": 0.0, "task": 0.0, "graphs_reused": 3.0}])
+    out = assert_same([frame(request(1, 0.0)), reused])
+    assert out["graphs_reused"].tolist() == [3.0]
+    # a part before the settled ones: `graphs reused` of a settled request (a later line's, read first)
+    out = assert_same([frame(request(10, 0.0) + request(20, 1.0)), reused])
+    assert out["graphs_reused"].tolist()[0] == 3.0
+    assert seen["settled"] > 60 and seen["mixed"] >= 1, seen

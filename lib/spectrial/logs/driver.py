@@ -65,6 +65,7 @@ class Plan:
         self.formats = list(formats)
         self.threads = threads  # False: everything in this thread (a worker process of a parallel parse)
         self.claims: list[tuple[np.ndarray, np.ndarray]] | None = [] if claims else None
+        self.nonblank: np.ndarray | None = None  # a segment's: whether each of its own lines is non-blank (feed's)
         self.finalizers: dict[int, Finalizer] = {}  # formats whose rows were fed to their finalize part by part
         self.markers = Markers(self.formats)
         self.is_block = np.array([isinstance(f, BlockFormat) for f in self.formats] + [False], dtype=bool)
@@ -115,7 +116,10 @@ class Plan:
             if len(starts):
                 k = np.searchsorted(starts, rows, side="right") - 1
                 ok &= ~((k >= 0) & (rows < ends[np.maximum(k, 0)]))
-            if ok.any():
+            if ok.all():  # the common case: no row dropped, no column filtered
+                self.recognised += len(rows)
+                self.line_parts[f].append((ch.start + rows + 1, cols))
+            elif ok.any():
                 self.recognised += int(ok.sum())
                 mask = pa.array(ok)
                 self.line_parts[f].append((ch.start + rows[ok] + 1, {c: a.filter(mask) for c, a in cols.items()}))
@@ -151,6 +155,10 @@ class Plan:
             data = b"".join((ctx, carry, *new))
             # a chunk cut inside a line (no newline in 64 MiB of binary data) is read as if the input ended
             ch = Chunk(data, start, ctx_n, final=block is None or not data.endswith(b"\n"), head=start == zero)
+            if self.nonblank is not None:  # the chunk's lines among a segment's own ones (the chunks overlap)
+                lo, hi = max(start, 0), min(start + ch.n, len(self.nonblank))
+                if hi > lo:
+                    self.nonblank[lo:hi] = np.diff(ch.nonblank_cum()[lo - start:hi - start + 1]) > 0
             done = self.process(ch)
             if block is None or (own_lines is not None and ch.start + done >= own_lines):
                 return ch.start + done  # the last chunk is read to its end

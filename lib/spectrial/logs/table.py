@@ -196,7 +196,7 @@ class Part:
                 np.float64)
         if vals.dtype != object:
             return vals.astype(object)
-        if typ != "list" and not self.frame.clean:  # missing is None, never NaN
+        if typ not in ("list", "str") and not self.frame.clean:  # missing is None, never NaN (text: see _kind_table)
             vals = vals.copy()
             vals[pd.isna(vals)] = None
         return vals
@@ -277,7 +277,11 @@ def _kind_table(engine: str, kind: str, parts: list[Part]) -> KindTable:
     cols: dict[str, object] = {"line": gather([p.frame.lines if p.sel is None else p.frame.lines[p.sel]
                                               for p in parts], "int")}
     for c, t in types.items():
-        cols[c] = typed_column(gather([p.column(c, t) for p in parts], t), t)
+        col = typed_column(gather([p.column(c, t) for p in parts], t), t)
+        if t == "str" and isinstance(col, np.ndarray) and col.dtype == object:  # text with other values: an object
+            col = col.copy()  # column, missing as None (never NaN); where it is all text, arrow's nulls already
+            col[pd.isna(col)] = None
+        cols[c] = col
     index = pd.Index(pos if order is None else pos[order], name="record")
     return KindTable(engine, kind, pd.DataFrame(cols, index=index, copy=False), types,
                      keeps_nan=all(p.frame.clean for p in parts))

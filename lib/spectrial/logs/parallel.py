@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import mmap
 import multiprocessing
 import multiprocessing.connection
@@ -171,12 +172,15 @@ def _context(fd: int, a: int) -> tuple[bytes, int, bool]:
 
 def _pieces(fd: int, data: bytes, b: int, size: int, block_bytes: int) -> Iterator[bytes]:
     """The segment's bytes in blocks that end at a newline (line_blocks passes them on without copying them again),
-    then the file after it in small, growing pieces (read only if needed)."""
+    then the file after it in small, growing pieces (read only if needed). A segment of up to SEGMENT_MAX bytes
+    is one block, as it was read (not copied again; one chunk instead of two: measured, two 31 MB segments,
+    0.64 s CPU vs 0.68 s with 16 MiB blocks, the least of 4 runs each)."""
+    first = max(block_bytes, len(data)) if len(data) <= SEGMENT_MAX else block_bytes
     i = 0
     while i < len(data):
-        end = data.rfind(b"\n", i, i + block_bytes) + 1 if i + block_bytes < len(data) else len(data)
+        end = data.rfind(b"\n", i, i + first) + 1 if i + first < len(data) else len(data)
         if end <= i:  # no newline in a whole block: cut it where it is (line_blocks joins the pieces)
-            end = i + block_bytes
+            end = i + first
         yield data[i:end]
         i = end
     pos, step = b, OVERRUN_FIRST
@@ -420,6 +424,7 @@ class Helper(Finalizer):
 def _helper(fmt: LineFormat, queue: Any, out: Any) -> None:
     """A helper process: feed the rows from `queue` to the format's Finalizer until None, send the result."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.disable()  # its records are dicts in a list: the collector would walk them all, again and again
     fin, error = finalizer(fmt), None
     while (parts := queue.get()) is not None:
         if error is None:
@@ -462,6 +467,7 @@ def _worker(conn: multiprocessing.connection.Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it stops the workers)
     assert _JOB is not None
     keep_freed_memory()
+    gc.disable()  # see above keep_freed_memory
     formats, path, segments, block_bytes, size = _JOB
     while True:
         try:
@@ -538,6 +544,11 @@ def _unpack(conn: multiprocessing.connection.Connection, layout: Packed) -> Any:
         os.close(fd)
     view = memoryview(mm)
     return pickle.loads(view[:layout.head], buffers=[view[a:a + n] for a, n in layout.buffers])
+
+
+# The worker and helper processes run with the cyclic garbage collector off: they live for one parse, and what
+# they make holds no cycles to speak of (measured, a worker's 8 segments of a 500 MB log: 111 collections took
+# 0.08-0.1 s of its 3-3.7 s; with the collector off, 35 objects were left in cycles and the peak RSS was the same).
 
 
 def keep_freed_memory() -> bool:

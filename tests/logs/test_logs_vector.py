@@ -354,9 +354,10 @@ def test_vectorised_readers_match_their_functions_on_mutated_logs(parts: list[st
 @given(st.lists(st.one_of(st.sampled_from(SNIPPETS), mutated_line()), min_size=1, max_size=12),
        st.integers(min_value=1, max_value=6000))
 def test_vectorised_paths_match_the_reference_on_mutated_logs(parts: list[str], block: int) -> None:
-    same_table("\n".join(parts), block)
+    text = "\n".join(parts).encode()  # bytes: one line without a newline that looks like a path is still text
+    same_table(text, block)  # (found by this test, 2026-12-07: ["/+---...---+"] read as a missing file's name)
     with arrow_alone():
-        same_table("\n".join(parts), block)
+        same_table(text, block)
 
 
 def test_parse_restores_the_garbage_collector() -> None:

@@ -400,7 +400,7 @@ def line_rows(fmt: LineFormat, parts: list[tuple[np.ndarray, Columns]]
     """The records of `parts` together: line numbers and a column for each pattern column one of them holds
     (NaN / None in the parts without it); text columns of a format without finalize as one arrow column."""
     parts = [numpy_part(fmt, p) for p in parts]
-    lines = np.concatenate([p[0] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+    lines = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
     cols: dict[str, np.ndarray | pa.ChunkedArray] = {}
     for c, typ in fmt.pattern_columns.items():
         if not any(c in p[1] for p in parts):

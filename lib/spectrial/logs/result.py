@@ -159,7 +159,7 @@ def typed_column(vals: np.ndarray | pa.ChunkedArray, typ: str) -> pd.api.extensi
         return vals if vals.dtype == np.float64 else pd.to_numeric(pd.Series(vals), errors="coerce").to_numpy(np.float64)
     if typ == "str":
         try:
-            arr = pa.array(vals, type=pa.string(), from_pandas=True)
+            arr = pa.array(vals, type=pa.large_string(), from_pandas=True)  # pandas keeps text so
         except (pa.ArrowTypeError, pa.ArrowInvalid):
             return vals
         return pd.arrays.ArrowStringArray(arr, dtype=STR)

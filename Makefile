@@ -13,10 +13,11 @@ TEST_STAMP := $(VENV)/.spectrial-test-installed
 # requirements file (pip installs them on top of the package, which it does not build again)
 extra = -r <($(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["$(1)"]))')
 PYTEST_ARGS ?=
-# The tests run in three lanes side by side (pytest-xdist; the groups, handed out longest first: tests/lanes.py). Two
-# lanes took 36 min on 2 cores (2026-12-07: each lane busy throughout, the CPU half idle: the tests mostly wait on
-# servers); one process 43. Three lanes on 2026-12-06 (32 min, groups by test count) moved the drift test's baseline
-# past its planted slowdown: that test now plants a twentieth of the CPU against a 60 % floor.
+# The tests run in three lanes side by side (pytest-xdist; the groups, handed out longest first: tests/lanes.py):
+# 29 min 35 s on 2 cores (2026-12-07, each lane busy 1,696-1,699 s). Two lanes took 37 min (each busy throughout,
+# the CPU half idle: the tests mostly wait on servers); one process 43. Three lanes on 2026-12-06 (32 min, groups by
+# test count) moved the drift test's baseline past its planted slowdown: it now plants a twentieth of the CPU against
+# a 60 % floor.
 PYTEST_WORKERS ?= 3
 
 NBVAL_NOTEBOOKS := notebooks/04_history.ipynb notebooks/90_case_kimi_k25_pcie.ipynb

@@ -333,7 +333,8 @@ def join(plan: Plan, seg: Segment, line0: int, drop: int) -> None:
 def _helped(fmt: Format) -> bool:
     """Whether the format's rows go to a Finalizer, part by part (a helper process's, in a parallel parse): its
     text columns stay arrow until the helper reads them (pickled out of band from the worker to the parent and
-    on to the helper; as numpy objects, each string is pickled and read back twice: measured, 500 MB log, ...)."""
+    on to the helper; as numpy objects each string was pickled and read back twice: measured, 500 MB log, the
+    parent's CPU while the workers read went from 0.6 to 0.42 s)."""
     return isinstance(fmt, LineFormat) and isinstance(fmt.finalize, type) and issubclass(fmt.finalize, Finalizer)
 
 
@@ -467,7 +468,7 @@ def _worker(conn: multiprocessing.connection.Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it stops the workers)
     assert _JOB is not None
     keep_freed_memory()
-    gc.disable()  # see above keep_freed_memory
+    gc.disable()  # see the note above keep_freed_memory
     formats, path, segments, block_bytes, size = _JOB
     while True:
         try:
@@ -596,8 +597,7 @@ def read(plan: Plan, path: Path, workers: int, block_bytes: int) -> Stats:
         with warnings.catch_warnings():  # Python 3.12+: "use of fork() may lead to deadlocks" (the workers
             warnings.simplefilter("ignore", DeprecationWarning)  # only parse: they take no lock of other threads)
             for f, fmt in enumerate(plan.formats):  # a format's Finalizer class: in a helper process
-                if isinstance(fmt, LineFormat) and isinstance(fmt.finalize, type) and issubclass(fmt.finalize,
-                                                                                                  Finalizer):
+                if _helped(fmt):
                     with contextlib.suppress(OSError):  # no process to spare: it runs here, as the rows come
                         plan.finalizers[f] = Helper(fmt, ctx)
             for _ in range(stats.workers):

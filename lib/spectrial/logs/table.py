@@ -125,8 +125,9 @@ def _text(pieces: list[np.ndarray | pa.Array | pa.ChunkedArray | None], sizes: l
     arrow = [v for v in pieces if isinstance(v, (pa.Array, pa.ChunkedArray))]
     if not arrow:
         return None
-    typ = pa.large_string() if any(v.type == pa.large_string() for v in arrow) else pa.string()  # a finalize's
-    chunks: list[pa.Array] = []  # (pandas') text is large_string: the table's type, kept so (see _arrow_text)
+    # a finalize's text (pandas') is large_string, the table's own type: kept so where a piece has it (_arrow_text)
+    typ = pa.large_string() if any(v.type == pa.large_string() for v in arrow) else pa.string()
+    chunks: list[pa.Array] = []
     for v, n in zip(pieces, sizes, strict=True):
         if v is None:
             chunks.append(pa.nulls(n, typ))

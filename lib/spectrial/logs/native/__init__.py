@@ -116,9 +116,9 @@ def _declare(lib: Any) -> None:
     lib.cp_lines.restype = i64
     lib.cp_lines.argtypes = [p, i64, p, i64, p, p, p, p]
     lib.cp_markers.restype = i64
+    lib.cp_markers.argtypes = [p, p, i64, i64, p, p, i32, p, p]
     lib.cp_count_lines.restype = i64
     lib.cp_count_lines.argtypes = [p, i64]
-    lib.cp_markers.argtypes = [p, p, i64, i64, p, p, i32, p, p]
     lib.lp_floats.restype = None
     lib.lp_floats.argtypes = [i64, ctypes.c_int, p, i64, p, p, p, i64, ctypes.c_int, p, p, p]
     lib.lp_trim.restype = None

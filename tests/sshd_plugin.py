@@ -173,6 +173,29 @@ def _ensure_sshd() -> None:
         pytest.skip(f"{SSHD} is missing and scripts/ensure-sshd.sh could not install it:\n{tail}")
 
 
+def _probe(server: SshdServer) -> int | None:
+    """Connect, read sshd's banner and close with nothing unread (sshd then waits for ours and sends nothing
+    more): an orderly close, never a reset. The probe's local port, or None while sshd does not answer yet."""
+    with contextlib.suppress(OSError), socket.create_connection((server.address, server.port), 0.5) as sock:
+        sock.settimeout(2)
+        got = b""
+        while b"\n" not in got and len(got) < 1024:
+            chunk = sock.recv(256)
+            if not chunk:
+                return None
+            got += chunk
+        if not got.startswith(b"SSH-"):
+            return None
+        return sock.getsockname()[1]
+    return None
+
+
+def _logged_close(server: SshdServer, port: int) -> bool:
+    """Whether sshd's log has the close of the connection from local `port`."""
+    text = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
+    return any("Connection closed by" in ln and f" port {port} " in f"{ln} " for ln in text.splitlines())
+
+
 class SshdPool:
     """Starts sshd instances in one temp dir and stops them all at the end of the session."""
 
@@ -221,13 +244,24 @@ class SshdPool:
 
     @staticmethod
     def _wait_ready(server: SshdServer) -> str:
-        """'' once sshd accepts TCP connections; else why not (exit code or timeout, with the log tail)."""
+        """'' once sshd answers with its SSH banner and has logged the probe's close; else why not (exit code or
+        timeout, with the log tail).
+
+        The probe reads the banner before closing: a probe that closed with the banner unread
+        reset the connection, and sshd's child logged "kex_exchange_identification: read: Connection reset by
+        peer", late under load, after a test had taken the log's length to look for complaints (seen in CI). The
+        probe's close is waited for in the log for the same reason."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:
                 return f"sshd exited with code {server.proc.returncode}\n{server.log_tail()}"
-            with contextlib.suppress(OSError), socket.create_connection((server.address, server.port), 0.5):
-                return ""
+            port = _probe(server)
+            if port is not None:
+                while time.monotonic() < deadline:
+                    if _logged_close(server, port):
+                        return ""
+                    time.sleep(0.05)
+                return f"sshd never logged the probe's close within {START_TIMEOUT_S} s\n{server.log_tail()}"
             time.sleep(0.05)
         return f"sshd not listening after {START_TIMEOUT_S} s\n{server.log_tail()}"
 

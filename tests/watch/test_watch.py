@@ -161,11 +161,15 @@ def test_watch_finds_the_change_records_the_gap_and_the_restart(llama_server, ti
     reported = first_report(stdout, biggest["index"])
     assert reported is not None, stdout
     live = dt.datetime.fromisoformat(ivs[reported]["end"]).timestamp() - switch  # when the watch first said so
-    # reported once MIN_SIZE intervals (1 s each) of the new level are in; the change's first interval may start up
-    # to 1.5 s after the switch (the placement above)
-    assert live <= changes.MIN_SIZE + 1.5, (live, stdout)
+    placed = dt.datetime.fromisoformat(biggest["at"]).timestamp() - switch
+    # reported once MIN_SIZE intervals of the new level are in (one more where counting noise hides it at first),
+    # counted in intervals: a loaded machine stretches them (make test's other lanes delay the watch's reads)
+    assert reported - biggest["index"] <= changes.MIN_SIZE, (reported, biggest, stdout)
+    # in seconds: from the change's first interval, those intervals at 1 s each, 1.5 s allowed under load (CI once
+    # saw 5.0 s from the switch against the old bound of MIN_SIZE + 1.5 s from it, placement unknown)
+    assert live - placed <= 1.5 * (changes.MIN_SIZE + 1), (live, placed, stdout)
     print(f"live: drop first reported {live:.2f} s after the switch (after interval {reported}); change placed "
-          f"{delay:+.2f} s from the switch (interval 1 s); changes {[(c['series'], c['index'], round(c['relative_change'], 3)) for c in w['changes']]}; "
+          f"{delay:+.2f} s from the switch, the biggest drop {placed:+.2f} s (interval 1 s); changes {[(c['series'], c['index'], round(c['relative_change'], 3)) for c in w['changes']]}; "
           f"one /metrics read {w['read_ms_median']} ms (median)")
 
 
